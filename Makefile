@@ -1,0 +1,26 @@
+# The two commands a new user needs (see README): `make demo` runs the main job, `make test` the tests.
+# Everything else (the venv, Kafka's and Spark's jars) is set up on first use and reused.
+
+PYTHON ?= python3
+VENV := .venv
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test setup clean-build
+
+setup: $(INSTALLED)
+
+# Re-install whenever pyproject.toml changes.
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: $(INSTALLED)
+	$(VENV)/bin/msgindex demo $(ARGS)
+
+test: $(INSTALLED)
+	$(VENV)/bin/pytest $(ARGS)
+
+clean-build:
+	rm -rf $(VENV) .msgindex

@@ -1,0 +1,34 @@
+"""msgindex: find Kafka messages by key and time window, exactly, in milliseconds.
+
+Layers (each only uses the ones above it):
+  msgindex.storage   file formats, shards and the store; no Spark, no Kafka
+  msgindex.kafka     the local KRaft broker and Kafka helpers
+  msgindex.spark     SparkSession builder, the shard-writing sink, the `msgindex` data source
+  streaming_jobs     runnable jobs (indexing pipeline, demo, load generators)
+
+Names are imported lazily so that `import msgindex` stays cheap on Spark executors.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "IndexFile": "msgindex.storage.index_file",
+    "MessageRecord": "msgindex.storage.message",
+    "Store": "msgindex.storage.store",
+    "open": "msgindex.storage.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(_EXPORTS[name])
+        return getattr(module, "open_store" if name == "open" else name)
+    raise AttributeError(f"module 'msgindex' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,42 @@
+"""Every error msgindex raises on purpose derives from MsgIndexError.
+
+Each message names the file, option, offset or record at fault so a user can act on it.
+"""
+
+from __future__ import annotations
+
+
+class MsgIndexError(Exception):
+    """Base class of msgindex's own errors."""
+
+
+class CorruptFileError(MsgIndexError):
+    """A file on disk is truncated, the wrong size, or holds bytes that fail validation."""
+
+
+class IndexFullError(MsgIndexError):
+    """An index file or sparse index has no room for another entry."""
+
+
+class InvalidAppendError(MsgIndexError):
+    """An append would break an ordering invariant (e.g. a sparse index offset that does not grow)."""
+
+
+class ShardLockedError(MsgIndexError):
+    """Another process holds the shard's writer lock."""
+
+
+class StoreNotFoundError(MsgIndexError):
+    """A path given as an index store is missing or is not a msgindex store."""
+
+
+class InvalidOptionError(MsgIndexError, ValueError):
+    """A user-supplied option or argument is unknown, malformed or contradicts another."""
+
+
+class ToolMissingError(MsgIndexError):
+    """An external tool (java, mvn) that an operation needs is not installed."""
+
+
+class BrokerError(MsgIndexError):
+    """The local Kafka broker could not be started, reached or stopped."""

@@ -1,0 +1,104 @@
+"""What msgindex stores about one message, and the Arrow shapes it travels in.
+
+A message is identified by (topic, partition, offset) in its source. `keys` are every key the
+message is indexed under (for Kafka records: the record key, the space-separated ``KEYS`` header
+tokens and the ``UNIQ_KEY`` header; for RocketMQ metadata events: KEYS tokens and the unique
+key); `key` is the message's own primary key (the Kafka record key, or None).
+
+Keys are Python ``str``. Key bytes that are not valid UTF-8 are decoded with
+``surrogateescape`` (lossless; see ``decode_key_bytes``) and everything on disk is encoded with
+``surrogatepass`` so that any ``str`` round-trips exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key
+NO_VALUE = -1  # commit_log_offset / size when the source has none
+DISK_TEXT_ERRORS = "surrogatepass"
+
+
+def index_key(topic: str, key: str) -> str:
+    """The string hashed into the index for `key` of a message in `topic` (RocketMQ's rule)."""
+    return f"{topic}{KEY_SEPARATOR}{key}"
+
+
+def decode_key_bytes(raw: bytes) -> str:
+    """A Kafka key's bytes as the ``str`` msgindex indexes: UTF-8, undecodable bytes kept as
+    lone surrogates U+DC80..U+DCFF (Python's ``surrogateescape``), so no two byte strings collide."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def encode_text(text: str) -> bytes:
+    """The on-disk bytes of a topic or key: UTF-8, lone surrogates passed through."""
+    return text.encode("utf-8", DISK_TEXT_ERRORS)
+
+
+def decode_text(raw: bytes) -> str:
+    """Inverse of ``encode_text``."""
+    return raw.decode("utf-8", DISK_TEXT_ERRORS)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One message's metadata, as appended to a shard's metadata log."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    keys: tuple[str, ...]
+    commit_log_offset: int = NO_VALUE
+    size: int = NO_VALUE
+
+
+# Appends may arrive as Arrow (the pipeline's applyInArrow groups): one row per message.
+APPEND_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp_ms", pa.int64(), nullable=False),
+        pa.field("key", pa.string(), nullable=True),
+        pa.field("keys", pa.list_(pa.field("item", pa.string(), nullable=False)), nullable=False),
+        pa.field("commit_log_offset", pa.int64(), nullable=False),
+        pa.field("size", pa.int32(), nullable=False),
+    ]
+)
+
+# Query results (store lookups and scans, and the Spark data source's rows).
+# Timestamps are timestamp[us, tz=UTC]: what Spark's TimestampType maps to in Arrow.
+ROW_SCHEMA = pa.schema(
+    [
+        pa.field("broker", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("key", pa.string(), nullable=True),
+        pa.field("keys", pa.list_(pa.field("element", pa.string(), nullable=False)), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("commit_log_offset", pa.int64(), nullable=True),
+        pa.field("size", pa.int32(), nullable=True),
+        pa.field("seq", pa.int64(), nullable=False),
+    ]
+)
+
+
+def arrow_text(text: str) -> str:
+    """`text` made valid for Arrow/Spark strings (which must be UTF-8). Keys decoded from
+    non-UTF-8 bytes show their raw bytes as ``\\xNN`` escapes; look such keys up by passing the
+    original ``bytes`` to the lookup APIs."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # lone surrogates outside U+DC80..U+DCFF
+        raw = encode_text(text)
+    return raw.decode("utf-8", "backslashreplace")

@@ -1,0 +1,1 @@
+"""Runnable jobs: the indexing pipeline, the demo and load generators."""
