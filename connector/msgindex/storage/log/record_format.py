@@ -1,0 +1,362 @@
+"""The metadata-log record: one message's metadata, length-prefixed and checksummed.
+
+Layout (little-endian, so that numpy reads header fields without byte swapping)::
+
+    offset size  field
+    0      4     length            u32  bytes after this field (header rest + variable part)
+    4      4     crc               u32  zlib.crc32 of bytes [8, 4 + length)
+    8      1     magic             u8   format version, RECORD_MAGIC
+    9      1     attributes        u8   bit 0: the message has a key
+    10     2     topic_len         u16
+    12     4     partition         i32
+    16     8     seq               i64  the record's sequence number in the log
+    24     8     timestamp_ms      i64
+    32     8     offset            i64  the message's offset in its source partition
+    40     8     commit_log_offset i64  -1 when the source has none
+    48     4     size              i32  -1 when the source has none
+    52     4     key_len           u32  0 when there is no key (see attributes)
+    56     4     keys_count        u32
+    60     4     keys_bytes        u32  total length of the keys' texts
+    64     ...   topic | key | keys_count x u32 key lengths | keys' texts
+
+Texts are ``message.encode_text`` bytes. The checksum covers everything after itself, the
+sequence number included, so a record copied to the wrong place or a torn tail never decodes.
+The fixed 64-byte header is what the batch decoder reads with one numpy structured dtype; the
+variable parts are gathered with index arithmetic, never one Python call per field.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.storage.message import (
+    NO_VALUE,
+    ROW_SCHEMA,
+    MessageRecord,
+    arrow_text,
+    decode_text,
+    encode_text,
+)
+
+RECORD_MAGIC = 1
+ATTR_HAS_KEY = 0x01
+LENGTH_SIZE = 4  # the length prefix itself
+CRC_START = 8  # the checksum covers bytes [CRC_START, LENGTH_SIZE + length)
+HEADER_SIZE = 64
+HEADER_REST = HEADER_SIZE - LENGTH_SIZE  # smallest legal value of `length`
+KEY_LENGTH_SIZE = 4
+MAX_TOPIC_BYTES = 0xFFFF
+MAX_LENGTH = 0x7FFF_FFFF  # positions in the sparse offset index are i32
+
+HEADER_STRUCT = struct.Struct("<IIBBHiqqqqiIII")
+_LENGTH_CRC = struct.Struct("<II")
+_HEADER_AFTER_CRC = struct.Struct("<BBHiqqqqiIII")
+LENGTH_STRUCT = struct.Struct("<I")
+SEQ_TS_STRUCT = struct.Struct("<qq")  # seq, timestamp_ms: read together when hopping over records
+SEQ_FIELD = 16
+HEADER_DTYPE = np.dtype(
+    [
+        ("length", "<u4"),
+        ("crc", "<u4"),
+        ("magic", "u1"),
+        ("attributes", "u1"),
+        ("topic_len", "<u2"),
+        ("partition", "<i4"),
+        ("seq", "<i8"),
+        ("timestamp_ms", "<i8"),
+        ("offset", "<i8"),
+        ("commit_log_offset", "<i8"),
+        ("size", "<i4"),
+        ("key_len", "<u4"),
+        ("keys_count", "<u4"),
+        ("keys_bytes", "<u4"),
+    ]
+)
+assert HEADER_STRUCT.size == HEADER_DTYPE.itemsize == HEADER_SIZE
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _check_int(value: object, bounds: tuple[int, int], field: str, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not bounds[0] <= value <= bounds[1]:
+        raise InvalidAppendError(f"{where}: {field}={value!r} is not an integer in [{bounds[0]}, {bounds[1]}]")
+    return value
+
+
+def _check_text(value: object, field: str, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidAppendError(f"{where}: {field} must be str, got {type(value).__name__}")
+    return encode_text(value)
+
+
+def encode_record(seq: int, record: MessageRecord, where: str = "record") -> bytes:
+    """The bytes of `record` stored as sequence number `seq`. Invalid fields raise
+    InvalidAppendError naming `where` (e.g. "record 17 of the batch") and the field."""
+    try:
+        return _encode(seq, record)
+    except (struct.error, AttributeError, TypeError, OverflowError, ValueError):
+        # The fast path lets struct/encode find bad values; only then are fields checked one by one.
+        _explain(seq, record, where)
+        raise
+
+
+def _encode(seq: int, record: MessageRecord) -> bytes:
+    topic = encode_text(record.topic)
+    key = b"" if record.key is None else encode_text(record.key)
+    keys = record.keys
+    if type(keys) is not tuple and type(keys) is not list:
+        raise TypeError("keys")
+    texts = [encode_text(k) for k in keys]
+    keys_bytes = sum(map(len, texts))
+    length = HEADER_REST + len(topic) + len(key) + KEY_LENGTH_SIZE * len(texts) + keys_bytes
+    if len(topic) > MAX_TOPIC_BYTES or length > MAX_LENGTH:
+        raise ValueError("too long")
+    rest = b"".join([
+        _HEADER_AFTER_CRC.pack(
+            RECORD_MAGIC, ATTR_HAS_KEY if record.key is not None else 0, len(topic), record.partition, seq,
+            record.timestamp_ms, record.offset, record.commit_log_offset, record.size,
+            len(key), len(texts), keys_bytes,
+        ),
+        topic, key, struct.pack(f"<{len(texts)}I", *map(len, texts)), *texts,
+    ])
+    return _LENGTH_CRC.pack(length, zlib.crc32(rest)) + rest
+
+
+def _explain(seq: int, record: MessageRecord, where: str) -> None:
+    """Raise InvalidAppendError saying which field of `record` cannot be encoded."""
+    topic = _check_text(record.topic, "topic", where)
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise InvalidAppendError(f"{where}: topic is {len(topic)} bytes, at most {MAX_TOPIC_BYTES} allowed")
+    if record.key is not None:
+        _check_text(record.key, "key", where)
+    if isinstance(record.keys, (str, bytes)) or not isinstance(record.keys, Sequence):
+        raise InvalidAppendError(f"{where}: keys must be a sequence of str, got {type(record.keys).__name__}")
+    for k in record.keys:
+        _check_text(k, "keys item", where)
+    for field, value, bounds in [("partition", record.partition, _INT32), ("seq", seq, _INT64),
+                                 ("timestamp_ms", record.timestamp_ms, _INT64), ("offset", record.offset, _INT64),
+                                 ("commit_log_offset", record.commit_log_offset, _INT64),
+                                 ("size", record.size, _INT32)]:
+        _check_int(value, bounds, field, where)
+    raise InvalidAppendError(f"{where}: record is longer than {MAX_LENGTH} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordProblem:
+    """Why the bytes at `position` are not a valid record: a torn tail or corruption."""
+
+    position: int
+    reason: str
+    torn: bool  # True: the record runs past the end of the bytes (a write that never finished)
+
+
+def check_record(buf, position: int, end: int, expected_seq: int | None = None) -> int | RecordProblem:
+    """Validate the record at `position` in `buf[:end]`; its total size, or the problem found."""
+    if end - position < LENGTH_SIZE:
+        return RecordProblem(position, f"{end - position} bytes left, too few for a length prefix", True)
+    (length,) = LENGTH_STRUCT.unpack_from(buf, position)
+    total = LENGTH_SIZE + length
+    if length < HEADER_REST or length > MAX_LENGTH:
+        return RecordProblem(position, f"record length {length} is impossible", False)
+    if position + total > end:
+        return RecordProblem(position, f"record of {total} bytes runs past the end ({end})", True)
+    header = HEADER_STRUCT.unpack_from(buf, position)
+    if zlib.crc32(memoryview(buf)[position + CRC_START : position + total]) != header[1]:
+        return RecordProblem(position, "checksum mismatch", False)
+    if header[2] != RECORD_MAGIC:
+        return RecordProblem(position, f"unknown record magic {header[2]}", False)
+    variable = header[4] + header[11] + KEY_LENGTH_SIZE * header[12] + header[13]
+    if HEADER_REST + variable != length:
+        return RecordProblem(position, "field lengths do not add up to the record length", False)
+    if expected_seq is not None and header[6] != expected_seq:
+        return RecordProblem(position, f"sequence number {header[6]} where {expected_seq} was expected", False)
+    return total
+
+
+def read_length(buf, position: int) -> int:
+    """Total size (prefix included) of the record at `position`, unchecked: for hops over records
+    already known to be valid."""
+    return LENGTH_SIZE + LENGTH_STRUCT.unpack_from(buf, position)[0]
+
+
+def read_seq_timestamp(buf, position: int) -> tuple[int, int]:
+    """(seq, timestamp_ms) of the record at `position`, unchecked."""
+    return SEQ_TS_STRUCT.unpack_from(buf, position + SEQ_FIELD)
+
+
+def decode_record(buf, position: int, end: int, name: object) -> tuple[int, MessageRecord]:
+    """(seq, record) at `position`; CorruptFileError naming `name` and the position if invalid."""
+    checked = check_record(buf, position, end)
+    if isinstance(checked, RecordProblem):
+        raise CorruptFileError(f"{name}: invalid record at byte {position}: {checked.reason}")
+    h = HEADER_STRUCT.unpack_from(buf, position)
+    topic_len, key_len, keys_count = h[4], h[11], h[12]
+    at = position + HEADER_SIZE
+    topic = decode_text(bytes(buf[at : at + topic_len]))
+    at += topic_len
+    key = decode_text(bytes(buf[at : at + key_len])) if h[3] & ATTR_HAS_KEY else None
+    at += key_len
+    lengths = struct.unpack_from(f"<{keys_count}I", buf, at)
+    at += KEY_LENGTH_SIZE * keys_count
+    keys = []
+    for n in lengths:
+        keys.append(decode_text(bytes(buf[at : at + n])))
+        at += n
+    return h[6], MessageRecord(topic, h[5], h[8], h[7], key, tuple(keys), h[9], h[10])
+
+
+def walk_records(buf, start: int, end: int, *, verify: bool, name: object, first_seq: int | None = None,
+                 limit: int | None = None) -> list[int]:
+    """Start positions of the consecutive records from `start`: all of them up to `end` (which
+    they must fill exactly), or the first `limit`.
+
+    Record boundaries can only be found by hopping over length prefixes (one cheap call per
+    record); with `verify`, each record's checksum and sequence number are checked too.
+    """
+    positions: list[int] = []
+    append = positions.append
+    unpack = LENGTH_STRUCT.unpack_from
+    limit = -1 if limit is None else limit
+    position = start
+    if verify:
+        seq = first_seq
+        while position < end and len(positions) != limit:
+            checked = check_record(buf, position, end, seq)
+            if isinstance(checked, RecordProblem):
+                raise CorruptFileError(f"{name}: invalid record at byte {position}: {checked.reason}")
+            append(position)
+            position += checked
+            seq = None if seq is None else seq + 1
+    else:
+        while position < end and len(positions) != limit:
+            append(position)
+            position += LENGTH_SIZE + unpack(buf, position)[0]
+    if position > end:
+        raise CorruptFileError(f"{name}: invalid record at byte {positions[-1]}: runs past byte {end}")
+    return positions
+
+
+def check_headers(headers: np.ndarray, positions: np.ndarray, first_seq: int, name: object) -> None:
+    """Vectorized structural check of records found by an unverified walk: the right magic,
+    consecutive sequence numbers from `first_seq`, field lengths that add up. A wrong hop (a
+    damaged length prefix) lands on bytes that fail this, so no record is silently skipped."""
+    n = len(headers)
+    variable = (headers["topic_len"].astype(np.int64) + headers["key_len"] + KEY_LENGTH_SIZE
+                * headers["keys_count"].astype(np.int64) + headers["keys_bytes"])
+    bad = ((headers["magic"] != RECORD_MAGIC) | (headers["seq"] != first_seq + np.arange(n))
+           | (HEADER_REST + variable != headers["length"]))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise CorruptFileError(
+            f"{name}: invalid record at byte {int(positions[i])}: expected record {first_seq + i} "
+            f"(found sequence {int(headers['seq'][i])}, magic {int(headers['magic'][i])})"
+        )
+
+
+def verify_checksums(buf, positions: np.ndarray, headers: np.ndarray, name: object) -> None:
+    """Check the CRC of each record at `positions` (whose headers are given)."""
+    ends = (positions + LENGTH_SIZE + headers["length"]).tolist()
+    with memoryview(buf) as view:
+        for position, end, crc in zip(positions.tolist(), ends, headers["crc"].tolist()):
+            if zlib.crc32(view[position + CRC_START : end]) != crc:
+                raise CorruptFileError(f"{name}: invalid record at byte {position}: checksum mismatch")
+
+
+def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate `data[starts[i] : starts[i] + lengths[i]]` for all i: (bytes, int32 offsets)."""
+    lengths = lengths.astype(np.int64, copy=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total == 0:
+        return np.zeros(0, dtype=np.uint8), offsets.astype(np.int32)
+    index = np.repeat(starts.astype(np.int64) - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+    return data[index], offsets
+
+
+def _string_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """A string array from on-disk text bytes; texts that are not valid UTF-8 (lone surrogates)
+    go through ``arrow_text`` one by one, the rest stay zero-copy."""
+    if offsets[-1] > _INT32[1]:
+        array = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(values)]
+        )
+    else:
+        array = pa.BinaryArray.from_buffers(
+            pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)]
+        )
+    try:
+        return array.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([arrow_text(decode_text(raw)) for raw in array.to_pylist()], pa.string())
+
+
+def decode_batch(buf, positions: Sequence[int] | np.ndarray, broker: str,
+                 headers: np.ndarray | None = None) -> pa.RecordBatch:
+    """The records starting at `positions` (already validated) as a ROW_SCHEMA batch;
+    `headers`, when the caller has them, are their ``header_columns``."""
+    starts = np.asarray(positions, dtype=np.int64)
+    rows = len(starts)
+    if rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    headers = header_columns(buf, starts) if headers is None else headers
+    topic_len = headers["topic_len"].astype(np.int64)
+    key_len = headers["key_len"].astype(np.int64)
+    keys_count = headers["keys_count"].astype(np.int64)
+    topic_at = starts + HEADER_SIZE
+    key_at = topic_at + topic_len
+    lengths_at = key_at + key_len
+    texts_at = lengths_at + KEY_LENGTH_SIZE * keys_count
+
+    topics = _string_array(*_gather(data, topic_at, topic_len))
+    key_values, key_offsets = _gather(data, key_at, key_len)
+    has_key = (headers["attributes"] & ATTR_HAS_KEY).astype(bool)
+    keys_single = _string_array(key_values, key_offsets)
+    key_column = pc.if_else(pa.array(has_key), keys_single, pa.scalar(None, pa.string()))
+
+    raw_lengths, _ = _gather(data, lengths_at, KEY_LENGTH_SIZE * keys_count)
+    item_lengths = raw_lengths.view("<u4").astype(np.int64)
+    # Texts of one record's keys are contiguous, so each item starts where the previous ended.
+    record_of_item = np.repeat(np.arange(rows), keys_count)
+    list_offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(keys_count, out=list_offsets[1:])
+    item_offsets = np.zeros(len(item_lengths) + 1, dtype=np.int64)
+    np.cumsum(item_lengths, out=item_offsets[1:])
+    first_item_offset = item_offsets[list_offsets[:-1]]
+    item_at = texts_at[record_of_item] + (item_offsets[:-1] - first_item_offset[record_of_item])
+    items = _string_array(*_gather(data, item_at, item_lengths))
+    keys_column = pa.ListArray.from_arrays(
+        pa.array(list_offsets.astype(np.int32)), items, type=ROW_SCHEMA.field("keys").type
+    )
+
+    commit_log_offset = headers["commit_log_offset"]
+    size = headers["size"]
+    columns = [
+        pa.repeat(pa.scalar(arrow_text(broker), pa.string()), rows),
+        topics,
+        pa.array(headers["partition"], pa.int32()),
+        pa.array(headers["offset"], pa.int64()),
+        key_column,
+        keys_column,
+        pa.array(headers["timestamp_ms"] * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
+        pa.array(commit_log_offset, pa.int64(), mask=commit_log_offset == NO_VALUE),
+        pa.array(size, pa.int32(), mask=size == NO_VALUE),
+        pa.array(headers["seq"], pa.int64()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+def header_columns(buf, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The fixed headers of the records at `positions` as a numpy structured array."""
+    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
+    return windows[np.asarray(positions, dtype=np.int64)].view(HEADER_DTYPE).reshape(len(positions))

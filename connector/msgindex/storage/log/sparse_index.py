@@ -1,0 +1,382 @@
+"""Kafka's sparse segment indexes, in Kafka's own file formats (AbstractIndex design).
+
+* ``OffsetIndex`` (``.index``): 8-byte entries ``relative seq i32 | log position i32``.
+* ``TimeIndex`` (``.timeindex``): 12-byte entries ``timestamp i64 | relative seq i32``.
+
+Both big-endian, relative to the segment's base sequence number, preallocated to
+``max_index_bytes`` rounded down to whole entries, memory-mapped, and trimmed to their entries on
+close/roll: a reopened file holds ``file length / entry size`` entries, exactly as Kafka reads it.
+A reader that must not see a concurrent writer's uncommitted entries passes the committed
+``entries`` count instead, and never touches a byte past it (the writer may trim the file).
+
+An entry (T, s) of the time index means "T is the largest timestamp of the records before and at
+the index point, first reached by record s", so every record before s is older than T. That is
+what makes "largest entry <= target" a safe place to start a scan for timestamps >= target even
+though the log's timestamps are not monotonic.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from msgindex.errors import CorruptFileError, IndexFullError, InvalidAppendError
+from msgindex.storage.mapped_file import map_file
+
+# Kafka's lookups search the last 8 KiB of entries first ("warm section", KAFKA-6432): appends and
+# almost all lookups hit the end of the index, so a plain binary search over the whole file would
+# keep touching cold middle pages and fault them in; the warm section's pages stay cached.
+WARM_SECTION_BYTES = 8192
+NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: the time index's "last entry" when empty
+MAX_RELATIVE = (1 << 31) - 1
+
+
+def round_down(number: int, factor: int) -> int:
+    return factor * (number // factor)
+
+
+class SparseIndex:
+    """What Kafka's OffsetIndex and TimeIndex share: a preallocated, memory-mapped array of
+    fixed-size big-endian entries, searched for the largest entry <= a target."""
+
+    ENTRY: ClassVar[struct.Struct]
+    DTYPE: ClassVar[np.dtype]
+    KIND: ClassVar[str]
+    KEY_FIELD: ClassVar[int]  # which entry field lookups search on
+
+    def __init__(self, path: Path | None, base_seq: int, max_index_bytes: int, writable: bool) -> None:
+        if max_index_bytes < self.ENTRY.size:
+            raise ValueError(f"max_index_bytes {max_index_bytes} is smaller than one {self.KIND} entry")
+        self.path = path
+        self.base_seq = base_seq
+        self.max_index_bytes = max_index_bytes
+        self.writable = writable
+        self._buf: mmap.mmap | bytearray | None = None
+        self._length = 0
+        self._entries = 0
+
+    # ---- opening -------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path, base_seq: int, max_index_bytes: int, *, writable: bool,
+             entries: int | None = None) -> SparseIndex:
+        """Open (a writer creates it preallocated when missing) the index at `path`. `entries`
+        overrides Kafka's "length / entry size" rule for a file still being appended to."""
+        index = cls(Path(path), base_seq, max_index_bytes, writable)
+        if not index.path.exists():
+            if not writable:
+                raise CorruptFileError(f"{index.path}: {cls.KIND} file does not exist")
+            with open(index.path, "xb") as f:
+                f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
+            entries = 0
+        index._map()
+        if index._length % cls.ENTRY.size:
+            index.close_handler()
+            raise CorruptFileError(
+                f"{index.path}: {cls.KIND} file is {index._length} bytes, not a multiple of the "
+                f"{cls.ENTRY.size}-byte entry size"
+            )
+        capacity = index._length // cls.ENTRY.size
+        if entries is not None and not 0 <= entries <= capacity:
+            index.close_handler()
+            raise CorruptFileError(
+                f"{index.path}: {cls.KIND} should hold {entries} entries but has room for {capacity}"
+            )
+        index._entries = capacity if entries is None else entries
+        index._after_load()
+        return index
+
+    @classmethod
+    def in_memory(cls, base_seq: int, max_index_bytes: int) -> SparseIndex:
+        """An index with no file: what a reader rebuilds when a file is missing or corrupt
+        (readers never modify files)."""
+        index = cls(None, base_seq, max_index_bytes, True)
+        index._length = round_down(max_index_bytes, cls.ENTRY.size)
+        index._buf = bytearray(index._length)
+        index._after_load()
+        return index
+
+    def _map(self) -> None:
+        size = os.path.getsize(self.path)
+        self._length = size
+        self._buf = map_file(self.path, writable=self.writable) if size else None
+
+    def _after_load(self) -> None:
+        """Hook: recompute cached state (the time index's last entry)."""
+
+    # ---- Kafka's accessors -----------------------------------------------------------------
+    @property
+    def entries(self) -> int:
+        return self._entries
+
+    @property
+    def max_entries(self) -> int:
+        return self._length // self.ENTRY.size
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self._entries * self.ENTRY.size
+
+    def is_full(self) -> bool:
+        return self._entries >= self.max_entries
+
+    def relative(self, seq: int) -> int:
+        relative = seq - self.base_seq
+        if not 0 <= relative <= MAX_RELATIVE:
+            raise InvalidAppendError(
+                f"{self._name()}: sequence {seq} is not within 2^31-1 of the base sequence {self.base_seq}"
+            )
+        return relative
+
+    def raw_entry(self, n: int) -> tuple:
+        """Entry `n` as stored (fields relative to the base)."""
+        if not 0 <= n < self._entries:
+            raise IndexError(f"{self._name()}: entry {n} of {self._entries}")
+        return self.ENTRY.unpack_from(self._buf, n * self.ENTRY.size)
+
+    def entry(self, n: int) -> tuple[int, int]:
+        """Entry `n` with its sequence number made absolute."""
+        return self._absolute(self.raw_entry(n))
+
+    def entries_array(self) -> np.ndarray:
+        """All valid entries as a numpy structured array (a copy; fields relative)."""
+        if not self._entries:
+            return np.zeros(0, dtype=self.DTYPE)
+        return np.frombuffer(self._buf, dtype=self.DTYPE, count=self._entries).copy()
+
+    # ---- search ----------------------------------------------------------------------------
+    def largest_lower_bound_slot(self, target: int, field: int | None = None) -> int:
+        """Slot of the largest entry whose `field` is <= target, or -1 (Kafka's
+        largestLowerBoundSlotFor: warm section first, then the rest, upper-midpoint search)."""
+        field = self.KEY_FIELD if field is None else field
+        entries = self._entries
+        if entries == 0:
+            return -1
+        first_hot = max(0, entries - 1 - WARM_SECTION_BYTES // self.ENTRY.size)
+        if self._field(first_hot, field) < target:
+            return self._binary_search(target, field, first_hot, entries - 1)
+        if self._field(0, field) > target:
+            return -1
+        return self._binary_search(target, field, 0, first_hot)
+
+    def _binary_search(self, target: int, field: int, lo: int, hi: int) -> int:
+        while lo < hi:
+            # Upper midpoint: with `lo = mid` on "<", a lower midpoint would never move lo.
+            mid = (lo + hi + 1) >> 1
+            found = self._field(mid, field)
+            if found > target:
+                hi = mid - 1
+            elif found < target:
+                lo = mid
+            else:
+                return mid
+        return lo
+
+    def _field(self, n: int, field: int) -> int:
+        return self.ENTRY.unpack_from(self._buf, n * self.ENTRY.size)[field]
+
+    # ---- mutation --------------------------------------------------------------------------
+    def _put(self, *fields: int) -> None:
+        self.ENTRY.pack_into(self._buf, self._entries * self.ENTRY.size, *fields)
+        self._entries += 1
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise InvalidAppendError(f"{self._name()}: opened read-only")
+
+    def truncate_to(self, seq: int) -> None:
+        """Drop every entry whose sequence number is >= `seq` (Kafka's truncateTo)."""
+        seq_field = self.SEQ_FIELD
+        slot = self.largest_lower_bound_slot(seq - self.base_seq, seq_field)
+        if slot < 0:
+            kept = 0
+        elif self._field(slot, seq_field) == seq - self.base_seq:
+            kept = slot
+        else:
+            kept = slot + 1
+        self.truncate_to_entries(kept)
+
+    def truncate_to_entries(self, entries: int) -> None:
+        """Keep only the first `entries` entries."""
+        if not 0 <= entries <= self._entries:
+            raise ValueError(f"{self._name()}: cannot truncate {self._entries} entries to {entries}")
+        self._entries = entries
+        self._after_load()
+
+    def reset(self) -> None:
+        """Remove every entry and grow the file back to max_index_bytes."""
+        self.truncate_to_entries(0)
+        self.resize(self.max_index_bytes)
+
+    def trim_to_valid_size(self) -> None:
+        """Shrink the file to exactly its entries (Kafka does this on close and on roll)."""
+        self.resize(self.size_in_bytes)
+
+    def resize(self, new_size: int) -> bool:
+        """Set the file's length to `new_size` rounded down to whole entries; False if unchanged."""
+        self._require_writable()
+        rounded = round_down(new_size, self.ENTRY.size)
+        if rounded == self._length:
+            return False
+        if rounded < self.size_in_bytes:
+            raise ValueError(f"{self._name()}: {rounded} bytes cannot hold its {self._entries} entries")
+        if self.path is None:
+            self._buf = self._buf[:rounded] + bytearray(max(0, rounded - len(self._buf)))
+            self._length = rounded
+            return True
+        self.close_handler()
+        os.truncate(self.path, rounded)
+        self._map()
+        return True
+
+    def flush(self) -> None:
+        if isinstance(self._buf, mmap.mmap) and self.writable:
+            self._buf.flush()
+
+    def close_handler(self) -> None:
+        """Unmap without trimming."""
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+        self._buf = None
+
+    def close(self) -> None:
+        """Trim (when writable) and unmap."""
+        if self.writable and self.path is not None:
+            self.trim_to_valid_size()
+        self.close_handler()
+
+    def delete(self) -> None:
+        self.close_handler()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+    # ---- validation ------------------------------------------------------------------------
+    def sanity_check(self, record_count: int | None = None) -> None:
+        """Kafka's sanityCheck, made stricter (every entry, not only the last, is checked for
+        order): CorruptFileError naming the file. `record_count` bounds the relative seqs."""
+        if self._length % self.ENTRY.size:
+            self._corrupt(f"{self._length} bytes is not a multiple of {self.ENTRY.size}")
+        array = self.entries_array()
+        if not len(array):
+            return
+        seqs = array["relative_seq"].astype(np.int64)
+        if seqs[0] < 0:
+            self._corrupt(f"first relative sequence {seqs[0]} is negative")
+        if record_count is not None and seqs[-1] >= record_count:
+            self._corrupt(f"last relative sequence {seqs[-1]} is past the segment's {record_count} records")
+        self._check_order(array)
+
+    def _check_order(self, array: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _corrupt(self, reason: str) -> None:
+        raise CorruptFileError(f"{self._name()}: corrupt {self.KIND}: {reason}")
+
+    def _name(self) -> str:
+        return str(self.path) if self.path is not None else f"in-memory {self.KIND} of segment {self.base_seq}"
+
+    def _absolute(self, raw: tuple) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class OffsetIndex(SparseIndex):
+    """Kafka's OffsetIndex: relative sequence number -> byte position of that record in the log."""
+
+    ENTRY = struct.Struct(">ii")
+    DTYPE = np.dtype([("relative_seq", ">i4"), ("position", ">i4")])
+    KIND = "offset index"
+    KEY_FIELD = 0
+    SEQ_FIELD = 0
+
+    def last_seq(self) -> int:
+        return self.base_seq + self.raw_entry(self._entries - 1)[0] if self._entries else self.base_seq
+
+    def append(self, seq: int, position: int) -> None:
+        """Add (seq, position); seq must be larger than the last one (InvalidAppendError)."""
+        self._require_writable()
+        if self.is_full():
+            raise IndexFullError(f"{self._name()}: full ({self._entries} entries)")
+        relative = self.relative(seq)
+        if self._entries and relative <= self.raw_entry(self._entries - 1)[0]:
+            raise InvalidAppendError(
+                f"{self._name()}: sequence {seq} is not larger than the last one indexed, {self.last_seq()}"
+            )
+        self._put(relative, position)
+
+    def lookup(self, seq: int) -> tuple[int, int]:
+        """(seq, position) of the largest entry <= seq, or (base_seq, 0)."""
+        slot = self.largest_lower_bound_slot(seq - self.base_seq)
+        return (self.base_seq, 0) if slot < 0 else self.entry(slot)
+
+    def _absolute(self, raw: tuple) -> tuple[int, int]:
+        return self.base_seq + raw[0], raw[1]
+
+    def _check_order(self, array: np.ndarray) -> None:
+        if np.any(np.diff(array["relative_seq"].astype(np.int64)) <= 0):
+            self._corrupt("sequence numbers do not strictly increase")
+        positions = array["position"].astype(np.int64)
+        if positions[0] < 0 or np.any(np.diff(positions) <= 0):
+            self._corrupt("positions do not strictly increase")
+
+
+class TimeIndex(SparseIndex):
+    """Kafka's TimeIndex: running-maximum timestamp -> the record that first reached it."""
+
+    ENTRY = struct.Struct(">qi")
+    DTYPE = np.dtype([("timestamp", ">i8"), ("relative_seq", ">i4")])
+    KIND = "time index"
+    KEY_FIELD = 0
+    SEQ_FIELD = 1
+
+    def _after_load(self) -> None:
+        self._last = self.entry(self._entries - 1) if self._entries else (NO_TIMESTAMP, self.base_seq)
+
+    def is_full(self) -> bool:
+        # One slot stays free for the entry appended when the segment rolls.
+        return self._entries >= self.max_entries - 1
+
+    def last_entry(self) -> tuple[int, int]:
+        """(timestamp, seq) of the last entry, or (NO_TIMESTAMP, base_seq) when empty."""
+        return self._last
+
+    def maybe_append(self, timestamp: int, seq: int, skip_full_check: bool = False) -> None:
+        """Add (timestamp, seq) if timestamp is larger than the last one; a smaller timestamp or
+        sequence number is an InvalidAppendError (callers pass the running maximum)."""
+        self._require_writable()
+        if not skip_full_check and self.is_full():
+            raise IndexFullError(f"{self._name()}: full ({self._entries} entries)")
+        last_ts, last_seq = self._last
+        if self._entries and seq < last_seq:
+            raise InvalidAppendError(f"{self._name()}: sequence {seq} is smaller than the last one indexed, {last_seq}")
+        if self._entries and timestamp < last_ts:
+            raise InvalidAppendError(
+                f"{self._name()}: timestamp {timestamp} is smaller than the last one indexed, {last_ts}"
+            )
+        if timestamp > last_ts:
+            if self._entries >= self.max_entries:
+                raise IndexFullError(f"{self._name()}: no room left ({self._entries} entries)")
+            self._put(timestamp, self.relative(seq))
+            self._last = (timestamp, seq)
+
+    def lookup(self, timestamp: int) -> tuple[int, int]:
+        """(timestamp, seq) of the largest entry <= timestamp, or (NO_TIMESTAMP, base_seq)."""
+        slot = self.largest_lower_bound_slot(timestamp)
+        return (NO_TIMESTAMP, self.base_seq) if slot < 0 else self.entry(slot)
+
+    def _absolute(self, raw: tuple) -> tuple[int, int]:
+        return raw[0], self.base_seq + raw[1]
+
+    def _check_order(self, array: np.ndarray) -> None:
+        timestamps = array["timestamp"].astype(np.int64)
+        if np.any(np.diff(timestamps) <= 0):
+            self._corrupt("timestamps do not strictly increase")
+        if np.any(np.diff(array["relative_seq"].astype(np.int64)) < 0):
+            self._corrupt("sequence numbers decrease")
