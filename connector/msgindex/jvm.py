@@ -44,7 +44,11 @@ def require_tool(name: str, purpose: str) -> str:
     return found
 
 
-def _pom(name: str, artifacts: list[str]) -> str:
+def _pom(name: str, artifacts: list[str], exclusions: tuple[str, ...] = ()) -> str:
+    excluded = "".join(
+        f"<exclusion><groupId>{escape(g)}</groupId><artifactId>{escape(a)}</artifactId></exclusion>"
+        for g, a in (_group_artifact(e) for e in exclusions)
+    )
     deps = []
     for coordinate in artifacts:
         parts = coordinate.split(":")
@@ -53,7 +57,9 @@ def _pom(name: str, artifacts: list[str]) -> str:
         group, artifact, version = (escape(p) for p in parts)
         deps.append(
             f"    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-            f"<version>{version}</version></dependency>"
+            f"<version>{version}</version>"
+            + (f"<exclusions>{excluded}</exclusions>" if excluded else "")
+            + "</dependency>"
         )
     return f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -68,18 +74,29 @@ def _pom(name: str, artifacts: list[str]) -> str:
 """
 
 
-def stage_jars(name: str, artifacts: list[str]) -> list[Path]:
+def _group_artifact(coordinate: str) -> tuple[str, str]:
+    parts = coordinate.split(":")
+    if len(parts) != 2:
+        raise ValueError(f"exclusion {coordinate!r} is not group:artifact")
+    return parts[0], parts[1]
+
+
+def stage_jars(name: str, artifacts: list[str], *, exclusions: tuple[str, ...] = ()) -> list[Path]:
     """The runtime classpath (jar paths) of `artifacts`, resolved with Maven into
-    ``<home>/jars/<name>/lib`` on first use. Safe to call from several processes at once."""
+    ``<home>/jars/<name>/lib`` on first use. Safe to call from several processes at once.
+
+    `exclusions` ("group:artifact") are cut from every artifact's transitive dependencies: for a
+    dependency that is provided another way, or one whose pinned version a registry lacks."""
     folder = msgindex_home() / "jars" / name
-    wanted = hashlib.sha256("\n".join(artifacts).encode()).hexdigest()
+    recipe = [*artifacts, *(["exclude", *exclusions] if exclusions else [])]
+    wanted = hashlib.sha256("\n".join(recipe).encode()).hexdigest()
     lib = folder / "lib"
     with _exclusive(folder):
         stamp = folder / _STAMP
         if not (stamp.is_file() and stamp.read_text() == wanted and lib.is_dir()):
             mvn = require_tool("mvn", f"download the jars of {name} from Maven Central")
             shutil.rmtree(lib, ignore_errors=True)
-            (folder / "pom.xml").write_text(_pom(name, artifacts))
+            (folder / "pom.xml").write_text(_pom(name, artifacts, exclusions))
             done = subprocess.run(
                 [mvn, "-q", "-B", "-f", str(folder / "pom.xml"), "dependency:copy-dependencies",
                  "-DincludeScope=runtime", f"-DoutputDirectory={lib}"],

@@ -1,0 +1,22 @@
+# The msgindex indexing job in a container (used by docker-compose.yml's `indexer` service).
+# Python for the package, a JRE 17 for Spark, Maven to stage Spark's Kafka connector jars from
+# Maven Central at build time (so the container starts without downloading anything).
+FROM python:3.11-slim-bookworm
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven procps \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV MSGINDEX_HOME=/opt/msgindex \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY connector ./connector
+COPY streaming_jobs ./streaming_jobs
+RUN pip install --no-cache-dir . \
+ && python -c "from msgindex.spark.session import kafka_connector_jars; print(kafka_connector_jars())"
+
+WORKDIR /data
+ENTRYPOINT ["msgindex"]
+CMD ["--help"]

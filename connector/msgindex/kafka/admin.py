@@ -1,0 +1,147 @@
+"""Small Kafka helpers over kafka-python: create topics and wait until they are usable, find the
+leader broker of every partition (the pipeline's shard key), read end offsets, produce records.
+
+Each helper opens its own short-lived client: callers are tests, CLI commands and jobs that make a
+handful of calls, so simplicity beats connection reuse here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from msgindex.errors import BrokerError
+
+DEFAULT_TIMEOUT_S = 60.0
+CLIENT_ID = "msgindex-admin"
+# RocketMQ's property names, carried as Kafka record headers (see DESIGN.md: input shapes)
+KEYS_HEADER = "KEYS"
+UNIQ_KEY_HEADER = "UNIQ_KEY"
+
+
+@contextlib.contextmanager
+def admin_client(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[KafkaAdminClient]:
+    """A KafkaAdminClient for `bootstrap`, closed on exit; BrokerError when unreachable."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
+                                 request_timeout_ms=int(timeout * 1000))
+    except KafkaError as error:
+        raise BrokerError(f"cannot reach Kafka at {bootstrap}: {error!r}") from error
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def create_topics(bootstrap: str, topics: Mapping[str, int] | Iterable[str], *, partitions: int = 1,
+                  configs: Mapping[str, str] | None = None, exist_ok: bool = False,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Create topics (a name -> partition count mapping, or names that all get `partitions`) with
+    replication factor 1 and return their names once every partition has a leader."""
+    counts = dict(topics) if isinstance(topics, Mapping) else {name: partitions for name in topics}
+    spec = {name: {"num_partitions": count, "replication_factor": 1, "configs": dict(configs or {})}
+            for name, count in counts.items()}
+    with admin_client(bootstrap, timeout) as admin:
+        try:
+            admin.create_topics(spec, timeout_ms=int(timeout * 1000))
+        except TopicAlreadyExistsError:
+            if not exist_ok:
+                raise BrokerError(f"topic(s) {sorted(counts)} already exist on {bootstrap}") from None
+        except KafkaError as error:
+            raise BrokerError(f"creating topics {sorted(counts)} on {bootstrap} failed: {error!r}") from error
+        admin.wait_for_topics(list(counts), timeout_ms=int(timeout * 1000))
+    return list(counts)
+
+
+def partition_leaders(bootstrap: str, topics: Iterable[str] | None = None,
+                      timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): leader broker id}`` for `topics` (default: every non-internal topic).
+    A partition without a leader maps to -1."""
+    with admin_client(bootstrap, timeout) as admin:
+        described = admin.describe_topics(list(topics) if topics is not None else None)
+    leaders = {}
+    for topic in described:
+        if topic.get("is_internal"):
+            continue
+        for part in topic["partitions"]:
+            leaders[(topic["name"], part["partition_index"])] = part["leader_id"]
+    return leaders
+
+
+def broker_addresses(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict[int, str]:
+    """``{broker id: "host:port"}`` of the cluster's live brokers."""
+    with admin_client(bootstrap, timeout) as admin:
+        cluster = admin.describe_cluster()
+    return {b["broker_id"]: f"{b['host']}:{b['port']}" for b in cluster["brokers"]}
+
+
+def latest_offsets(bootstrap: str, topics: Iterable[str],
+                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): end offset}`` (the offset the next record will get)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
+                             request_timeout_ms=int(timeout * 1000) + 1000, enable_auto_commit=False)
+    try:
+        wanted = []
+        for topic in topics:
+            found = consumer.partitions_for_topic(topic)
+            if not found:
+                raise BrokerError(f"topic {topic!r} does not exist on {bootstrap}")
+            wanted.extend(TopicPartition(topic, p) for p in sorted(found))
+        ends = consumer.end_offsets(wanted)
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+
+@dataclass(frozen=True)
+class OutgoingRecord:
+    """One record to produce: RocketMQ-style keys go in the `KEYS` (space separated) and
+    `UNIQ_KEY` headers, the Kafka key as is."""
+
+    key: bytes | str | None
+    value: bytes | str | None = None
+    partition: int | None = None
+    timestamp_ms: int | None = None
+    keys: tuple[str, ...] = ()
+    uniq_key: str | None = None
+    headers: tuple[tuple[str, bytes], ...] = field(default=())
+
+    def header_list(self) -> list[tuple[str, bytes]]:
+        extra = list(self.headers)
+        if self.keys:
+            extra.append((KEYS_HEADER, " ".join(self.keys).encode()))
+        if self.uniq_key is not None:
+            extra.append((UNIQ_KEY_HEADER, self.uniq_key.encode()))
+        return extra
+
+
+def _as_bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[OutgoingRecord],
+            timeout: float = DEFAULT_TIMEOUT_S) -> list[tuple[int, int]]:
+    """Produce `records` to `topic`, flush, and return each record's ``(partition, offset)`` in
+    input order (so tests can compare with what a consumer reads back)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=CLIENT_ID, linger_ms=5,
+                             request_timeout_ms=int(timeout * 1000))
+    try:
+        futures = [
+            producer.send(topic, key=_as_bytes(r.key), value=_as_bytes(r.value), partition=r.partition,
+                          timestamp_ms=r.timestamp_ms, headers=r.header_list())
+            for r in records
+        ]
+        producer.flush(timeout=timeout)
+        placed = []
+        for future in futures:
+            metadata = future.get(timeout=timeout)
+            placed.append((metadata.partition, metadata.offset))
+    except KafkaError as error:
+        raise BrokerError(f"producing to {topic!r} on {bootstrap} failed: {error!r}") from error
+    finally:
+        producer.close(timeout=timeout)
+    return placed

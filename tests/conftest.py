@@ -1,0 +1,87 @@
+"""Session fixtures shared by every test folder: a real Kafka broker, fresh topics, one SparkSession.
+
+All three are lazy: a test that asks for none of them starts neither Kafka nor Spark.
+
+Where the broker comes from, first match wins:
+1. ``KAFKA_BOOTSTRAP_SERVERS`` is set: that cluster is used as is (nothing is started or stopped);
+2. a Docker engine answers: testcontainers' Kafka module (KRaft);
+3. otherwise: msgindex's own local KRaft broker (``msgindex.kafka.broker.LocalBroker``) on free
+   ports with its data in a temp dir, stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Callable, Iterator
+
+import pytest
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+TESTCONTAINERS_IMAGE = "confluentinc/cp-kafka:7.6.0"  # the image testcontainers' KRaft mode is built for
+
+
+def _docker_engine_reachable() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+    except Exception:  # any failure means "no usable engine": fall back to the local broker
+        return False
+    return True
+
+
+def _testcontainers_kafka() -> Iterator[str]:
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:
+        from testcontainers.kafka import KafkaContainer
+    with KafkaContainer(TESTCONTAINERS_IMAGE).with_kraft() as container:
+        yield container.get_bootstrap_server()
+
+
+def _local_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from msgindex.kafka.broker import LocalBroker, free_port
+
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), port=free_port(), controller_port=free_port())
+    try:
+        yield broker.start(timeout=180)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address ("host:port") of a real Kafka broker for the whole test session."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        yield os.environ[BOOTSTRAP_ENV]
+    elif _docker_engine_reachable():
+        yield from _testcontainers_kafka()
+    else:
+        yield from _local_kafka(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def kafka_topic(kafka_bootstrap: str) -> Callable[..., str]:
+    """Factory: ``kafka_topic(partitions=3, prefix="t")`` creates a topic with a unique name on
+    the session broker, waits until every partition has a leader, and returns the name."""
+    from msgindex.kafka.admin import create_topics
+
+    def make(partitions: int = 3, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        create_topics(kafka_bootstrap, {name: partitions})
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test session (msgindex.spark.session.build_spark_session)."""
+    from msgindex.spark.session import build_spark_session
+
+    session = build_spark_session(app_name="msgindex-tests")
+    yield session
+    session.stop()
