@@ -1,0 +1,513 @@
+"""RocketMQ's IndexFile: an on-disk hash index from ``topic#key`` to a position, byte-compatible.
+
+Layout (big-endian, as RocketMQ's broker writes it)::
+
+    header   40 B   beginTimestamp i64, endTimestamp i64, beginPhyOffset i64, endPhyOffset i64,
+                    hashSlotCount i32, indexCount i32
+    slots    hashSlotNum x 4 B      slot -> newest entry index of its chain (0 = empty)
+    entries  indexNum x 20 B        keyHash i32, phyOffset i64, timeDiff i32 (s), prevIndex i32
+
+indexCount starts at 1 (entry 0 is never written: 0 means "no entry"), so a file holds indexNum - 1
+entries. Every rule of RocketMQ's ``putKey`` is reproduced (see ``put_key``) so that the same calls
+give the same bytes; ``select_phy_offsets`` answers like RocketMQ's ``selectPhyOffset``.
+msgindex's own reads use ``candidates``: every entry of the key's chain with the key's hash, with no
+early stop on time (a shard's timestamps are not monotonic), bounded by a reader's committed count.
+
+The mapped bytes are the single source of truth, header included: a writer writes the header right
+after each put (as RocketMQ does), so readers in other processes always see what is on disk.
+Write order within a put is entry, then slot, then header: a concurrent reader that follows the
+slot finds a complete entry.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import astuple, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
+from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.mapped_file import map_file, preallocate
+
+HEADER_SIZE = 40
+HEADER_STRUCT = struct.Struct(">qqqqii")  # the six IndexHeader fields, in file order
+SLOT_SIZE = 4
+_SLOT_STRUCT = struct.Struct(">i")
+_WALK_HEADER_STRUCT = struct.Struct(">q28xi")  # beginTimestamp and indexCount only
+SLOT_DTYPE = np.dtype(">i4")
+ENTRY_SIZE = 20
+ENTRY_STRUCT = struct.Struct(">iqii")
+ENTRY_DTYPE = np.dtype(
+    [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")]
+)
+INVALID_INDEX = 0  # a slot or prevIndex value meaning "no entry"
+FIRST_INDEX = 1  # indexCount of an empty file; entry 0 is never written
+DEFAULT_HASH_SLOT_NUM = 5_000_000
+DEFAULT_INDEX_NUM = 20_000_000
+TIME_DIFF_UNIT_MS = 1000  # entries store whole seconds since beginTimestamp
+INT32_MAX = (1 << 31) - 1
+NAME_FORMAT = "%Y%m%d%H%M%S"  # + 3 digits of milliseconds: RocketMQ's yyyyMMddHHmmssSSS
+NAME_LENGTH = 17
+
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE == ENTRY_STRUCT.size and HEADER_STRUCT.size == HEADER_SIZE
+
+
+@dataclass(frozen=True)
+class IndexHeader:
+    """The six header fields of an index file, in file order."""
+
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = FIRST_INDEX
+
+
+class IndexEntry(NamedTuple):
+    """One written entry, as stored (``time_diff`` in seconds since the file's beginTimestamp)."""
+
+    index: int
+    key_hash: int
+    phy_offset: int
+    time_diff: int
+    prev_index: int
+
+
+def _wrap64(value: int) -> int:
+    """Java long arithmetic wraps; Python ints do not."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _java_div(value: int, divisor: int) -> int:
+    """Java's long division truncates toward zero."""
+    quotient = abs(value) // divisor
+    return -quotient if value < 0 else quotient
+
+
+def time_diff_seconds(store_timestamp: int, begin_timestamp: int) -> int:
+    """The timeDiff RocketMQ stores for a put at `store_timestamp` (ms): whole seconds since
+    beginTimestamp, 0 while the file has no begin time, clamped to [0, Integer.MAX_VALUE]."""
+    if begin_timestamp <= 0:
+        return 0
+    diff = _java_div(_wrap64(store_timestamp - begin_timestamp), TIME_DIFF_UNIT_MS)
+    return min(max(diff, 0), INT32_MAX)
+
+
+def _time_diffs(store_timestamps: np.ndarray, begin_timestamp: int) -> np.ndarray:
+    """Vectorized ``time_diff_seconds`` for one begin time (int64 in, int32 out)."""
+    if begin_timestamp <= 0:
+        return np.zeros(store_timestamps.size, dtype=np.int32)
+    with np.errstate(over="ignore"):
+        diff = store_timestamps - np.int64(begin_timestamp)  # wraps like Java's long
+    # numpy floors where Java truncates, but the two differ only for negative diffs, which the
+    # clamp turns into 0 either way.
+    return np.clip(diff // TIME_DIFF_UNIT_MS, 0, INT32_MAX).astype(np.int32)
+
+
+def index_file_name(timestamp_ms: int, *, utc: bool = False) -> str:
+    """RocketMQ's index file name for a creation time: ``yyyyMMddHHmmssSSS`` (the broker uses local
+    time; pass ``utc=True`` for machine-independent names)."""
+    seconds, millis = divmod(int(timestamp_ms), 1000)
+    moment = datetime.fromtimestamp(seconds, timezone.utc) if utc else datetime.fromtimestamp(seconds)
+    return f"{moment.strftime(NAME_FORMAT)}{millis:03d}"
+
+
+def parse_index_file_name(name: str, *, utc: bool = False) -> int | None:
+    """The creation time (ms) encoded in an index file name, or None if `name` is not one."""
+    if len(name) != NAME_LENGTH or not name.isdigit() or not name.isascii():
+        return None
+    try:
+        moment = datetime.strptime(name[:-3], NAME_FORMAT)
+    except ValueError:
+        return None
+    if utc:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp()) * 1000 + int(name[-3:])
+
+
+def _check_sizing(path: Path, hash_slot_num: int, index_num: int) -> None:
+    for name, value in (("hash_slot_num", hash_slot_num), ("index_num", index_num)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= INT32_MAX:
+            raise InvalidOptionError(f"{path}: {name} must be an int in [1, {INT32_MAX}], got {value!r}")
+
+
+def _header_field(name: str, doc: str) -> property:
+    """A read-only property for one header field, read live from the mapped bytes."""
+    return property(lambda self: getattr(self.header, name), doc=f"Header {name}: {doc}.")
+
+
+class IndexFile:
+    """One RocketMQ-format hash index file, memory-mapped (see the module docstring for the layout)."""
+
+    def __init__(self, path: Path, hash_slot_num: int, index_num: int, read_only: bool) -> None:
+        self.path = Path(path)
+        self.hash_slot_num = int(hash_slot_num)
+        self.index_num = int(index_num)
+        self.read_only = read_only
+        self._mm = map_file(self.path, expected_size=self.file_size(hash_slot_num, index_num),
+                            writable=not read_only)
+        self._slots_offset = HEADER_SIZE
+        self._entries_offset = HEADER_SIZE + self.hash_slot_num * SLOT_SIZE
+        self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
+        self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
+
+    # ----------------------------------------------------------------- creating and opening
+    @staticmethod
+    def file_size(hash_slot_num: int, index_num: int) -> int:
+        """Bytes of a file with this sizing (the file does not record it)."""
+        return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM,
+               index_num: int = DEFAULT_INDEX_NUM, end_phy_offset: int = 0,
+               end_timestamp: int = 0) -> IndexFile:
+        """A new zero-filled file. Like RocketMQ's constructor, positive `end_phy_offset` /
+        `end_timestamp` (the previous full file's end) become both begin and end of this one."""
+        path = Path(path)
+        _check_sizing(path, hash_slot_num, index_num)
+        preallocate(path, cls.file_size(hash_slot_num, index_num))
+        index = cls(path, hash_slot_num, index_num, read_only=False)
+        phy = end_phy_offset if end_phy_offset > 0 else 0
+        ts = end_timestamp if end_timestamp > 0 else 0
+        index._write_header(IndexHeader(ts, ts, phy, phy, 0, FIRST_INDEX))
+        return index
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM,
+             index_num: int = DEFAULT_INDEX_NUM, *, read_only: bool = False) -> IndexFile:
+        """An existing file (msgindex's or a RocketMQ broker's). A size that does not match the
+        sizing, or a header that cannot be right, is a CorruptFileError naming the file."""
+        path = Path(path)
+        _check_sizing(path, hash_slot_num, index_num)
+        index = cls(path, hash_slot_num, index_num, read_only=read_only)
+        try:
+            index._validate_header()
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    def _validate_header(self) -> None:
+        raw_count = HEADER_STRUCT.unpack_from(self._mm, 0)[5]
+        if raw_count > self.index_num:
+            raise CorruptFileError(
+                f"{self.path}: header indexCount {raw_count} exceeds the file's {self.index_num} "
+                f"entries (wrong index_num, or not an index file)"
+            )
+
+    # ----------------------------------------------------------------- header
+    @property
+    def header(self) -> IndexHeader:
+        """The header as on disk, indexCount <= 0 read as 1 (RocketMQ's load rule)."""
+        fields = HEADER_STRUCT.unpack_from(self._buffer(), 0)
+        if fields[5] <= 0:
+            fields = fields[:5] + (FIRST_INDEX,)
+        return IndexHeader(*fields)
+
+    def _walk_header(self) -> tuple[int, int]:
+        """(beginTimestamp, indexCount) without building an IndexHeader: lookups are hot paths."""
+        fields = _WALK_HEADER_STRUCT.unpack_from(self._buffer(), 0)
+        return fields[0], max(fields[1], FIRST_INDEX)
+
+    def _write_header(self, header: IndexHeader) -> None:
+        HEADER_STRUCT.pack_into(self._mm, 0, *astuple(header))
+
+    begin_timestamp = _header_field("begin_timestamp", "ms of the first put (or inherited)")
+    end_timestamp = _header_field("end_timestamp", "ms of the last put (not the maximum)")
+    begin_phy_offset = _header_field("begin_phy_offset", "phyOffset of the first put (or inherited)")
+    end_phy_offset = _header_field("end_phy_offset", "phyOffset of the last put")
+    hash_slot_count = _header_field("hash_slot_count", "puts that found their slot empty")
+    index_count = _header_field("index_count", "next entry index; 1 when empty")
+
+    @property
+    def entry_count(self) -> int:
+        """Entries written (index_count - 1)."""
+        return self.index_count - FIRST_INDEX
+
+    @property
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """RocketMQ's ``isTimeMatched``: may this file hold entries for the window [begin, end]?"""
+        h = self.header
+        return ((begin < h.begin_timestamp and end > h.end_timestamp)
+                or h.begin_timestamp <= begin <= h.end_timestamp
+                or h.begin_timestamp <= end <= h.end_timestamp)
+
+    # ----------------------------------------------------------------- writing
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """RocketMQ's ``putKey``: index `key` (the full ``topic#key``) at `phy_offset`. False when full."""
+        self._require_writable()
+        _check_int64("phy_offset", phy_offset)
+        _check_int64("store_timestamp", store_timestamp)
+        h = self.header
+        count = h.index_count
+        if count >= self.index_num:
+            return False
+        key_hash = index_hash(key)
+        slot_pos = self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE
+        prev = _SLOT_STRUCT.unpack_from(self._mm, slot_pos)[0]
+        if prev <= INVALID_INDEX or prev > count:
+            prev = INVALID_INDEX
+        # The diff uses the begin time from before this put, even for a file's first entry.
+        diff = time_diff_seconds(store_timestamp, h.begin_timestamp)
+        ENTRY_STRUCT.pack_into(self._mm, self._entries_offset + count * ENTRY_SIZE,
+                               key_hash, phy_offset, diff, prev)
+        _SLOT_STRUCT.pack_into(self._mm, slot_pos, count)
+        first = count <= FIRST_INDEX
+        self._write_header(IndexHeader(
+            begin_timestamp=store_timestamp if first else h.begin_timestamp,
+            end_timestamp=store_timestamp,
+            begin_phy_offset=phy_offset if first else h.begin_phy_offset,
+            end_phy_offset=phy_offset,
+            hash_slot_count=h.hash_slot_count + (prev == INVALID_INDEX),
+            index_count=count + 1,
+        ))
+        return True
+
+    def put_keys(self, keys: Sequence[str] | pa.Array | pa.ChunkedArray | np.ndarray,
+                 phy_offsets: Sequence[int] | np.ndarray, store_timestamps: Sequence[int] | np.ndarray) -> int:
+        """``put_key`` for each (key, offset, timestamp) in order, vectorized; the bytes equal those
+        of the one-by-one puts. Returns how many were written (fewer than given when the file fills)."""
+        self._require_writable()
+        offsets = _int64_array("phy_offsets", phy_offsets)
+        stamps = _int64_array("store_timestamps", store_timestamps)
+        if not len(keys) == offsets.size == stamps.size:
+            raise InvalidOptionError(
+                f"put_keys: {len(keys)} keys, {offsets.size} phy_offsets and {stamps.size} "
+                f"store_timestamps; the three must have the same length"
+            )
+        h = self.header
+        count = h.index_count
+        n = max(0, min(len(keys), self.index_num - count))
+        if n == 0:
+            return 0
+        hashes = index_hashes(keys[:n] if len(keys) != n else keys)
+        offsets, stamps = offsets[:n], stamps[:n]
+        slots = hashes % np.int32(self.hash_slot_num)  # hashes are >= 0
+        prevs, chain_heads = self._resolve_prevs(slots, count)
+        first = count <= FIRST_INDEX
+        diffs = _time_diffs(stamps, h.begin_timestamp)
+        if first and n > 1:  # after the first put, the begin time is the first put's timestamp
+            diffs[1:] = _time_diffs(stamps[1:], int(stamps[0]))
+        block = self._entries[count : count + n]  # written in place: no 20-byte-row temporary
+        block["key_hash"] = hashes
+        block["phy_offset"] = offsets
+        block["time_diff"] = diffs
+        block["prev_index"] = prevs
+        self._slots[chain_heads[0]] = chain_heads[1]
+        self._write_header(IndexHeader(
+            begin_timestamp=int(stamps[0]) if first else h.begin_timestamp,
+            end_timestamp=int(stamps[-1]),
+            begin_phy_offset=int(offsets[0]) if first else h.begin_phy_offset,
+            end_phy_offset=int(offsets[-1]),
+            hash_slot_count=h.hash_slot_count + int(np.count_nonzero(prevs == INVALID_INDEX)),
+            index_count=count + n,
+        ))
+        return n
+
+    def _resolve_prevs(self, slots: np.ndarray, first_index: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Each new entry's prevIndex as sequential puts would set it, and the final (slot, head).
+
+        Sorting by (slot, put order) lines up each slot's new entries: an entry's prev is the
+        entry before it in its group, and a group's first entry gets the slot's old value, valid
+        only if in (0, indexCount at the time of its put] -- the put's own index. Working in
+        sorted order also makes the slot reads and writes sweep the slot table front to back."""
+        # (slot << 32 | position) sorts as plain int64 (SIMD in numpy): no argsort needed.
+        # Everything after the sort is int32 (indexes are int32 on disk): half the memory traffic.
+        packed = np.sort((slots.astype(np.int64) << 32) | np.arange(slots.size, dtype=np.int64))
+        position = (packed & 0xFFFFFFFF).astype(np.int32)
+        sorted_slots = (packed >> 32).astype(np.int32)
+        put_index = position + np.int32(first_index)
+        same_slot = sorted_slots[1:] == sorted_slots[:-1]
+        old = self._slots[sorted_slots].astype(np.int32)
+        prev_sorted = np.where((old > INVALID_INDEX) & (old <= put_index), old, np.int32(INVALID_INDEX))
+        np.copyto(prev_sorted[1:], put_index[:-1], where=same_slot)
+        prevs = np.empty_like(prev_sorted)
+        prevs[position] = prev_sorted
+        heads = np.flatnonzero(np.append(~same_slot, True))
+        return prevs, (sorted_slots.take(heads), put_index.take(heads))
+
+    def rollback_to(self, index_count: int, header: IndexHeader) -> None:
+        """Undo every entry at or past `index_count`, newest first: each slot gets back the
+        prevIndex it held before, the entry bytes are zeroed and `header` (the values at the time
+        the file had `index_count`) is written. The file then equals one that never had them."""
+        self._require_writable()
+        current = self.index_count
+        if header.index_count != index_count or not FIRST_INDEX <= index_count <= current:
+            raise InvalidOptionError(
+                f"{self.path}: cannot roll back to index_count {index_count} with header "
+                f"index_count {header.index_count}; the file has {current}"
+            )
+        if index_count == current:
+            self._write_header(header)
+            return
+        undone = self._entries[index_count:current]
+        hashes = undone["key_hash"].astype(np.int64)
+        if np.any(hashes < 0):
+            bad = index_count + int(np.argmax(hashes < 0))
+            raise CorruptFileError(f"{self.path}: entry {bad} has a negative key hash; cannot roll back")
+        slots = hashes % self.hash_slot_num
+        # The oldest undone entry of each slot overwrote the value the slot must get back.
+        unique_slots, first = np.unique(slots, return_index=True)
+        self._slots[unique_slots] = undone["prev_index"][first]
+        undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
+        self._write_header(header)
+
+    def flush(self) -> None:
+        """Force the mapped bytes to disk (msync)."""
+        self._require_writable()
+        self._mm.flush()
+
+    # ----------------------------------------------------------------- reading
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
+        """RocketMQ's ``selectPhyOffset``: phyOffsets of entries whose *hash* equals the key's,
+        newest first, with second-granularity times in [begin, end], walking the chain until
+        `max_num` results, an invalid prev, or an entry older than `begin` (the early stop).
+        A cyclic chain (corrupt file) gives what the JVM gives while results keep coming; where
+        the JVM would spin forever (indexCount steps without a result) the walk ends."""
+        mm = self._buffer()
+        begin_ts, count = self._walk_header()
+        key_hash = index_hash(key)
+        cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE)[0]
+        found: list[int] = []
+        if cur <= INVALID_INDEX or cur > count or count <= FIRST_INDEX:
+            return found
+        idle_steps = 0
+        entries_offset, unpack_entry = self._entries_offset, ENTRY_STRUCT.unpack_from
+        while len(found) < max_num and cur < self.index_num and idle_steps <= count:
+            idle_steps += 1
+            stored_hash, phy, diff, prev = unpack_entry(mm, entries_offset + cur * ENTRY_SIZE)
+            if diff < 0:
+                break
+            stamp = begin_ts + diff * TIME_DIFF_UNIT_MS
+            if not _INT64_MIN <= stamp <= _INT64_MAX:  # Java's long addition wraps
+                stamp = _wrap64(stamp)
+            if stored_hash == key_hash and begin <= stamp <= end:
+                found.append(phy)
+                idle_steps = 0
+            if prev <= INVALID_INDEX or prev > count or prev == cur or stamp < begin:
+                break
+            cur = prev
+        return found
+
+    def candidates(self, key_or_hash: str | int, *, limit_index_count: int | None = None) -> list[tuple[int, int, int]]:
+        """(entry index, phyOffset, approximate store time ms) of every entry in the key's chain
+        whose hash equals the key's, newest first, with no time-based early stop.
+
+        Entries at or past `limit_index_count` (a reader's committed count) are skipped but their
+        prevIndex is followed. A chain only points backwards; a prev that does not is corruption
+        and ends the walk, so this never loops."""
+        mm = self._buffer()
+        key_hash = index_hash(key_or_hash) if isinstance(key_or_hash, str) else int(key_or_hash)
+        begin_ts, count = self._walk_header()
+        limit = count if limit_index_count is None else limit_index_count
+        cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE)[0]
+        found = []
+        entries_offset, unpack_entry = self._entries_offset, ENTRY_STRUCT.unpack_from
+        while INVALID_INDEX < cur < self.index_num:
+            stored_hash, phy, diff, prev = unpack_entry(mm, entries_offset + cur * ENTRY_SIZE)
+            if cur < limit and stored_hash == key_hash:
+                found.append((cur, phy, begin_ts + diff * TIME_DIFF_UNIT_MS))
+            if prev >= cur:
+                break
+            cur = prev
+        return found
+
+    def candidates_many(self, keys: Sequence[str] | pa.Array | np.ndarray, *,
+                        limit_index_count: int | None = None) -> list[list[tuple[int, int, int]]]:
+        """``candidates`` for many keys at once: all chains are walked in lock-step with numpy."""
+        hashes = index_hashes(keys).astype(np.int64) if len(keys) else np.zeros(0, np.int64)
+        h = self.header
+        limit = h.index_count if limit_index_count is None else limit_index_count
+        results: list[list[tuple[int, int, int]]] = [[] for _ in range(hashes.size)]
+        who = np.arange(hashes.size)
+        cur = self._slots[hashes % self.hash_slot_num].astype(np.int64)
+        while True:
+            alive = (cur > INVALID_INDEX) & (cur < self.index_num)
+            who, cur = who[alive], cur[alive]
+            if who.size == 0:
+                return results
+            rows = self._entries[cur]
+            hit = (cur < limit) & (rows["key_hash"] == hashes[who])
+            stamps = h.begin_timestamp + rows["time_diff"][hit].astype(np.int64) * TIME_DIFF_UNIT_MS
+            for k, index, phy, stamp in zip(who[hit].tolist(), cur[hit].tolist(),
+                                            rows["phy_offset"][hit].tolist(), stamps.tolist()):
+                results[k].append((index, phy, stamp))
+            prev = rows["prev_index"].astype(np.int64)
+            cur = np.where(prev < cur, prev, INVALID_INDEX)
+
+    def slot_array(self) -> np.ndarray:
+        """Read-only big-endian int32 view of all slots (values are entry indexes, 0 = empty)."""
+        view = self._slots.view()
+        view.flags.writeable = False
+        return view
+
+    def entry_array(self) -> np.ndarray:
+        """Read-only structured view (``ENTRY_DTYPE``) of entries [0, index_count): row i is entry i
+        (row 0 is the never-written entry 0)."""
+        view = self._entries[: self.index_count].view()
+        view.flags.writeable = False
+        return view
+
+    def iter_entries(self) -> Iterator[IndexEntry]:
+        """Every written entry, oldest first."""
+        for index in range(FIRST_INDEX, self.index_count):
+            yield IndexEntry(index, *ENTRY_STRUCT.unpack_from(self._buffer(), self._entries_offset + index * ENTRY_SIZE))
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Unmap. Views handed out by slot_array/entry_array keep the mapping alive until dropped."""
+        if self._mm is None:
+            return
+        mm, self._mm = self._mm, None
+        del self._slots, self._entries
+        try:
+            mm.close()
+        except BufferError:
+            pass  # a caller still holds a numpy view; the mapping is released with it
+
+    def __enter__(self) -> IndexFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._mm is None else f"{self.entry_count} entries"
+        return f"IndexFile({str(self.path)!r}, slots={self.hash_slot_num}, index_num={self.index_num}, {state})"
+
+    def _buffer(self):
+        if self._mm is None:
+            raise MsgIndexError(f"{self.path}: index file is closed")
+        return self._mm
+
+    def _require_writable(self) -> None:
+        self._buffer()
+        if self.read_only:
+            raise MsgIndexError(f"{self.path}: index file was opened read-only")
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_int64(name: str, value: int) -> None:
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise InvalidOptionError(f"{name} {value} does not fit a Java long")
+
+
+def _int64_array(name: str, values: Sequence[int] | np.ndarray) -> np.ndarray:
+    try:
+        return np.ascontiguousarray(values, dtype=np.int64).reshape(-1)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise InvalidOptionError(f"put_keys: {name} must be 64-bit integers ({e})") from None
