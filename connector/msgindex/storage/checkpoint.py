@@ -1,0 +1,205 @@
+"""The shard checkpoint: the commit point of a shard.
+
+A shard's files may hold bytes past what was committed (a writer killed mid-batch). The
+checkpoint says exactly which prefix is real: the last committed batch id, the metadata log's
+committed position, the list of hash index files with each one's committed header, and the set
+of topics. Readers use it as their snapshot; the next writer rolls everything back to it.
+
+On disk it is one line of canonical JSON (sorted keys, no spaces) whose ``crc32`` member covers
+the canonical JSON of all other members, so a torn or edited file is detected. It carries no
+wall-clock fields: replaying the same batches gives a byte-identical checkpoint. It is replaced
+atomically (write a temporary file, fsync, rename over, fsync the directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from msgindex.errors import CorruptFileError
+
+CHECKPOINT_FILE = "checkpoint"
+TMP_SUFFIX = ".tmp"  # the next checkpoint while it is written; renamed over CHECKPOINT_FILE
+CHECKPOINT_FORMAT = "msgindex-shard-checkpoint"
+CHECKPOINT_VERSION = 1
+NO_BATCH = -1  # committed_batch_id of a shard that has committed nothing
+# the six RocketMQ IndexHeader fields, in on-disk order
+HEADER_FIELDS = (
+    "begin_timestamp",
+    "end_timestamp",
+    "begin_phy_offset",
+    "end_phy_offset",
+    "hash_slot_count",
+    "index_count",
+)
+
+
+@dataclass(frozen=True)
+class IndexFileState:
+    """One hash index file as committed: its name, its RocketMQ header, and the true min/max
+    timestamps (ms) of the records indexed in it (RocketMQ's header keeps the first/last put's
+    times, which bound nothing when timestamps are not monotonic)."""
+
+    name: str
+    header: dict[str, int]
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+
+    @property
+    def index_count(self) -> int:
+        return self.header["index_count"]
+
+    def overlaps(self, begin_ms: int | None, end_ms: int | None) -> bool:
+        """True when a record of this file may fall in [begin_ms, end_ms] (inclusive)."""
+        if self.index_count <= 1:  # entry 0 is never written: the file is empty
+            return False
+        if begin_ms is not None and self.max_timestamp_ms < begin_ms:
+            return False
+        return end_ms is None or self.min_timestamp_ms <= end_ms
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The committed state of a shard (see the module docstring)."""
+
+    batch_id: int = NO_BATCH
+    log_position: dict[str, Any] | None = None  # MetadataLog's LogPosition.to_dict(); None = empty log
+    log_start_seq: int = 0  # first sequence number still retained (retention moves it up)
+    index_files: tuple[IndexFileState, ...] = ()  # oldest first; the last one is the active file
+    topics: tuple[str, ...] = ()  # sorted
+    record_count: int = 0  # records appended over the shard's life (= the log's next sequence number)
+    extra: dict[str, Any] = field(default_factory=dict)  # reserved for later format additions
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dataclasses.asdict(self)
+        body["index_files"] = [dataclasses.asdict(state) for state in self.index_files]
+        body["topics"] = list(self.topics)
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any], *, source: Path | str = "<checkpoint>") -> Checkpoint:
+        try:
+            files = tuple(
+                IndexFileState(
+                    name=str(item["name"]),
+                    header={name: int(item["header"][name]) for name in HEADER_FIELDS},
+                    min_timestamp_ms=int(item["min_timestamp_ms"]),
+                    max_timestamp_ms=int(item["max_timestamp_ms"]),
+                )
+                for item in body["index_files"]
+            )
+            checkpoint = cls(
+                batch_id=int(body["batch_id"]),
+                log_position=body["log_position"],
+                log_start_seq=int(body["log_start_seq"]),
+                index_files=files,
+                topics=tuple(str(topic) for topic in body["topics"]),
+                record_count=int(body["record_count"]),
+                extra=dict(body.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as bad:
+            raise CorruptFileError(f"{source}: checkpoint is malformed ({bad!r})") from None
+        checkpoint._validate(source)
+        return checkpoint
+
+    def _validate(self, source: Path | str) -> None:
+        names = [state.name for state in self.index_files]
+        problems = []
+        if self.batch_id < NO_BATCH:
+            problems.append(f"batch_id {self.batch_id} < {NO_BATCH}")
+        if not 0 <= self.log_start_seq <= self.record_count:
+            problems.append(f"log_start_seq {self.log_start_seq} outside [0, {self.record_count}]")
+        if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
+            problems.append(f"bad index file names {names}")
+        if any(state.index_count < 1 for state in self.index_files):
+            problems.append("an index file has index_count < 1")
+        if problems:
+            raise CorruptFileError(f"{source}: checkpoint is inconsistent: {'; '.join(problems)}")
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The checkpoint file's bytes: canonical JSON with a CRC-32 of the rest, and a newline."""
+    body = checkpoint.to_dict()
+    body["format"] = CHECKPOINT_FORMAT
+    body["version"] = CHECKPOINT_VERSION
+    body["crc32"] = zlib.crc32(_canonical(body))
+    return _canonical(body) + b"\n"
+
+
+def decode_checkpoint(raw: bytes, *, source: Path | str = "<checkpoint>") -> Checkpoint:
+    """Parse and verify checkpoint bytes; anything wrong is a CorruptFileError naming `source`."""
+    body = parse_versioned_json(
+        raw, source=source, what="shard checkpoint", format_name=CHECKPOINT_FORMAT,
+        version_field="version", version=CHECKPOINT_VERSION,
+    )
+    stored_crc = body.pop("crc32", None)
+    if stored_crc != zlib.crc32(_canonical(body)):
+        raise CorruptFileError(f"{source}: checkpoint checksum mismatch (the file was altered or torn)")
+    del body["format"], body["version"]
+    return Checkpoint.from_dict(body, source=source)
+
+
+def parse_versioned_json(
+    raw: bytes, *, source: Path | str, what: str, format_name: str, version_field: str, version: int
+) -> dict[str, Any]:
+    """A msgindex JSON file's object, checked to be `format_name` at `version`: anything else is
+    a CorruptFileError naming `source`."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CorruptFileError(f"{source}: {what} is not valid JSON (torn or overwritten?)") from None
+    if not isinstance(body, dict) or body.get("format") != format_name:
+        raise CorruptFileError(f"{source}: not a msgindex {what} (format must be {format_name!r})")
+    if body.get(version_field) != version:
+        raise CorruptFileError(
+            f"{source}: {what} {version_field} {body.get(version_field)!r} is not supported "
+            f"(this msgindex reads version {version})"
+        )
+    return body
+
+
+def read_checkpoint(path: Path) -> Checkpoint | None:
+    """The checkpoint at `path`, or None when the shard has never committed (no file)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise CorruptFileError(f"{path}: checkpoint is a directory, not a file") from None
+    return decode_checkpoint(raw, source=path)
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Replace the checkpoint at `path` atomically and durably: after this returns the new
+    checkpoint survives a crash; if it does not return, the old one is intact."""
+    write_atomically(Path(path), encode_checkpoint(checkpoint))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new content:
+    write a temporary file beside it, fsync, rename over, fsync the directory."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames, creations and deletions inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")

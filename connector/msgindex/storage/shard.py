@@ -1,0 +1,594 @@
+"""A shard: one broker's metadata log, hash index files and checkpoint, in ``broker=<name>/``.
+
+```
+broker=<name>/lock          flock'ed by the one writer while it is open
+broker=<name>/checkpoint    the commit point (checkpoint.py)
+broker=<name>/log/          metadata log segments + sparse offset/time indexes (log/)
+broker=<name>/index/        RocketMQ IndexFiles, named yyyyMMddHHmmssSSS
+```
+
+Crash safety rests on one rule: nothing past the checkpoint is real. A writer appends the batch to
+the log and the active hash index file (rolling to new files when full), syncs all of it, and only
+then replaces the checkpoint. The next writer rolls back whatever lies past the checkpoint; readers
+simply ignore it. An index entry's phyOffset is the record's sequence number in the log, which
+lets every lookup verify the real topic, key and millisecond timestamp.
+
+Hash index file names come from the data (the store timestamp of the first key put in the file,
+made strictly greater than the previous file's), not from the wall clock: a batch written again
+after a crash then produces byte-identical files under the same names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
+from msgindex.storage.checkpoint import (
+    CHECKPOINT_FILE,
+    TMP_SUFFIX,
+    HEADER_FIELDS,
+    Checkpoint,
+    IndexFileState,
+    fsync_directory,
+    read_checkpoint,
+    write_checkpoint,
+)
+from msgindex.storage.index_file import IndexFile, index_file_name, parse_index_file_name
+from msgindex.storage.index_recovery import repair_index_file
+from msgindex.storage.log.metadata_log import (
+    DEFAULT_MAX_INDEX_BYTES,
+    LogPosition,
+    MetadataLog,
+    records_from_table,
+)
+from msgindex.storage.log.record_format import HEADER_SIZE as MIN_RECORD_BYTES
+from msgindex.storage.message import MessageRecord, index_key
+from msgindex.storage.query import (
+    KeysArg,
+    empty_rows,
+    normalize_keys,
+    result_order_key,
+    rows_from_records,
+    validate_window,
+)
+
+if TYPE_CHECKING:
+    from msgindex.storage.retention import RetentionReport
+    from msgindex.storage.store import StoreSettings
+
+SHARD_DIR_PREFIX = "broker="
+LOCK_FILE = "lock"
+LOG_DIR = "log"
+INDEX_DIR = "index"
+# Kafka's sparse index entries are 8 (offset) and 12 (time) bytes; a segment gets at most one
+# entry per index_interval_bytes (and per record), plus the roll entry.
+TIME_INDEX_ENTRY_BYTES = 12
+# index file names are yyyyMMddHHmmssSSS: keep the name's timestamp inside years 1970..9999
+MIN_NAME_MS = 0
+MAX_NAME_MS = 253_402_300_799_999
+SCAN_BATCH_ROWS = 65_536
+OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
+
+
+def shard_directory(root: Path, broker: str) -> Path:
+    return Path(root) / f"{SHARD_DIR_PREFIX}{broker}"
+
+
+def checkpoint_path(directory: Path) -> Path:
+    return Path(directory) / CHECKPOINT_FILE
+
+
+def validate_broker_name(broker: str) -> None:
+    """A broker name becomes a directory name: no separators, no NUL, not empty or dot-only."""
+    if not isinstance(broker, str) or not broker or broker in (".", "..") or "/" in broker or "\0" in broker:
+        raise InvalidOptionError(f"invalid broker name {broker!r} (it names a directory: no '/', NUL, '.', '..')")
+
+
+def max_sparse_index_bytes(settings: StoreSettings) -> int:
+    """Preallocated size of a segment's sparse indexes: room for every entry a full segment can
+    get, at most Kafka's default segment.index.bytes (the log rolls early if an index fills)."""
+    interval = max(settings.index_interval_bytes, MIN_RECORD_BYTES)
+    return min(TIME_INDEX_ENTRY_BYTES * (settings.segment_bytes // interval + 3), DEFAULT_MAX_INDEX_BYTES)
+
+
+def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None) -> MetadataLog:
+    return MetadataLog.open(
+        directory / LOG_DIR,
+        segment_bytes=settings.segment_bytes,
+        index_interval_bytes=settings.index_interval_bytes,
+        max_index_bytes=max_sparse_index_bytes(settings),
+        writable=writable,
+        committed=committed,
+    )
+
+
+def header_dict(index_file: IndexFile) -> dict[str, int]:
+    header = index_file.header
+    return {name: int(getattr(header, name)) for name in HEADER_FIELDS}
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What ShardWriter.append did: `skipped` when the batch id was already committed."""
+
+    batch_id: int
+    skipped: bool
+    records: int
+    keys_indexed: int
+
+
+class _Committed:
+    """What writer and reader both expose of the checkpoint they hold."""
+
+    _checkpoint: Checkpoint
+
+    @property
+    def committed_batch_id(self) -> int:
+        return self._checkpoint.batch_id
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self._checkpoint
+
+
+class ShardWriter(_Committed):
+    """The one writer of a shard (holds its OS file lock while open). Opening it rolls the
+    shard back to its checkpoint; `append` commits one batch atomically and idempotently."""
+
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings) -> None:
+        self.broker = broker
+        self.directory = Path(directory)
+        self.settings = settings
+        self._lock_fd: int | None = None
+        self._log: MetadataLog | None = None
+        self._files: list[IndexFile] = []  # same order as the checkpoint's index_files
+        self._states: list[IndexFileState] = []
+        (self.directory / INDEX_DIR).mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self._checkpoint = self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def append(self, batch_id: int, records: pa.Table | Sequence[MessageRecord]) -> AppendResult:
+        """Append one batch and commit it. A batch id <= the committed one is skipped (the
+        replay of a batch this shard already has). Crash-safe at every point."""
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise InvalidAppendError(f"shard {self.broker!r}: batch_id must be an int >= 0, got {batch_id!r}")
+        if batch_id <= self.committed_batch_id:
+            return AppendResult(batch_id, skipped=True, records=0, keys_indexed=0)
+        self._require_open()
+        rows = records_from_table(records) if isinstance(records, (pa.Table, pa.RecordBatch)) else list(records)
+        try:
+            seqs = self._log.append(rows)  # validates every record before writing any
+        except InvalidAppendError as bad:
+            raise InvalidAppendError(f"shard {self.broker!r}, batch {batch_id}: {bad}") from None
+        try:
+            keys, phy_offsets, timestamps = index_entries(rows, seqs)
+            first_touched = max(len(self._files) - 1, 0)
+            self._put_keys(keys, phy_offsets, timestamps)
+            self._commit(batch_id, {record.topic for record in rows}, self._files[first_touched:])
+        except BaseException:
+            self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
+            raise
+        return AppendResult(batch_id, skipped=False, records=len(rows), keys_indexed=len(keys))
+
+    def close(self) -> None:
+        self._close_files()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def apply_retention(
+        self, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
+    ) -> RetentionReport:
+        """Store.apply_retention for this shard only, through this writer (e.g. from the
+        pipeline that owns it, between batches)."""
+        from msgindex.storage.retention import apply_shard_retention  # retention builds on this module
+
+        return apply_shard_retention(self, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
+
+    # --- used by retention ----------------------------------------------------------------------
+    @property
+    def log(self) -> MetadataLog:
+        self._require_open()
+        return self._log
+
+    def data_directories(self) -> list[Path]:
+        return [self.directory / LOG_DIR, self.directory / INDEX_DIR]
+
+    def index_file_paths(self) -> list[Path]:
+        return [self.directory / INDEX_DIR / state.name for state in self._states]
+
+    def drop_oldest(self, index_files: int, log_start_seq: int) -> None:
+        """Commit the removal of the `index_files` oldest hash index files and of the log
+        segments below `log_start_seq`, then delete them. The checkpoint is written first: a
+        crash in between leaves files that the next open deletes."""
+        self._require_open()
+        if index_files >= len(self._states) and index_files:
+            raise InvalidOptionError(f"shard {self.broker!r}: the active index file cannot be deleted")
+        doomed = self._files[:index_files]
+        self._files = self._files[index_files:]
+        self._states = self._states[index_files:]
+        self._checkpoint = dataclasses.replace(
+            self._checkpoint,
+            index_files=tuple(self._states),
+            log_start_seq=max(self._checkpoint.log_start_seq, log_start_seq),
+        )
+        write_checkpoint(checkpoint_path(self.directory), self._checkpoint)
+        for index_file in doomed:
+            index_file.close()
+            Path(index_file.path).unlink(missing_ok=True)
+        self._delete_segments_below(self._checkpoint.log_start_seq)
+        fsync_directory(self.directory / INDEX_DIR)
+
+    # --- recovery -------------------------------------------------------------------------------
+    def _close_files(self) -> None:
+        for index_file in self._files:
+            index_file.close()
+        self._files, self._states = [], []
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _reload(self) -> None:
+        """Roll back to the checkpoint on disk, keeping the lock (after a failed append)."""
+        self._close_files()
+        self._checkpoint = self._recover()
+
+    def _lock(self) -> None:
+        path = self.directory / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ShardLockedError(f"{path}: shard {self.broker!r} already has a writer (lock held)") from None
+        self._lock_fd = fd
+
+    def _recover(self) -> Checkpoint:
+        """Roll the shard back to its checkpoint; a shard that never committed starts empty."""
+        checkpoint = read_checkpoint(checkpoint_path(self.directory))
+        _remove(checkpoint_path(self.directory).with_name(CHECKPOINT_FILE + TMP_SUFFIX))  # a torn commit
+        if checkpoint is None:
+            # Nothing was ever committed: whatever files exist are a torn first batch.
+            shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)
+            for stray in (self.directory / INDEX_DIR).iterdir():
+                _remove(stray)
+            self._log = open_log(self.directory, self.settings, writable=True, committed=None)
+            checkpoint = Checkpoint(log_position=self._log.position().to_dict())
+            write_checkpoint(checkpoint_path(self.directory), checkpoint)
+            return checkpoint
+        position = LogPosition.from_dict(checkpoint.log_position)
+        self._log = open_log(self.directory, self.settings, writable=True, committed=position)
+        self._log.truncate_to(position)
+        self._delete_segments_below(checkpoint.log_start_seq)
+        self._delete_unlisted_index_files(checkpoint)
+        for state in checkpoint.index_files:
+            self._files.append(self._open_rolled_back(state))
+            self._states.append(state)
+        return checkpoint
+
+    def _open_rolled_back(self, state: IndexFileState) -> IndexFile:
+        path = self.directory / INDEX_DIR / state.name
+        if not path.is_file():
+            raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
+        repair_index_file(path, self.settings.hash_slot_num, self.settings.index_num, state)
+        return IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
+
+    def _delete_unlisted_index_files(self, checkpoint: Checkpoint) -> None:
+        listed = {state.name for state in checkpoint.index_files}
+        removed = False
+        for entry in (self.directory / INDEX_DIR).iterdir():
+            if entry.name not in listed:
+                _remove(entry)  # created by a batch that never committed (or retention's leftovers)
+                removed = True
+        if removed:
+            fsync_directory(self.directory / INDEX_DIR)
+
+    def _delete_segments_below(self, log_start_seq: int) -> None:
+        segments = self._log.segments()
+        # a segment holds [its base, the next one's base); the last (active) one is never deleted
+        for segment, following in zip(segments, segments[1:]):
+            if following.base_seq <= log_start_seq:
+                self._log.delete_segment(segment.base_seq)
+
+    # --- appending ------------------------------------------------------------------------------
+    def _put_keys(self, keys: list[str], phy_offsets: list[int], timestamps: list[int]) -> None:
+        done = 0
+        while done < len(keys):
+            if not self._files or self._files[-1].is_full:
+                self._roll(timestamps[done])
+            active = self._files[-1]
+            written = active.put_keys(keys[done:], phy_offsets[done:], timestamps[done:])
+            if written:
+                window = timestamps[done : done + written]
+                self._states[-1] = self._grown_state(self._states[-1], active, min(window), max(window))
+            elif not active.is_full:
+                raise InvalidAppendError(f"{active.path}: put_keys wrote nothing into a file that is not full")
+            done += written
+
+    def _roll(self, first_timestamp_ms: int) -> None:
+        """Create the next hash index file. Like RocketMQ, it inherits the end offset and time of
+        the full file before it; its name is data-derived and strictly increasing (see module doc)."""
+        name_ms = min(max(first_timestamp_ms, MIN_NAME_MS), MAX_NAME_MS)
+        end_phy_offset = end_timestamp = 0
+        if self._files:
+            previous = self._files[-1]
+            name_ms = max(name_ms, _name_ms(self._states[-1].name) + 1)
+            end_phy_offset, end_timestamp = previous.end_phy_offset, previous.end_timestamp
+        path = self.directory / INDEX_DIR / index_file_name(name_ms, utc=True)
+        _remove(path)  # a leftover of a crashed batch that the rollback did not know about
+        index_file = IndexFile.create(
+            path,
+            self.settings.hash_slot_num,
+            self.settings.index_num,
+            end_phy_offset=end_phy_offset,
+            end_timestamp=end_timestamp,
+        )
+        self._files.append(index_file)
+        self._states.append(IndexFileState(path.name, header_dict(index_file), 0, 0))
+
+    @staticmethod
+    def _grown_state(state: IndexFileState, index_file: IndexFile, low: int, high: int) -> IndexFileState:
+        if state.index_count > 1:  # the file already had entries: widen its range
+            low, high = min(low, state.min_timestamp_ms), max(high, state.max_timestamp_ms)
+        return IndexFileState(state.name, header_dict(index_file), low, high)
+
+    def _commit(self, batch_id: int, topics: set[str], touched: list[IndexFile]) -> None:
+        self._log.flush()
+        for index_file in touched:
+            index_file.flush()
+        self._checkpoint = Checkpoint(
+            batch_id=batch_id,
+            log_position=self._log.position().to_dict(),
+            log_start_seq=self._checkpoint.log_start_seq,
+            index_files=tuple(self._states),
+            topics=tuple(sorted(set(self._checkpoint.topics) | topics)),
+            record_count=self._log.next_seq,
+        )
+        fsync_directory(self.directory / INDEX_DIR)
+        write_checkpoint(checkpoint_path(self.directory), self._checkpoint)
+
+    def _require_open(self) -> None:
+        if self._log is None:
+            raise InvalidAppendError(f"shard {self.broker!r}: the writer is closed")
+
+
+class ShardReader(_Committed):
+    """A consistent read-only view of a shard's last commit, taken when it is opened. It never
+    blocks (or is blocked by) the writer: it ignores records past its committed log position,
+    hash entries past each file's committed count, and files the checkpoint does not list."""
+
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings) -> None:
+        self.broker = broker
+        self.directory = Path(directory)
+        self.settings = settings
+        self._log: MetadataLog | None = None
+        self._files: list[tuple[IndexFileState, IndexFile]] = []
+        for attempt in range(OPEN_ATTEMPTS):
+            checkpoint = read_checkpoint(checkpoint_path(self.directory))
+            self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
+            try:
+                self._open_files()
+                return
+            except CorruptFileError:
+                self.close()
+                # retention may have deleted files of the snapshot just read: retry with the
+                # newer checkpoint; an unchanged checkpoint means the shard really is damaged
+                if attempt + 1 == OPEN_ATTEMPTS or read_checkpoint(checkpoint_path(self.directory)) == checkpoint:
+                    raise
+            except BaseException:
+                self.close()
+                raise
+
+    def _open_files(self) -> None:
+        if self._checkpoint.log_position is not None:
+            position = LogPosition.from_dict(self._checkpoint.log_position)
+            self._log = open_log(self.directory, self.settings, writable=False, committed=position)
+        for state in self._checkpoint.index_files:
+            path = self.directory / INDEX_DIR / state.name
+            if not path.is_file():
+                raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
+            self._files.append(
+                (state, IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True))
+            )
+
+    # --- snapshot facts -------------------------------------------------------------------------
+
+    @property
+    def record_count(self) -> int:
+        """Committed records still retained (retention may have dropped the oldest segments)."""
+        return self._checkpoint.record_count - self._checkpoint.log_start_seq
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return self._checkpoint.topics
+
+    @property
+    def log(self) -> MetadataLog | None:
+        """The committed metadata log (None when the shard has never committed)."""
+        return self._log
+
+    def index_files(self) -> list[tuple[IndexFileState, IndexFile]]:
+        """The committed hash index files, oldest first, with their committed state."""
+        return list(self._files)
+
+    # --- queries --------------------------------------------------------------------------------
+    def lookup(
+        self,
+        keys: KeysArg,
+        *,
+        topic: str | None = None,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+        max_results: int | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> pa.Table:
+        """Committed messages indexed under any of `keys` (in `topic`, or any topic), whose
+        timestamp is in [begin_ms, end_ms]; each verified against the log record (exact topic,
+        key and ms timestamp). ROW_SCHEMA, ordered by timestamp then topic/partition/offset."""
+        validate_window(begin_ms, end_ms, max_results)
+        keys = normalize_keys(keys)
+        topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
+        if self._log is None or not keys or not topics or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
+            return empty_rows()
+        wanted = {index_key(t, k): (t, k) for t in topics for k in keys}
+        candidates = self._candidates(wanted, begin_ms, end_ms)
+        matched = self._verified(candidates, wanted, begin_ms, end_ms, partitions)
+        matched.sort(key=lambda hit: result_order_key(self.broker, *hit))
+        if max_results is not None:
+            matched = matched[:max_results]
+        if not matched:
+            return empty_rows()
+        # the records were decoded for verification already: render those, no second read
+        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
+
+    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
+        """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
+        read (found with the sparse time indexes): the natural partitions of a parallel scan."""
+        if self._log is None:
+            return []
+        low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
+        pieces = []
+        for start, end in self._log.scan_ranges(begin_ms, end_ms):
+            start, end = max(start, low), min(end, high)
+            if start < end:
+                pieces.append((start, end))
+        return pieces
+
+    def scan_range(
+        self,
+        start_seq: int,
+        end_seq: int,
+        *,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+        topics: Iterable[str] | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
+        ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
+        if self._log is None:
+            return
+        start = max(start_seq, self._checkpoint.log_start_seq)
+        end = min(end_seq, self._checkpoint.record_count)
+        if start >= end:
+            return
+        yield from self._log.scan_range(
+            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=topics, partitions=partitions
+        )
+
+    def close(self) -> None:
+        for _, index_file in self._files:
+            index_file.close()
+        self._files = []
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- lookup internals -----------------------------------------------------------------------
+    def _candidates(
+        self, wanted: dict[str, tuple[str, str]], begin_ms: int | None, end_ms: int | None
+    ) -> dict[int, set[str]]:
+        """seq -> the index keys whose hash chains led to it, from every committed file whose true
+        time range meets the window, newest file first. Entries point into the log by seq."""
+        low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
+        found: dict[int, set[str]] = {}
+        key_list = list(wanted)
+        for state, index_file in reversed(self._files):
+            if not state.overlaps(begin_ms, end_ms):
+                continue
+            for key, hits in zip(key_list, _candidates_many(index_file, key_list, state.index_count)):
+                for _entry, phy_offset, _approx_ms in hits:
+                    if low <= phy_offset < high:
+                        found.setdefault(phy_offset, set()).add(key)
+        return found
+
+    def _verified(
+        self,
+        candidates: dict[int, set[str]],
+        wanted: dict[str, tuple[str, str]],
+        begin_ms: int | None,
+        end_ms: int | None,
+        partitions: Iterable[int] | None,
+    ) -> list[tuple[int, MessageRecord]]:
+        """(seq, record) of the candidates whose log record really is in the topic, carries the
+        key, and lies in the window: hash collisions and second-granularity times end here."""
+        if not candidates:
+            return []
+        partition_set = None if partitions is None else set(partitions)
+        seqs = sorted(candidates)
+        matched = []
+        for seq, record in zip(seqs, self._log.read_many(seqs)):
+            if begin_ms is not None and record.timestamp_ms < begin_ms:
+                continue
+            if end_ms is not None and record.timestamp_ms > end_ms:
+                continue
+            if partition_set is not None and record.partition not in partition_set:
+                continue
+            for ikey in candidates[seq]:
+                topic, key = wanted[ikey]
+                if record.topic == topic and key in record.keys:
+                    matched.append((seq, record))
+                    break
+        return matched
+
+
+def _candidates_many(index_file: IndexFile, keys: list[str], limit: int) -> list[list[tuple[int, int, int]]]:
+    if len(keys) == 1:  # the vectorized walk's numpy set-up costs more than one plain walk
+        return [index_file.candidates(keys[0], limit_index_count=limit)]
+    return index_file.candidates_many(keys, limit_index_count=limit)
+
+
+def index_entries(records: list[MessageRecord], seqs: range) -> tuple[list[str], list[int], list[int]]:
+    """(index keys, phyOffsets, timestamps) of a batch: one entry per key of each record, a key
+    repeated within one record indexed once (a lookup returns the message once anyway)."""
+    keys: list[str] = []
+    phy_offsets: list[int] = []
+    timestamps: list[int] = []
+    for record, seq in zip(records, seqs):
+        for key in dict.fromkeys(record.keys):
+            keys.append(index_key(record.topic, key))
+            phy_offsets.append(seq)
+            timestamps.append(record.timestamp_ms)
+    return keys, phy_offsets, timestamps
+
+
+def _name_ms(name: str) -> int:
+    """The time in an index file name (UTC: local-time names are not monotonic across DST)."""
+    parsed = parse_index_file_name(name, utc=True)
+    if parsed is None:
+        raise CorruptFileError(f"{name}: not a hash index file name (yyyyMMddHHmmssSSS)")
+    return parsed
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

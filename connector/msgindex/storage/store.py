@@ -1,0 +1,266 @@
+"""The store: a directory of per-broker shards plus a manifest, and queries across shards.
+
+```
+<root>/msgindex.json     {"format": "msgindex-store", "format_version": 1, "settings": {...}}
+<root>/broker=<name>/    one shard (see shard.py)
+```
+The manifest fixes the settings for the life of the store: an existing store is always opened
+with the settings it was created with, whatever the caller passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
+from msgindex.storage.checkpoint import parse_versioned_json, write_atomically
+from msgindex.storage.query import KeysArg, sort_and_limit
+from msgindex.storage.retention import RetentionReport, apply_shard_retention
+from msgindex.storage.shard import (
+    SHARD_DIR_PREFIX,
+    AppendResult,
+    ShardReader,
+    ShardWriter,
+    checkpoint_path,
+    shard_directory,
+    validate_broker_name,
+)
+
+MANIFEST_FILE = "msgindex.json"
+STORE_FORMAT = "msgindex-store"
+STORE_FORMAT_VERSION = 1
+
+__all__ = [
+    "AppendResult",
+    "RetentionReport",
+    "ShardReader",
+    "ShardWriter",
+    "Store",
+    "StoreSettings",
+    "open_store",
+]
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Sizing of a store's files, fixed when the store is created (persisted in its manifest).
+
+    hash_slot_num / index_num: RocketMQ IndexFile sizing (defaults are RocketMQ's: a 420 MB file);
+    segment_bytes: metadata-log segment roll size; index_interval_bytes: log bytes between two
+    sparse offset/time index entries (Kafka's index.interval.bytes)."""
+
+    hash_slot_num: int = 5_000_000
+    index_num: int = 20_000_000
+    segment_bytes: int = 1 << 30
+    index_interval_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        limits = {  # (minimum, maximum): an IndexFile's offsets are Java ints
+            "hash_slot_num": (1, 2**31 - 1),
+            "index_num": (2, 2**31 - 1),  # entry 0 is never written: 2 holds one entry
+            "segment_bytes": (1, 2**31 - 1),  # sparse offset index positions are 4-byte ints
+            "index_interval_bytes": (0, 2**31 - 1),
+        }
+        for name, (low, high) in limits.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidOptionError(f"StoreSettings.{name} must be an int in [{low}, {high}], got {value!r}")
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: Path | str = "settings") -> StoreSettings:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise CorruptFileError(f"{source}: unknown settings {sorted(unknown)}")
+        try:
+            return cls(**values)
+        except InvalidOptionError as bad:
+            raise CorruptFileError(f"{source}: {bad}") from None
+
+
+def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None) -> Store:
+    """Open the store at `root`; with create=True make it (and its parents) when missing.
+
+    A missing path, or a directory without a manifest, raises StoreNotFoundError naming it
+    (create=True refuses to turn a non-empty foreign directory into a store)."""
+    root = Path(root)
+    manifest = root / MANIFEST_FILE
+    if manifest.is_file():
+        return Store(root, _read_manifest(manifest))
+    if not create:
+        if not root.exists():
+            raise StoreNotFoundError(f"{root}: no such msgindex store (the path does not exist)")
+        raise StoreNotFoundError(f"{root}: not a msgindex store (no {MANIFEST_FILE} in it)")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise StoreNotFoundError(
+            f"{root}: cannot create a msgindex store here: it exists, is not empty and has no {MANIFEST_FILE}"
+        )
+    settings = settings or StoreSettings()
+    root.mkdir(parents=True, exist_ok=True)
+    _write_manifest(manifest, settings)
+    return Store(root, settings)
+
+
+class Store:
+    """A msgindex store: per-broker shards under one root, queried together.
+
+    Readers are cached per shard and refreshed when the shard commits (its checkpoint file is
+    replaced), so repeated lookups are cheap and always see the latest committed batch."""
+
+    def __init__(self, root: Path, settings: StoreSettings) -> None:
+        self.root = Path(root)
+        self.settings = settings
+        self._readers: dict[str, tuple[Any, ShardReader]] = {}
+
+    # --- shards -------------------------------------------------------------------------------
+    def brokers(self) -> list[str]:
+        """Names of the shards in the store, sorted."""
+        return sorted(
+            entry.name[len(SHARD_DIR_PREFIX) :]
+            for entry in self.root.iterdir()
+            if entry.is_dir() and entry.name.startswith(SHARD_DIR_PREFIX)
+        )
+
+    def writer(self, broker: str) -> ShardWriter:
+        """The writer of `broker`'s shard (created when new); holds the shard's lock until closed."""
+        validate_broker_name(broker)
+        return ShardWriter(shard_directory(self.root, broker), broker, self.settings)
+
+    def reader(self, broker: str) -> ShardReader:
+        """A new reader on the committed snapshot of `broker`'s shard (the caller closes it)."""
+        return ShardReader(self._existing_shard(broker), broker, self.settings)
+
+    # --- queries ------------------------------------------------------------------------------
+    def lookup(
+        self,
+        keys: KeysArg,
+        *,
+        topic: str | None = None,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+        max_results: int | None = None,
+        brokers: Iterable[str] | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> pa.Table:
+        """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
+        against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
+        offset); `max_results` keeps the first ones in that order (None: all)."""
+        partitions = None if partitions is None else list(partitions)
+        tables = [
+            self._cached_reader(broker).lookup(
+                keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results, partitions=partitions
+            )
+            for broker in self._selected_brokers(brokers)
+        ]
+        return sort_and_limit(tables, max_results)
+
+    def scan(
+        self,
+        *,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+        brokers: Iterable[str] | None = None,
+        topics: Iterable[str] | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Every committed record in the time window (inclusive, ms), shard by shard in log
+        order, as ROW_SCHEMA record batches. Uses the sparse time index to skip segments."""
+        topics = None if topics is None else list(topics)
+        partitions = None if partitions is None else list(partitions)
+        for broker in self._selected_brokers(brokers):
+            # its own reader: a lookup meanwhile may replace (and close) the cached one
+            with self.reader(broker) as reader:
+                for start, end in reader.scan_ranges(begin_ms, end_ms):
+                    yield from reader.scan_range(
+                        start, end, begin_ms=begin_ms, end_ms=end_ms, topics=topics, partitions=partitions
+                    )
+
+    def apply_retention(
+        self, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
+    ) -> RetentionReport:
+        """Delete whole expired hash index files and log segments of every shard, oldest first,
+        never a shard's active ones. `max_age_ms`: files whose newest record is older than
+        now_ms - max_age_ms; `max_bytes`: a per-shard size cap. Takes each shard's writer lock."""
+        report = RetentionReport()
+        for broker in self.brokers():
+            with self.writer(broker) as writer:
+                report = report.merge(
+                    apply_shard_retention(writer, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
+                )
+        return report
+
+    def close(self) -> None:
+        for _, reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # --- internals ----------------------------------------------------------------------------
+    def _selected_brokers(self, brokers: Iterable[str] | None) -> list[str]:
+        if brokers is None:
+            return self.brokers()
+        if isinstance(brokers, str):
+            brokers = [brokers]
+        return sorted(set(brokers))
+
+    def _existing_shard(self, broker: str) -> Path:
+        validate_broker_name(broker)
+        directory = shard_directory(self.root, broker)
+        if not directory.is_dir():
+            raise InvalidOptionError(
+                f"{self.root}: no shard for broker {broker!r} (brokers in the store: {self.brokers()})"
+            )
+        return directory
+
+    def _cached_reader(self, broker: str) -> ShardReader:
+        """A reader on the latest commit: the checkpoint is replaced by rename on every commit,
+        so a changed (inode, mtime, size) means a new snapshot."""
+        directory = self._existing_shard(broker)
+        try:
+            info = os.stat(checkpoint_path(directory))
+            version = (info.st_ino, info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            version = None
+        cached = self._readers.get(broker)
+        if cached is not None and cached[0] == version and version is not None:
+            return cached[1]
+        if cached is not None:
+            cached[1].close()
+            del self._readers[broker]
+        reader = ShardReader(directory, broker, self.settings)
+        self._readers[broker] = (version, reader)
+        return reader
+
+
+def _read_manifest(path: Path) -> StoreSettings:
+    body = parse_versioned_json(
+        path.read_bytes(), source=path, what="store manifest", format_name=STORE_FORMAT,
+        version_field="format_version", version=STORE_FORMAT_VERSION,
+    )
+    if not isinstance(body.get("settings"), dict):
+        raise CorruptFileError(f"{path}: store manifest has no settings object")
+    return StoreSettings.from_dict(body["settings"], source=path)
+
+
+def _write_manifest(path: Path, settings: StoreSettings) -> None:
+    body = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION, "settings": settings.to_dict()}
+    write_atomically(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode("utf-8"))

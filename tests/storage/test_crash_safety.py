@@ -1,0 +1,184 @@
+"""kill -9 a writer process mid-batch, 50 times: the shard must come back as exactly the committed
+batches, and writing the lost batches again must give the bytes of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from msgindex.storage.store import open_store
+from tests.storage.shard_model import (
+    CRASH_BATCHES,
+    KEY_POOL,
+    TINY,
+    ShardModel,
+    crash_batches,
+    model_lookup,
+    model_scan,
+    shard_files,
+    table_rows,
+)
+
+TRIALS = 50
+SEEDS = 5  # trials share a few batch sets so that their uninterrupted references are reused
+CHILD = Path(__file__).with_name("crash_writer.py")
+BROKER = "b0"
+
+
+def reference_run(root: Path, seed: int) -> tuple[list[dict[str, bytes]], float]:
+    """Shard files after each batch of an uninterrupted run (a fresh writer per batch, closed),
+    and the mean time one append takes (to aim the kills inside appends)."""
+    snapshots, spent = [], 0.0
+    with open_store(root, create=True, settings=TINY) as store:
+        with store.writer(BROKER):
+            pass
+        snapshots.append(shard_files(root / f"broker={BROKER}"))  # before batch 0
+        for batch_id, batch in enumerate(crash_batches(seed)):
+            with store.writer(BROKER) as writer:
+                started = time.perf_counter()
+                writer.append(batch_id, batch)
+                spent += time.perf_counter() - started
+            snapshots.append(shard_files(root / f"broker={BROKER}"))
+    return snapshots, spent / CRASH_BATCHES
+
+
+class WriterServer:
+    """The fork server of crash_writer.py: one Python start-up for all trials."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def run_and_kill(self, root: Path, seed: int, target: int, delay: float) -> int:
+        """Start a writer, SIGKILL it `delay` s after it begins batch `target`; its wait status."""
+        self.process.stdin.write(f"run {root} {BROKER} {seed}\n")
+        self.process.stdin.flush()
+        pid = int(self._expect("pid"))
+        killed = False
+        while True:
+            word, value = self._line()
+            if word == "begin" and int(value) == target and not killed:
+                if delay:
+                    time.sleep(delay)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it finished first; the server reports its exit
+                    pass
+                killed = True
+            elif word == "exit":
+                return int(value)
+
+    def _expect(self, word: str) -> str:
+        got, value = self._line()
+        assert got == word, (got, value)
+        return value
+
+    def _line(self) -> tuple[str, str]:
+        line = self.process.stdout.readline()
+        assert line, "the crash writer server died"
+        word, _, value = line.strip().partition(" ")
+        return word, value
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A scratch directory on tmpfs when there is one: kill -9 keeps the page cache, so fsync
+    adds nothing to what a process crash tests, only minutes of waiting."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        directory = Path(tempfile.mkdtemp(prefix="msgindex-crash-", dir=shm))
+        yield directory
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        yield tmp_path
+
+
+def assert_shard_equals_model(root: Path, model: ShardModel) -> None:
+    with open_store(root) as store, store.reader(BROKER) as reader:
+        assert reader.committed_batch_id == model.batch_id
+        assert reader.record_count == len(model.records)
+        scanned = [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e))]
+        assert scanned == model_scan([model])
+        for key in KEY_POOL[:6] + ["k1", "🔑"]:
+            assert table_rows(reader.lookup(key)) == model_lookup([model], [key])
+        assert table_rows(reader.lookup(KEY_POOL, topic="orders")) == model_lookup([model], KEY_POOL, topic="orders")
+
+
+def has_uncommitted_data(files: dict[str, bytes], committed: dict[str, bytes]) -> bool:
+    """Records or hash entries past the commit (not just preallocated sparse-index space)."""
+    for name, data in files.items():
+        if name.startswith("index/") and data != committed.get(name):
+            return True
+        if name.endswith(".log") and len(data) > len(committed.get(name, b"")):
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_kill_9_mid_batch_then_recover(scratch):
+    server = WriterServer()
+    try:
+        run_trials(scratch, server)
+    finally:
+        server.close()
+
+
+def run_trials(tmp_path: Path, server: WriterServer) -> None:
+    rng = random.Random(20260521)
+    references = {seed: reference_run(tmp_path / f"ref{seed}", seed) for seed in range(SEEDS)}
+    outcomes = {"killed": 0}
+    torn_trials = 0  # trials killed with uncommitted bytes on disk
+    trial = -1
+    while outcomes["killed"] < TRIALS:  # a writer that finished before its kill does not count
+        trial += 1
+        assert trial < 3 * TRIALS, outcomes
+        seed = trial % SEEDS
+        snapshots, batch_seconds = references[seed]
+        root = tmp_path / f"trial{trial}"
+        open_store(root, create=True, settings=TINY).close()
+        target = rng.randrange(CRASH_BATCHES)
+        delay = rng.uniform(0, 1.2 * batch_seconds)
+        status = server.run_and_kill(root, seed, target, delay)
+        outcome = "killed" if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL else f"status {status}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+        # the shard equals the model of the batches it committed
+        with open_store(root) as store, store.reader(BROKER) as reader:
+            committed = reader.committed_batch_id
+        assert committed >= target - 1, (trial, committed, target)  # the child may run on briefly
+        model = ShardModel(BROKER)
+        for batch_id, batch in enumerate(crash_batches(seed)[: committed + 1]):
+            model.append(batch_id, batch)
+        assert_shard_equals_model(root, model)
+
+        # opening a writer rolls back to exactly the bytes the committed prefix had
+        shard = root / f"broker={BROKER}"
+        before = shard_files(shard)
+        with open_store(root) as store:
+            store.writer(BROKER).close()
+        assert shard_files(shard) == snapshots[committed + 1], f"trial {trial}: rollback is not byte-exact"
+        torn_trials += has_uncommitted_data(before, snapshots[committed + 1])
+
+        # writing the lost batches again gives the uninterrupted run's bytes
+        with open_store(root) as store, store.writer(BROKER) as writer:
+            for batch_id, batch in enumerate(crash_batches(seed)):
+                writer.append(batch_id, batch)  # committed ones are skipped
+        assert shard_files(shard) == snapshots[-1], f"trial {trial}: rewritten shard differs"
+    print(f"crash trials: {outcomes}, {torn_trials} left uncommitted bytes")
+    # most kills must land inside an append, or this test would prove little
+    assert torn_trials >= TRIALS // 4, f"only {torn_trials} of {TRIALS} kills left uncommitted bytes"

@@ -1,0 +1,325 @@
+"""ShardWriter / ShardReader: commits, idempotent replays, rollback, snapshots, verified lookups."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError
+from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from msgindex.storage.index_file import IndexFile
+from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord
+from msgindex.storage.store import StoreSettings, open_store
+from tests.storage.shard_model import (
+    TINY,
+    ShardModel,
+    make_batch,
+    model_lookup,
+    model_scan,
+    shard_files,
+    table_rows,
+)
+
+BASE = 1_700_000_000_000
+
+
+def rec(offset, keys, ts=BASE, topic="orders", partition=0, key="same"):
+    return MessageRecord(topic, partition, offset, ts, key, tuple(keys))
+
+
+@pytest.fixture
+def store(tmp_path):
+    with open_store(tmp_path / "store", create=True, settings=TINY) as s:
+        yield s
+
+
+def test_append_commits_and_replay_is_skipped(store):
+    with store.writer("b1") as writer:
+        assert writer.committed_batch_id == -1
+        first = writer.append(0, [rec(0, ["a"]), rec(1, ["a", "b"])])
+        assert (first.skipped, first.records, first.keys_indexed) == (False, 2, 3)
+        assert writer.append(0, [rec(2, ["a"])]).skipped  # replay of a committed batch
+        assert writer.append(-0, []).skipped
+        assert writer.committed_batch_id == 0
+        assert not writer.append(5, [rec(2, ["a"])]).skipped  # ids may jump
+        assert writer.append(3, [rec(3, ["a"])]).skipped  # anything <= 5 is old
+    with store.reader("b1") as reader:
+        assert reader.committed_batch_id == 5
+        assert reader.record_count == 3
+        assert table_rows(reader.lookup("a"))[-1][4] == 2
+        assert [r[4] for r in table_rows(reader.lookup("a"))] == [0, 1, 2]
+
+
+def test_lookup_verifies_keys_topics_and_ms_windows(store):
+    records = [
+        rec(0, ["Aa"], BASE + 10),  # "Aa" and "BB" share a Java hash, so a hash slot
+        rec(1, ["BB"], BASE + 20),
+        rec(2, ["Aa"], BASE + 999, topic="payments"),  # same key, other topic
+        rec(3, ["Aa", "Aa"], BASE + 1000),  # the key twice in one message
+    ]
+    with store.writer("b") as writer:
+        writer.append(0, records)
+    with store.reader("b") as reader:
+        assert [r[4] for r in table_rows(reader.lookup("Aa", topic="orders"))] == [0, 3]
+        assert [r[4] for r in table_rows(reader.lookup("BB", topic="orders"))] == [1]
+        assert [r[2] for r in table_rows(reader.lookup("Aa"))] == ["orders", "payments", "orders"]
+        # millisecond windows, inclusive at both ends, inside one second of RocketMQ's diff
+        assert [r[4] for r in table_rows(reader.lookup("Aa", begin_ms=BASE + 11, end_ms=BASE + 999))] == [2]
+        assert [r[4] for r in table_rows(reader.lookup("Aa", begin_ms=BASE + 10, end_ms=BASE + 10))] == [0]
+        assert reader.lookup("Aa", begin_ms=BASE + 11, end_ms=BASE + 998).num_rows == 0
+        assert reader.lookup("Aa", topic="nope").num_rows == 0
+        assert reader.lookup(["Aa", "BB"], topic="orders", max_results=2).num_rows == 2
+        assert reader.lookup("Aa", partitions=[1]).num_rows == 0
+        table = reader.lookup(["Aa", "BB", "Aa"])
+        assert table.schema == ROW_SCHEMA
+        assert [r[4] for r in table_rows(table)] == [0, 1, 2, 3]  # one row per message
+
+
+def test_no_result_cap_and_files_roll(store):
+    records = [rec(i, ["hot"], BASE + (i * 7919) % 5000) for i in range(400)]
+    with store.writer("b") as writer:
+        writer.append(0, records[:100])
+        writer.append(1, records[100:])
+        names = [state.name for state in writer.checkpoint.index_files]
+    assert len(names) == 400 // (TINY.index_num - 1)  # 8 entries per tiny file
+    assert names == sorted(names) and len(set(names)) == len(names)
+    model = ShardModel("b")
+    model.append(0, records)
+    with store.reader("b") as reader:
+        rows = table_rows(reader.lookup("hot"))
+        assert rows == model_lookup([model], ["hot"])
+        assert table_rows(reader.lookup("hot", max_results=7)) == model_lookup([model], ["hot"], max_results=7)
+
+
+def test_small_result_rows_equal_the_logs_rows(store):
+    from msgindex.storage.query import rows_from_records
+
+    records = make_batch(random.Random(5), 0, 60)
+    with store.writer("b:1") as writer:
+        writer.append(0, records)
+    with store.reader("b:1") as reader:
+        seqs = [3, 0, 59, 17]
+        expected = pa.Table.from_batches([reader.log.read_rows(seqs, "b:1")])
+        assert rows_from_records("b:1", seqs, reader.log.read_many(seqs)).equals(expected)
+
+
+def test_rolled_file_inherits_end_fields(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(i, ["k"], BASE + i) for i in range(TINY.index_num)])
+        first, second = writer.checkpoint.index_files
+    assert first.header["index_count"] == TINY.index_num
+    # RocketMQ: the new file starts from the full one's end; its first put then resets begin
+    assert second.header["begin_phy_offset"] == TINY.index_num - 1
+    assert second.header["end_timestamp"] == BASE + TINY.index_num - 1
+
+
+def test_table_input_equals_record_input(tmp_path):
+    rng = random.Random(1)
+    records = make_batch(rng, 0, 40)
+    records = [r for r in records if all(k.encode("utf-8", "ignore").decode() == k for k in r.keys)]
+    table = pa.Table.from_pylist(
+        [
+            {
+                "topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+                "key": r.key, "keys": list(r.keys), "commit_log_offset": r.commit_log_offset, "size": r.size,
+            }
+            for r in records
+        ],
+        schema=APPEND_SCHEMA,
+    )
+    a = open_store(tmp_path / "a", create=True, settings=TINY)
+    b = open_store(tmp_path / "b", create=True, settings=TINY)
+    with a.writer("x") as w:
+        w.append(0, records)
+    with b.writer("x") as w:
+        w.append(0, table)
+    assert shard_files(tmp_path / "a" / "broker=x") == shard_files(tmp_path / "b" / "broker=x")
+
+
+def test_one_writer_at_a_time(store):
+    with store.writer("b"):
+        with pytest.raises(ShardLockedError, match="broker=b"):
+            store.writer("b")
+    store.writer("b").close()  # released on close
+
+
+def test_reader_sees_only_the_committed_prefix(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(0, ["k"])])
+        reader = store.reader("b")
+        writer.append(1, [rec(1, ["k"]), rec(2, ["k"])] + [rec(3 + i, ["f"]) for i in range(20)])
+        assert table_rows(reader.lookup("k"))[0][4] == 0 and reader.lookup("k").num_rows == 1
+        assert sum(b.num_rows for s, e in reader.scan_ranges() for b in reader.scan_range(s, e)) == 1
+        reader.close()
+        with store.reader("b") as fresh:
+            assert fresh.lookup("k").num_rows == 3
+
+
+def test_uncommitted_bytes_are_rolled_back_on_open(store, tmp_path):
+    rng = random.Random(7)
+    with store.writer("b") as writer:
+        writer.append(0, make_batch(rng, 0, 30))
+    shard = store.root / "broker=b"
+    committed = shard_files(shard)
+    lost = make_batch(rng, 30, 30)
+    # a writer that dies after writing a whole batch but before its checkpoint
+    writer = store.writer("b")
+    checkpoint = writer.checkpoint
+    seqs = writer.log.append(lost)
+    writer._put_keys(*_entries(lost, seqs))
+    writer.log.flush()
+    writer.close()
+    assert read_checkpoint(shard / CHECKPOINT_FILE) == checkpoint
+    with store.reader("b") as reader:  # readers ignore the torn batch
+        assert reader.record_count == 30
+    store.writer("b").close()  # rolls back
+    assert shard_files(shard) == committed
+
+
+def _entries(records, seqs):
+    from msgindex.storage.shard import index_entries
+
+    return index_entries(records, seqs)
+
+
+def test_scan_ranges_cover_the_window(store):
+    rng = random.Random(3)
+    model = ShardModel("b")
+    with store.writer("b") as writer:
+        for batch_id in range(6):
+            batch = make_batch(rng, batch_id * 25, 25)
+            writer.append(batch_id, batch)
+            model.append(batch_id, batch)
+    with store.reader("b") as reader:
+        assert len(reader.scan_ranges()) > 1  # several segments
+        for begin, end in [(None, None), (BASE + 5000, None), (None, BASE + 3000), (BASE + 4000, BASE + 4500)]:
+            got = [row for s, e in reader.scan_ranges(begin, end) for row in table_rows(reader.scan_range(s, e, begin_ms=begin, end_ms=end))]
+            assert got == model_scan([model], begin_ms=begin, end_ms=end)
+        got = [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e, topics=["BB"], partitions=[1]))]
+        assert got == [r for r in model_scan([model]) if r[2] == "BB" and r[3] == 1]
+        for keys in (["Aa"], ["BB", "k1"], [""], ["🔑"], ["\udc80raw"]):
+            assert table_rows(reader.lookup(keys)) == model_lookup([model], keys)
+
+
+def test_bytes_keys_are_kafka_key_bytes(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(0, ["\udcffbin"]), rec(1, ["plain"])])
+    with store.reader("b") as reader:
+        assert reader.lookup(b"\xffbin").num_rows == 1
+        assert reader.lookup([b"plain", "plain"]).num_rows == 1
+
+
+def test_bad_records_are_rejected_before_anything_is_written(store):
+    with store.writer("b") as writer:
+        with pytest.raises(InvalidAppendError, match="shard 'b', batch 0: record 1"):
+            writer.append(0, [rec(0, ["a"]), "not a record"])
+        with pytest.raises(InvalidAppendError, match="batch_id"):
+            writer.append(-1, [])
+        assert writer.committed_batch_id == -1
+
+
+def test_corrupt_checkpoint_is_named(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(0, ["a"])])
+    path = store.root / "broker=b" / CHECKPOINT_FILE
+    raw = path.read_bytes()
+    for damaged in (raw[:-10], b"", b"garbage", raw.replace(b'"batch_id":0', b'"batch_id":7')):
+        path.write_bytes(damaged)
+        with pytest.raises(CorruptFileError, match="checkpoint"):
+            store.reader("b")
+        with pytest.raises(CorruptFileError, match="checkpoint"):
+            store.writer("b")
+
+
+def test_missing_index_file_is_named(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(0, ["a"])])
+        name = writer.checkpoint.index_files[0].name
+    (store.root / "broker=b" / "index" / name).unlink()
+    with pytest.raises(CorruptFileError, match=name):
+        store.reader("b")
+    with pytest.raises(CorruptFileError, match=name):
+        store.writer("b")
+
+
+def test_wrong_size_index_file_is_named(store):
+    with store.writer("b") as writer:
+        writer.append(0, [rec(0, ["a"])])
+        name = writer.checkpoint.index_files[0].name
+    path = store.root / "broker=b" / "index" / name
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(CorruptFileError, match=name):
+        store.reader("b")
+
+
+def test_garbage_in_a_fresh_broker_dir_is_cleared(store):
+    shard = store.root / "broker=g"
+    (shard / "index").mkdir(parents=True)
+    (shard / "index" / "20240101000000000").write_bytes(b"\xff" * 1000)
+    (shard / "log").mkdir()
+    (shard / "log" / "00000000000000000000.log").write_bytes(b"\x00garbage")
+    with store.reader("g") as reader:  # nothing was ever committed
+        assert reader.record_count == 0 and reader.lookup("a").num_rows == 0
+    with store.writer("g") as writer:  # a first batch that never committed: wiped
+        writer.append(0, [rec(0, ["a"])])
+    with store.reader("g") as reader:
+        assert reader.lookup("a").num_rows == 1
+
+
+def test_default_settings_file_sizes(tmp_path):
+    settings = StoreSettings(hash_slot_num=1000, index_num=4000)
+    with open_store(tmp_path / "s", create=True, settings=settings) as store:
+        with store.writer("b") as writer:
+            writer.append(0, [rec(0, ["a"])])
+            path = writer.index_file_paths()[0]
+        assert path.stat().st_size == IndexFile.file_size(1000, 4000)
+
+
+@pytest.mark.parametrize("lag_header", [False, True])
+def test_repair_index_file_undoes_uncommitted_entries(tmp_path, lag_header):
+    from msgindex.storage.checkpoint import IndexFileState
+    from msgindex.storage.index_file import HEADER_STRUCT
+    from msgindex.storage.index_recovery import repair_index_file
+    from msgindex.storage.shard import header_dict
+
+    keys = [f"t#{k}" for k in ["Aa", "BB", "x", "Aa", "AaAa", "BBBB", "y", "Aa", "BB", "z"] * 3]
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    for path in (clean, dirty):
+        with IndexFile.create(path, 7, 64) as f:
+            f.put_keys(keys[:12], list(range(12)), [BASE + 500 * i for i in range(12)])
+            state = IndexFileState(path.name, header_dict(f), 0, 0)
+    with IndexFile.open(dirty, 7, 64) as f:
+        committed_header = f.header
+        f.put_keys(keys[12:], list(range(12, 30)), [BASE - 5000 + 700 * i for i in range(18)])
+        if lag_header:  # killed after the entries and slots, before the header
+            HEADER_STRUCT.pack_into(f._mm, 0, *[getattr(committed_header, n) for n in committed_header.__dataclass_fields__])
+    assert dirty.read_bytes() != clean.read_bytes()
+    assert repair_index_file(dirty, 7, 64, state)
+    assert dirty.read_bytes() == clean.read_bytes()
+    assert not repair_index_file(dirty, 7, 64, state)  # idempotent
+
+
+def test_failed_append_is_forgotten(store, tmp_path, monkeypatch):
+    from msgindex.storage import shard as shard_module
+
+    rng = random.Random(9)
+    first, second = make_batch(rng, 0, 20), make_batch(rng, 20, 30)
+    with open_store(tmp_path / "clean", create=True, settings=TINY) as clean, clean.writer("b") as writer:
+        writer.append(0, first)
+        writer.append(1, second)
+    with store.writer("b") as writer:
+        writer.append(0, first)
+        real_commit = shard_module.ShardWriter._commit
+
+        def disk_full(self, *args):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(shard_module.ShardWriter, "_commit", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            writer.append(1, second)
+        monkeypatch.setattr(shard_module.ShardWriter, "_commit", real_commit)
+        assert writer.committed_batch_id == 0
+        writer.append(1, second)  # the same batch again, on a writer that forgot the failed one
+    assert shard_files(store.root / "broker=b") == shard_files(tmp_path / "clean" / "broker=b")

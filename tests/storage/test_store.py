@@ -1,0 +1,124 @@
+"""The store: manifest, settings, shards, cross-shard lookups and scans, bad paths."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+import msgindex
+from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
+from msgindex.storage.message import ROW_SCHEMA, MessageRecord
+from msgindex.storage.store import MANIFEST_FILE, Store, StoreSettings, open_store
+from tests.storage.shard_model import TINY, ShardModel, make_batch, model_lookup, model_scan, table_rows
+
+BASE = 1_700_000_000_000
+
+
+def test_create_and_reopen_keeps_manifest_settings(tmp_path):
+    root = tmp_path / "deep" / "store"
+    with open_store(root, create=True, settings=TINY) as store:
+        assert store.settings == TINY and store.brokers() == []
+    manifest = json.loads((root / MANIFEST_FILE).read_text())
+    assert manifest["format_version"] == 1 and manifest["settings"]["index_num"] == TINY.index_num
+    reopened = msgindex.open(root)
+    assert isinstance(reopened, Store) and reopened.settings == TINY
+    # an existing store keeps its own settings whatever the caller passes
+    assert open_store(root, create=True, settings=StoreSettings()).settings == TINY
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(StoreNotFoundError, match="does not exist"):
+        open_store(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "file.txt").write_text("hello")
+    with pytest.raises(StoreNotFoundError, match="plain"):
+        open_store(tmp_path / "plain")
+    with pytest.raises(StoreNotFoundError, match="not empty"):
+        open_store(tmp_path / "plain", create=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreNotFoundError, match="file"):
+        open_store(tmp_path / "file")
+
+
+def test_bad_manifest_and_settings(tmp_path):
+    root = tmp_path / "s"
+    open_store(root, create=True).close()
+    for body in ("{", json.dumps({"format": "other"}), json.dumps({"format": "msgindex-store", "format_version": 99}),
+                 json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"index_num": 1}}),
+                 json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"bogus": 1}})):
+        (root / MANIFEST_FILE).write_text(body)
+        with pytest.raises(CorruptFileError, match=MANIFEST_FILE):
+            open_store(root)
+    for bad in ({"hash_slot_num": 0}, {"index_num": 1}, {"segment_bytes": -5}, {"index_interval_bytes": 1.5}):
+        with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+            StoreSettings(**bad)
+
+
+def test_broker_names(tmp_path):
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        for bad in ("", "a/b", "..", "."):
+            with pytest.raises(InvalidOptionError, match="broker"):
+                store.writer(bad)
+        with pytest.raises(InvalidOptionError, match="no shard for broker 'nope'"):
+            store.reader("nope")
+        with store.writer("broker-1:9092") as w:
+            w.append(0, [])
+        assert store.brokers() == ["broker-1:9092"]
+
+
+def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
+    rng = random.Random(11)
+    models = {b: ShardModel(b) for b in ("a", "b", "c")}
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        offset = 0
+        for batch_id in range(4):
+            for broker, model in models.items():
+                batch = make_batch(rng, offset, 15)
+                offset += 15
+                with store.writer(broker) as writer:
+                    writer.append(batch_id, batch)
+                model.append(batch_id, batch)
+                assert table_rows(store.lookup("Aa")) == model_lookup(
+                    [m for m in models.values() if m.records], ["Aa"]
+                )  # cached readers refresh after every commit
+        all_models = list(models.values())
+        for keys in (["Aa"], ["BB", "k2"], [b"k1"], ["ключ", "absent"]):
+            for topic in (None, "orders"):
+                assert table_rows(store.lookup(keys, topic=topic)) == model_lookup(all_models, [k if isinstance(k, str) else k.decode() for k in keys], topic=topic)
+        got = store.lookup("Aa", brokers=["b", "c"], begin_ms=BASE + 2000, end_ms=BASE + 9000, partitions=[0, 2], max_results=4)
+        assert table_rows(got) == model_lookup(all_models[1:], ["Aa"], begin_ms=BASE + 2000, end_ms=BASE + 9000, partitions=[0, 2], max_results=4)
+        assert got.schema == ROW_SCHEMA
+        assert table_rows(store.scan()) == model_scan(all_models)
+        assert table_rows(store.scan(begin_ms=BASE + 7000, brokers=["a"], topics=["BB"])) == model_scan(
+            all_models[:1], begin_ms=BASE + 7000, topics=["BB"]
+        )
+        empty = store.lookup("Aa", begin_ms=BASE + 10, end_ms=BASE)
+        assert empty.num_rows == 0 and empty.schema == ROW_SCHEMA
+
+
+def test_lookup_arguments_are_checked(tmp_path):
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        with store.writer("a") as w:
+            w.append(0, [MessageRecord("t", 0, 0, BASE, "k", ("k",))])
+        with pytest.raises(InvalidOptionError, match="key"):
+            store.lookup([1, 2])
+        with pytest.raises(InvalidOptionError, match="begin_ms"):
+            store.lookup("k", begin_ms=1.5)
+        with pytest.raises(InvalidOptionError, match="max_results"):
+            store.lookup("k", max_results=-1)
+        assert store.lookup("k", max_results=0).num_rows == 0
+        assert store.lookup([]).num_rows == 0
+
+
+def test_scan_survives_commits_and_lookups_while_it_runs(tmp_path):
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        with store.writer("a") as writer:
+            writer.append(0, [MessageRecord("t", 0, i, BASE + i, None, ("k",)) for i in range(50)])
+            scan = store.scan()
+            first = next(scan)
+            writer.append(1, [MessageRecord("t", 0, 50, BASE, None, ("k",))])
+            assert store.lookup("k").num_rows == 51  # refreshes the cached reader
+            rest = sum(batch.num_rows for batch in scan)
+        assert first.num_rows + rest == 50  # the scan kept its own snapshot
