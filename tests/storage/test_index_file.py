@@ -4,6 +4,7 @@ tests/interop/test_rocketmq_index_file.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from msgindex.errors import InvalidOptionError, MsgIndexError
 from msgindex.storage.index_file import (
     ENTRY_SIZE,
     HEADER_SIZE,
+    HEADER_STRUCT,
     SLOT_SIZE,
     IndexEntry,
     IndexHeader,
@@ -279,3 +281,17 @@ def test_file_names() -> None:
     assert len(local) == 17 and parse_index_file_name(local) == 1_700_000_000_123
     for bad in ["", "2023111422132012", "2023111422132012x", "20231314221320123", "abc", "٢٠٢٣١١١٤٢٢١٣٢٠١٢٣"]:
         assert parse_index_file_name(bad) is None
+
+
+def test_rollback_finds_an_all_zero_entry_the_header_never_counted(tmp_path: Path) -> None:
+    # key "" hashes to 0, phy 0, time diff 0 and prev 0: the entry's 20 bytes are all zero, so
+    # only the slot pointing at it shows it was written before the writer died.
+    with IndexFile.create(tmp_path / "f", 3, 10) as f:
+        empty = f.header
+        f.put_key("", 0, T0)
+        HEADER_STRUCT.pack_into(f._mm, 0, *dataclasses.astuple(empty))  # killed before the header
+        assert f.slot_array()[0] == 1
+        assert f.rollback_to(empty.index_count, empty)
+        assert f.slot_array()[0] == 0 and f.header == empty
+    IndexFile.create(tmp_path / "fresh", 3, 10).close()
+    assert (tmp_path / "f").read_bytes() == (tmp_path / "fresh").read_bytes()

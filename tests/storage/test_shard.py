@@ -278,27 +278,26 @@ def test_default_settings_file_sizes(tmp_path):
 
 
 @pytest.mark.parametrize("lag_header", [False, True])
-def test_repair_index_file_undoes_uncommitted_entries(tmp_path, lag_header):
-    from msgindex.storage.checkpoint import IndexFileState
+def test_rollback_undoes_uncommitted_entries_even_past_the_header(tmp_path, lag_header):
     from msgindex.storage.index_file import HEADER_STRUCT
-    from msgindex.storage.index_recovery import repair_index_file
-    from msgindex.storage.shard import header_dict
 
     keys = [f"t#{k}" for k in ["Aa", "BB", "x", "Aa", "AaAa", "BBBB", "y", "Aa", "BB", "z"] * 3]
     clean, dirty = tmp_path / "clean", tmp_path / "dirty"
     for path in (clean, dirty):
         with IndexFile.create(path, 7, 64) as f:
             f.put_keys(keys[:12], list(range(12)), [BASE + 500 * i for i in range(12)])
-            state = IndexFileState(path.name, header_dict(f), 0, 0)
+            committed = f.header
     with IndexFile.open(dirty, 7, 64) as f:
         committed_header = f.header
         f.put_keys(keys[12:], list(range(12, 30)), [BASE - 5000 + 700 * i for i in range(18)])
         if lag_header:  # killed after the entries and slots, before the header
             HEADER_STRUCT.pack_into(f._mm, 0, *[getattr(committed_header, n) for n in committed_header.__dataclass_fields__])
     assert dirty.read_bytes() != clean.read_bytes()
-    assert repair_index_file(dirty, 7, 64, state)
+    with IndexFile.open(dirty, 7, 64) as f:
+        assert f.rollback_to(committed.index_count, committed)
     assert dirty.read_bytes() == clean.read_bytes()
-    assert not repair_index_file(dirty, 7, 64, state)  # idempotent
+    with IndexFile.open(dirty, 7, 64) as f:
+        assert not f.rollback_to(committed.index_count, committed)  # idempotent
 
 
 def test_failed_append_is_forgotten(store, tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.index_file import IndexHeader
 
 CHECKPOINT_FILE = "checkpoint"
 TMP_SUFFIX = ".tmp"  # the next checkpoint while it is written; renamed over CHECKPOINT_FILE
@@ -29,14 +30,7 @@ CHECKPOINT_FORMAT = "msgindex-shard-checkpoint"
 CHECKPOINT_VERSION = 1
 NO_BATCH = -1  # committed_batch_id of a shard that has committed nothing
 # the six RocketMQ IndexHeader fields, in on-disk order
-HEADER_FIELDS = (
-    "begin_timestamp",
-    "end_timestamp",
-    "begin_phy_offset",
-    "end_phy_offset",
-    "hash_slot_count",
-    "index_count",
-)
+HEADER_FIELDS = tuple(field.name for field in dataclasses.fields(IndexHeader))
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ NAME_LENGTH = 17
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE == ENTRY_STRUCT.size and HEADER_STRUCT.size == HEADER_SIZE
 
 
+_ZERO_RUN_ENTRIES = 4096  # rollback: an all-zero run this long ends the written entries
+
+
 @dataclass(frozen=True)
 class IndexHeader:
     """The six header fields of an index file, in file order."""
@@ -338,31 +341,57 @@ class IndexFile:
         heads = np.flatnonzero(np.append(~same_slot, True))
         return prevs, (sorted_slots.take(heads), put_index.take(heads))
 
-    def rollback_to(self, index_count: int, header: IndexHeader) -> None:
+    def rollback_to(self, index_count: int, header: IndexHeader) -> bool:
         """Undo every entry at or past `index_count`, newest first: each slot gets back the
         prevIndex it held before, the entry bytes are zeroed and `header` (the values at the time
-        the file had `index_count`) is written. The file then equals one that never had them."""
+        the file had `index_count`) is written. The file then equals one that never had them.
+        True when anything changed.
+
+        The on-disk header is not trusted for where the undone entries end: a put writes entry,
+        then slot, then header, so a writer killed mid-batch leaves entries (and slots) past the
+        header's count. The end is the furthest of: the header's count, the last non-zero entry,
+        and the highest entry a slot points at (an entry may legitimately be all zeros)."""
         self._require_writable()
-        current = self.index_count
-        if header.index_count != index_count or not FIRST_INDEX <= index_count <= current:
+        if header.index_count != index_count or not FIRST_INDEX <= index_count <= self.index_num:
             raise InvalidOptionError(
                 f"{self.path}: cannot roll back to index_count {index_count} with header "
-                f"index_count {header.index_count}; the file has {current}"
+                f"index_count {header.index_count} (the file holds {self.index_num} entries)"
             )
-        if index_count == current:
-            self._write_header(header)
-            return
-        undone = self._entries[index_count:current]
-        hashes = undone["key_hash"].astype(np.int64)
-        if np.any(hashes < 0):
-            bad = index_count + int(np.argmax(hashes < 0))
-            raise CorruptFileError(f"{self.path}: entry {bad} has a negative key hash; cannot roll back")
-        slots = hashes % self.hash_slot_num
-        # The oldest undone entry of each slot overwrote the value the slot must get back.
-        unique_slots, first = np.unique(slots, return_index=True)
-        self._slots[unique_slots] = undone["prev_index"][first]
-        undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
+        on_disk = self.index_count
+        if index_count > on_disk:  # a committed header is msync'd before its checkpoint is written
+            raise InvalidOptionError(
+                f"{self.path}: cannot roll back to index_count {index_count}: the file's header "
+                f"only reached {on_disk} (the file lost committed entries)"
+            )
+        end = min(max(self._written_end(index_count), on_disk, int(self._slots.max()) + 1), self.index_num)
+        changed = end > index_count or self.header != header
+        if end > index_count:
+            undone = self._entries[index_count:end]
+            hashes = undone["key_hash"].astype(np.int64)
+            if np.any(hashes < 0):
+                bad = index_count + int(np.argmax(hashes < 0))
+                raise CorruptFileError(f"{self.path}: entry {bad} has a negative key hash; cannot roll back")
+            slots = hashes % self.hash_slot_num
+            # The oldest undone entry of each slot holds, as prevIndex, the value the slot had
+            # before the batch -- also when the writer died before updating that slot.
+            unique_slots, first = np.unique(slots, return_index=True)
+            self._slots[unique_slots] = undone["prev_index"][first]
+            undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
         self._write_header(header)
+        return changed
+
+    def _written_end(self, start: int) -> int:
+        """One past the last non-zero entry at or after `start`. A batch writes its entries
+        contiguously, so the search ends at the first chunk of all-zero entries."""
+        raw = self._entries.view(np.uint8).reshape(self.index_num, ENTRY_SIZE)
+        end = start
+        while start < self.index_num:
+            written = np.flatnonzero(raw[start : start + _ZERO_RUN_ENTRIES].any(axis=1))
+            if written.size == 0:
+                break
+            end = start + int(written[-1]) + 1
+            start += _ZERO_RUN_ENTRIES
+        return end
 
     def flush(self) -> None:
         """Force the mapped bytes to disk (msync)."""

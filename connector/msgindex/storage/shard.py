@@ -42,8 +42,7 @@ from msgindex.storage.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from msgindex.storage.index_file import IndexFile, index_file_name, parse_index_file_name
-from msgindex.storage.index_recovery import repair_index_file
+from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.log.metadata_log import (
     DEFAULT_MAX_INDEX_BYTES,
     LogPosition,
@@ -291,8 +290,9 @@ class ShardWriter(_Committed):
         path = self.directory / INDEX_DIR / state.name
         if not path.is_file():
             raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
-        repair_index_file(path, self.settings.hash_slot_num, self.settings.index_num, state)
-        return IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
+        index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
+        index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+        return index_file
 
     def _delete_unlisted_index_files(self, checkpoint: Checkpoint) -> None:
         listed = {state.name for state in checkpoint.index_files}
