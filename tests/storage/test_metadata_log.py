@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
-from msgindex.storage.log import record_format as rf
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
+from msgindex.storage.log.record_encoder import encode_records
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord
 
 SEGMENT = 20_000
@@ -245,7 +245,7 @@ def test_torn_tail_at_every_byte_offset(tmp_path):
         committed = log.position()
     segment = path / f"{0:020d}.log"
     good = segment.read_bytes()
-    extra = rf.encode_record(39, records[39])
+    extra = encode_records(39, records[39:40])
     for cut in range(1, len(extra)):
         shutil.copytree(path, tmp_path / "torn", dirs_exist_ok=True)
         (tmp_path / "torn" / segment.name).write_bytes(good + extra[:cut])
@@ -330,7 +330,7 @@ def test_corrupt_record_detected_on_read(tmp_path, field):
         committed = log.position()
         victim = log.segments()[0].path
     data = bytearray(victim.read_bytes())
-    start = len(b"".join(rf.encode_record(i, r) for i, r in enumerate(records[:30])))
+    start = len(encode_records(0, records[:30]))
     data[start + field] ^= 0xFF  # inside record 30
     victim.write_bytes(bytes(data))
     with open_log(path, writable=False, committed=committed) as reader:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log import record_format as rf
+from msgindex.storage.log.record_encoder import encode_records
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord, arrow_text
 
 texts = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20)  # lone surrogates too
@@ -48,7 +49,7 @@ def _rows(batch: pa.RecordBatch) -> list[dict]:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(records, min_size=1, max_size=12), st.integers(0, 2**40))
 def test_round_trip_single_and_batch(batch, first_seq):
-    data = b"".join(rf.encode_record(first_seq + i, r) for i, r in enumerate(batch))
+    data = encode_records(first_seq, batch)
     positions = rf.walk_records(data, 0, len(data), verify=True, name="mem", first_seq=first_seq)
     assert len(positions) == len(batch)
     for i, position in enumerate(positions):
@@ -62,7 +63,7 @@ def test_round_trip_single_and_batch(batch, first_seq):
 def test_edge_keys_empty_huge_unicode():
     huge = "k" * (1 << 20)
     record = MessageRecord("t", 0, 1, 2, "", ("", huge, "😀\u0000é", "\udc80raw"), 5, 6)
-    data = rf.encode_record(9, record)
+    data = encode_records(9, [record])
     assert rf.decode_record(data, 0, len(data), "mem") == (9, record)
     row = rf.decode_batch(data, [0], "b").to_pylist()[0]
     assert row["key"] == "" and row["keys"][1] == huge and row["keys"][2] == "😀\u0000é"
@@ -70,14 +71,13 @@ def test_edge_keys_empty_huge_unicode():
 
 
 def test_key_absent_differs_from_empty_key():
-    data = rf.encode_record(0, MessageRecord("t", 0, 0, 0, None, ())) + rf.encode_record(
-        1, MessageRecord("t", 0, 1, 0, "", ()))
+    data = encode_records(0, [MessageRecord("t", 0, 0, 0, None, ()), MessageRecord("t", 0, 1, 0, "", ())])
     positions = rf.walk_records(data, 0, len(data), verify=True, name="mem")
     assert rf.decode_batch(data, positions, "b").column("key").to_pylist() == [None, ""]
 
 
 def test_every_truncation_is_a_torn_record():
-    data = rf.encode_record(3, MessageRecord("topic", 1, 2, 3, "key", ("a", "b")))
+    data = encode_records(3, [MessageRecord("topic", 1, 2, 3, "key", ("a", "b"))])
     assert rf.check_record(data, 0, len(data), 3) == len(data)
     for cut in range(len(data)):
         problem = rf.check_record(data[:cut], 0, cut, 3)
@@ -85,7 +85,7 @@ def test_every_truncation_is_a_torn_record():
 
 
 def test_every_flipped_byte_is_detected():
-    data = rf.encode_record(3, MessageRecord("topic", 1, 2, 3, "key", ("a", "b")))
+    data = encode_records(3, [MessageRecord("topic", 1, 2, 3, "key", ("a", "b"))])
     for i in range(len(data)):
         bad = bytearray(data)
         bad[i] ^= 0x41
@@ -93,13 +93,13 @@ def test_every_flipped_byte_is_detected():
 
 
 def test_record_in_the_wrong_place_is_detected():
-    data = rf.encode_record(3, MessageRecord("topic", 1, 2, 3, "key", ()))
+    data = encode_records(3, [MessageRecord("topic", 1, 2, 3, "key", ())])
     problem = rf.check_record(data, 0, len(data), expected_seq=4)
     assert isinstance(problem, rf.RecordProblem) and "sequence number 3" in problem.reason
 
 
 def test_walk_names_the_file_and_byte():
-    data = rf.encode_record(0, MessageRecord("t", 0, 0, 0, None, ())) + b"\x07garbage-garbage"
+    data = encode_records(0, [MessageRecord("t", 0, 0, 0, None, ())]) + b"\x07garbage-garbage"
     with pytest.raises(CorruptFileError, match=r"seg\.log: invalid record at byte 65"):
         rf.walk_records(data, 0, len(data), verify=True, name="seg.log")
 
@@ -107,7 +107,7 @@ def test_walk_names_the_file_and_byte():
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        (MessageRecord("t", 2**31, 0, 0, None, ()), "record 7: partition=2147483648"),
+        (MessageRecord("t", 2**31, 0, 0, None, ()), "record 7 of the batch: partition=2147483648"),
         (MessageRecord("t", 0, 0, 1.5, None, ()), "timestamp_ms=1.5"),
         (MessageRecord(b"t", 0, 0, 0, None, ()), "topic must be str"),
         (MessageRecord("t", 0, 0, 0, 5, ()), "key must be str"),
@@ -115,8 +115,13 @@ def test_walk_names_the_file_and_byte():
         (MessageRecord("t", 0, 0, 0, None, ("a", None)), "keys item must be str"),
         (MessageRecord("t" * 70000, 0, 0, 0, None, ()), "topic is 70000 bytes"),
         (MessageRecord("t", 0, 0, 0, None, (), size=2**31), "size="),
+        (MessageRecord("t", True, 0, 0, None, ()), "partition=True"),
+        (MessageRecord("t", 0, 2**63, 0, None, ()), "offset=9223372036854775808"),
     ],
 )
 def test_invalid_fields_name_the_record(record, message):
+    good = [MessageRecord("t", 0, i, 0, None, ()) for i in range(7)]
     with pytest.raises(InvalidAppendError, match=message):
-        rf.encode_record(0, record, "record 7")
+        encode_records(0, [*good, record])
+    with pytest.raises(InvalidAppendError, match="record 7 of the batch"):
+        encode_records(0, [*good, record])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -162,3 +163,48 @@ def test_missing_file_read_only(tmp_path):
     with pytest.raises(CorruptFileError, match="does not exist"):
         OffsetIndex.open(tmp_path / "nope.index", 0, MAX, writable=False)
     assert not (tmp_path / "nope.index").exists()  # a reader never creates files
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 4), st.integers(0, 3)), max_size=30), st.integers(1, 3),
+       st.booleans())
+def test_bulk_appends_equal_one_by_one_appends(steps, pieces, start_with_entry):
+    """append_many / maybe_append_many (what segments use) write what single calls write."""
+    stamps, seqs = [], []
+    ts, seq = -6, 100
+    for dt, ds in steps:  # non-decreasing, as running maxima and their records are
+        ts, seq = ts + abs(dt), seq + ds
+        stamps.append(ts)
+        seqs.append(seq)
+    single_t, bulk_t = TimeIndex.in_memory(100, 12 * 64), TimeIndex.in_memory(100, 12 * 64)
+    single_o, bulk_o = OffsetIndex.in_memory(100, 8 * 64), OffsetIndex.in_memory(100, 8 * 64)
+    if start_with_entry:
+        for index in (single_t, bulk_t):
+            index.maybe_append(-6, 100)
+    for t, s in zip(stamps, seqs):
+        single_t.maybe_append(t, s)
+    offsets = sorted(set(seqs))
+    for s in offsets:
+        single_o.append(s, 10 * s)
+    cut = max(1, len(stamps) // pieces)
+    for i in range(0, len(stamps), cut):
+        bulk_t.maybe_append_many(np.array(stamps[i : i + cut]), np.array(seqs[i : i + cut]))
+    for i in range(0, len(offsets), cut):
+        part = np.array(offsets[i : i + cut])
+        bulk_o.append_many(part, 10 * part)
+    assert bulk_t.entries_array().tobytes() == single_t.entries_array().tobytes()
+    assert bulk_t.last_entry() == single_t.last_entry()
+    assert bulk_o.entries_array().tobytes() == single_o.entries_array().tobytes()
+
+
+def test_bulk_appends_are_checked_before_writing():
+    index = OffsetIndex.in_memory(100, 8 * 4)
+    with pytest.raises(InvalidAppendError, match="sequence 102 is not larger than the last one indexed, 103"):
+        index.append_many(np.array([101, 103, 102]), np.array([1, 2, 3]))
+    with pytest.raises(IndexFullError):
+        index.append_many(np.arange(101, 106), np.arange(5))
+    assert index.entries == 0
+    times = TimeIndex.in_memory(100, 12 * 8)
+    with pytest.raises(InvalidAppendError, match="timestamps to append must not decrease"):
+        times.maybe_append_many(np.array([5, 4]), np.array([100, 101]))
+    assert times.entries == 0

@@ -23,13 +23,15 @@ import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
 from msgindex.storage.log import record_format as rf
+from msgindex.storage.log.record_encoder import EncodedBatch, encode_batch
+from msgindex.storage.log.record_encoder import records_from_table  # noqa: F401  (re-exported)
 from msgindex.storage.log.segment import (
     LOG_SUFFIX,
     LogSegment,
     SegmentState,
     parse_segment_name,
 )
-from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord
+from msgindex.storage.message import ROW_SCHEMA, MessageRecord
 
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default
 DEFAULT_SCAN_PIECE_BYTES = 64 * 1024 * 1024
@@ -91,19 +93,6 @@ class SegmentInfo:
     active: bool
 
 
-def records_from_table(table: pa.Table | pa.RecordBatch) -> list[MessageRecord]:
-    """Rows of an APPEND_SCHEMA table (extra columns ignored) as MessageRecords."""
-    missing = [name for name in APPEND_SCHEMA.names if name not in table.schema.names]
-    if missing:
-        raise InvalidAppendError(f"appended table lacks column(s) {missing}; expected {APPEND_SCHEMA}")
-    return [
-        MessageRecord(row["topic"], row["partition"], row["offset"], row["timestamp_ms"], row["key"],
-                      None if row["keys"] is None else tuple(row["keys"]), row["commit_log_offset"], row["size"])
-        for row in table.select(APPEND_SCHEMA.names).to_pylist()
-    ]
-
-
-_records_from_table = records_from_table  # the name shard.py imported first
 
 
 class MetadataLog:
@@ -248,18 +237,12 @@ class MetadataLog:
             raise InvalidAppendError(f"{self.directory}: metadata log opened read-only")
 
     def append(self, records: Sequence[MessageRecord] | pa.Table | pa.RecordBatch) -> range:
-        """Append `records` with consecutive seqs; returns them. Every record is validated and
-        encoded before the first byte is written, so a bad record leaves the log untouched."""
+        """Append `records` (MessageRecords, or Arrow with APPEND_SCHEMA's columns) with
+        consecutive seqs; returns them. The whole batch is validated and encoded before the first
+        byte is written, so a bad record leaves the log untouched."""
         self._require_writable()
-        if isinstance(records, (pa.Table, pa.RecordBatch)):
-            records = records_from_table(records)
         first = self.next_seq
-        encoded = []
-        for i, record in enumerate(records):
-            if not isinstance(record, MessageRecord):
-                raise InvalidAppendError(f"record {i} of the batch is a {type(record).__name__}, not a MessageRecord")
-            encoded.append(rf.encode_record(first + i, record, f"record {i} of the batch"))
-        timestamps = [record.timestamp_ms for record in records]
+        encoded = encode_batch(first, records)
         start = 0
         while start < len(encoded):
             active = self._segments[-1]
@@ -267,25 +250,23 @@ class MetadataLog:
             if count == 0:
                 self._roll()
                 continue
-            active.append(encoded[start : start + count], timestamps[start : start + count])
+            active.append(encoded.slice(start, start + count))
             start += count
         return range(first, self.next_seq)
 
-    def _fitting(self, active: LogSegment, encoded: list[bytes], start: int) -> int:
-        """How many of encoded[start:] the active segment takes before it must roll (Kafka's
-        shouldRoll per record: the size limit, a full sparse index, a relative seq overflow).
-        Each record adds at most one entry to each index, hence the index room bound."""
+    def _fitting(self, active: LogSegment, encoded: EncodedBatch, start: int) -> int:
+        """How many of the records from `start` the active segment takes before it must roll
+        (Kafka's shouldRoll per record: the size limit, a full sparse index, a relative seq
+        overflow). Each record adds at most one entry to each index, hence the index room bound;
+        an empty segment always takes a record, however big."""
         room = min(active.offset_index.max_entries - active.offset_index.entries,
                    active.time_index.max_entries - 1 - active.time_index.entries,
-                   MAX_RELATIVE_SEQ - (active.next_seq - active.base_seq) + 1)
-        size = active.size
-        count = 0
-        while start + count < len(encoded) and count < room:
-            record_bytes = len(encoded[start + count])
-            if size and size + record_bytes > self.segment_bytes:
-                break
-            size += record_bytes
-            count += 1
+                   MAX_RELATIVE_SEQ - (active.next_seq - active.base_seq) + 1,
+                   len(encoded) - start)
+        ends = encoded.offsets[start + 1 : start + 1 + max(room, 0)] - encoded.offsets[start]
+        count = int(np.searchsorted(ends, self.segment_bytes - active.size, side="right"))
+        if active.size == 0 and room > 0:
+            count = max(count, 1)
         return count
 
     def _roll(self) -> None:

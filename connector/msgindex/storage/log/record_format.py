@@ -22,7 +22,8 @@ Layout (little-endian, so that numpy reads header fields without byte swapping):
 Texts are ``message.encode_text`` bytes. The checksum covers everything after itself, the
 sequence number included, so a record copied to the wrong place or a torn tail never decodes.
 The fixed 64-byte header is what the batch decoder reads with one numpy structured dtype; the
-variable parts are gathered with index arithmetic, never one Python call per field.
+variable parts are gathered with index arithmetic, never one Python call per field. Writing is
+batched the same way, in ``record_encoder``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.errors import CorruptFileError
 from msgindex.storage.message import (
     NO_VALUE,
     ROW_SCHEMA,
     MessageRecord,
     arrow_text,
     decode_text,
-    encode_text,
 )
 
 RECORD_MAGIC = 1
@@ -57,8 +57,6 @@ MAX_TOPIC_BYTES = 0xFFFF
 MAX_LENGTH = 0x7FFF_FFFF  # positions in the sparse offset index are i32
 
 HEADER_STRUCT = struct.Struct("<IIBBHiqqqqiIII")
-_LENGTH_CRC = struct.Struct("<II")
-_HEADER_AFTER_CRC = struct.Struct("<BBHiqqqqiIII")
 LENGTH_STRUCT = struct.Struct("<I")
 SEQ_TS_STRUCT = struct.Struct("<qq")  # seq, timestamp_ms: read together when hopping over records
 SEQ_FIELD = 16
@@ -82,72 +80,8 @@ HEADER_DTYPE = np.dtype(
 )
 assert HEADER_STRUCT.size == HEADER_DTYPE.itemsize == HEADER_SIZE
 
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _check_int(value: object, bounds: tuple[int, int], field: str, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not bounds[0] <= value <= bounds[1]:
-        raise InvalidAppendError(f"{where}: {field}={value!r} is not an integer in [{bounds[0]}, {bounds[1]}]")
-    return value
-
-
-def _check_text(value: object, field: str, where: str) -> bytes:
-    if not isinstance(value, str):
-        raise InvalidAppendError(f"{where}: {field} must be str, got {type(value).__name__}")
-    return encode_text(value)
-
-
-def encode_record(seq: int, record: MessageRecord, where: str = "record") -> bytes:
-    """The bytes of `record` stored as sequence number `seq`. Invalid fields raise
-    InvalidAppendError naming `where` (e.g. "record 17 of the batch") and the field."""
-    try:
-        return _encode(seq, record)
-    except (struct.error, AttributeError, TypeError, OverflowError, ValueError):
-        # The fast path lets struct/encode find bad values; only then are fields checked one by one.
-        _explain(seq, record, where)
-        raise
-
-
-def _encode(seq: int, record: MessageRecord) -> bytes:
-    topic = encode_text(record.topic)
-    key = b"" if record.key is None else encode_text(record.key)
-    keys = record.keys
-    if type(keys) is not tuple and type(keys) is not list:
-        raise TypeError("keys")
-    texts = [encode_text(k) for k in keys]
-    keys_bytes = sum(map(len, texts))
-    length = HEADER_REST + len(topic) + len(key) + KEY_LENGTH_SIZE * len(texts) + keys_bytes
-    if len(topic) > MAX_TOPIC_BYTES or length > MAX_LENGTH:
-        raise ValueError("too long")
-    rest = b"".join([
-        _HEADER_AFTER_CRC.pack(
-            RECORD_MAGIC, ATTR_HAS_KEY if record.key is not None else 0, len(topic), record.partition, seq,
-            record.timestamp_ms, record.offset, record.commit_log_offset, record.size,
-            len(key), len(texts), keys_bytes,
-        ),
-        topic, key, struct.pack(f"<{len(texts)}I", *map(len, texts)), *texts,
-    ])
-    return _LENGTH_CRC.pack(length, zlib.crc32(rest)) + rest
-
-
-def _explain(seq: int, record: MessageRecord, where: str) -> None:
-    """Raise InvalidAppendError saying which field of `record` cannot be encoded."""
-    topic = _check_text(record.topic, "topic", where)
-    if len(topic) > MAX_TOPIC_BYTES:
-        raise InvalidAppendError(f"{where}: topic is {len(topic)} bytes, at most {MAX_TOPIC_BYTES} allowed")
-    if record.key is not None:
-        _check_text(record.key, "key", where)
-    if isinstance(record.keys, (str, bytes)) or not isinstance(record.keys, Sequence):
-        raise InvalidAppendError(f"{where}: keys must be a sequence of str, got {type(record.keys).__name__}")
-    for k in record.keys:
-        _check_text(k, "keys item", where)
-    for field, value, bounds in [("partition", record.partition, _INT32), ("seq", seq, _INT64),
-                                 ("timestamp_ms", record.timestamp_ms, _INT64), ("offset", record.offset, _INT64),
-                                 ("commit_log_offset", record.commit_log_offset, _INT64),
-                                 ("size", record.size, _INT32)]:
-        _check_int(value, bounds, field, where)
-    raise InvalidAppendError(f"{where}: record is longer than {MAX_LENGTH} bytes")
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +220,7 @@ def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[
 def _string_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """A string array from on-disk text bytes; texts that are not valid UTF-8 (lone surrogates)
     go through ``arrow_text`` one by one, the rest stay zero-copy."""
-    if offsets[-1] > _INT32[1]:
+    if offsets[-1] > INT32[1]:
         array = pa.LargeBinaryArray.from_buffers(
             pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(values)]
         )

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError
+from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log import record_format as rf
+from msgindex.storage.log.record_encoder import EncodedBatch
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from msgindex.storage.mapped_file import map_file
@@ -248,26 +249,45 @@ class LogSegment:
             self.time_index = TimeIndex.open(self.time_index_path, self.base_seq, self.max_index_bytes, writable=True)
         self._bytes_since_entry, self._max_so_far, self._max_so_far_seq = 0, NO_TIMESTAMP, self.base_seq
         self.min_timestamp = self.max_timestamp = None
-        view = self._view()
-        ends = list(positions[1:]) + [self.size]
-        for i, (position, end) in enumerate(zip(positions, ends)):
-            self._index_record(self.base_seq + i, position, end - position, rf.read_seq_timestamp(view, position)[1])
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions):
+            timestamps = rf.header_columns(self._view(), positions)["timestamp_ms"]
+            self._index_records(self.base_seq, positions, self.size, timestamps)
         if self.sealed:
             self._seal_indexes()
 
-    def _index_record(self, seq: int, position: int, size: int, timestamp: int) -> None:
-        """Kafka's LogSegment.append index rule, for one record."""
-        if self.min_timestamp is None or timestamp < self.min_timestamp:
-            self.min_timestamp = timestamp
-        if self.max_timestamp is None or timestamp > self.max_timestamp:
-            self.max_timestamp = timestamp
-        if timestamp > self._max_so_far:
-            self._max_so_far, self._max_so_far_seq = timestamp, seq
-        if self._bytes_since_entry > self.index_interval_bytes:
-            self.offset_index.append(seq, position)
-            self.time_index.maybe_append(self._max_so_far, self._max_so_far_seq)
-            self._bytes_since_entry = 0
-        self._bytes_since_entry += size
+    def _index_records(self, first_seq: int, positions: np.ndarray, end: int, timestamps: np.ndarray) -> None:
+        """Kafka's LogSegment.append index rule for the consecutive records from `first_seq` at
+        `positions` (ending at byte `end`): a record gets an offset-index entry when more than
+        index_interval_bytes were written since the last entry, and the time index then gets the
+        running maximum timestamp with the record that first reached it. Whole batches at once:
+        the loop runs once per entry (about one per interval), never once per record."""
+        count = len(positions)
+        if not count:
+            return
+        low, high = int(timestamps.min()), int(timestamps.max())
+        self.min_timestamp = low if self.min_timestamp is None else min(self.min_timestamp, low)
+        self.max_timestamp = high if self.max_timestamp is None else max(self.max_timestamp, high)
+        running = np.maximum.accumulate(np.maximum(timestamps, self._max_so_far))
+        before = np.concatenate(([self._max_so_far], running[:-1]))
+        # The latest record (<= i) that raised the running maximum; none in this batch: the old one.
+        last_rise = np.maximum.accumulate(np.where(timestamps > before, np.arange(count), -1))
+        max_seqs = np.where(last_rise >= 0, first_seq + last_rise, self._max_so_far_seq)
+
+        interval = self.index_interval_bytes
+        following = np.searchsorted(positions, positions + interval, side="right").tolist()
+        entries = []
+        i = int(np.searchsorted(positions, positions[0] - self._bytes_since_entry + interval, side="right"))
+        while i < count:  # once per entry, about one per index interval
+            entries.append(i)
+            i = following[i]
+        if entries:
+            self.offset_index.append_many(first_seq + np.array(entries), positions[entries])
+            self.time_index.maybe_append_many(running[entries], max_seqs[entries])
+            self._bytes_since_entry = end - int(positions[entries[-1]])
+        else:
+            self._bytes_since_entry += end - int(positions[0])
+        self._max_so_far, self._max_so_far_seq = int(running[-1]), int(max_seqs[-1])
 
     def _restore_state_machine(self) -> None:
         """Walk from the last offset-index entry to the end (about one index interval) to check
@@ -302,30 +322,21 @@ class LogSegment:
             self.time_index.trim_to_valid_size()
 
     # ---- appending -------------------------------------------------------------------------
-    def is_full_for(self, record_bytes: int, seq: int, segment_bytes: int) -> bool:
-        """Whether a record of `record_bytes` with `seq` must go into a new segment (Kafka's
-        shouldRoll: size, a full index, or a relative offset that would overflow)."""
-        if self.size == 0:
-            return False
-        return (
-            self.size + record_bytes > segment_bytes
-            or self.offset_index.is_full()
-            or self.time_index.is_full()
-            or seq - self.base_seq > 0x7FFF_FFFF
-        )
-
-    def append(self, encoded: Sequence[bytes], timestamps: Sequence[int]) -> None:
-        """Append consecutive records (already encoded with seqs from next_seq on)."""
-        position = self.size
-        for offset, (data, timestamp) in enumerate(zip(encoded, timestamps)):
-            self._index_record(self.next_seq + offset, position, len(data), timestamp)
-            position += len(data)
-        payload = b"".join(encoded)
+    def append(self, batch: EncodedBatch) -> None:
+        """Append encoded records (their seqs must start at next_seq) and index them."""
+        if batch.first_seq != self.next_seq:
+            raise InvalidAppendError(
+                f"{self.path}: records from seq {batch.first_seq} cannot follow {self.next_seq - 1}"
+            )
+        positions = self.size + (batch.offsets[:-1] - batch.offsets[0])
+        end = self.size + batch.nbytes
+        self._index_records(batch.first_seq, positions, end, batch.timestamps)
+        payload = batch.payload()
         written = os.pwrite(self._fd, payload, self.size)
         if written != len(payload):
             raise OSError(f"{self.path}: short write ({written} of {len(payload)} bytes)")
-        self.size = position
-        self.next_seq += len(encoded)
+        self.size = end
+        self.next_seq += len(batch)
 
     def seal(self) -> None:
         """Make this segment immutable (on roll): final time entry, trimmed indexes, summary."""

@@ -128,11 +128,13 @@ class SparseIndex:
     def is_full(self) -> bool:
         return self._entries >= self.max_entries
 
-    def relative(self, seq: int) -> int:
-        relative = seq - self.base_seq
-        if not 0 <= relative <= MAX_RELATIVE:
+    def _relative_many(self, seqs: np.ndarray) -> np.ndarray:
+        relative = seqs - self.base_seq
+        bad = (relative < 0) | (relative > MAX_RELATIVE)
+        if bad.any():
             raise InvalidAppendError(
-                f"{self._name()}: sequence {seq} is not within 2^31-1 of the base sequence {self.base_seq}"
+                f"{self._name()}: sequence {int(seqs[np.argmax(bad)])} is not within 2^31-1 of the base "
+                f"sequence {self.base_seq}"
             )
         return relative
 
@@ -184,9 +186,14 @@ class SparseIndex:
         return self.ENTRY.unpack_from(self._buf, n * self.ENTRY.size)[field]
 
     # ---- mutation --------------------------------------------------------------------------
-    def _put(self, *fields: int) -> None:
-        self.ENTRY.pack_into(self._buf, self._entries * self.ENTRY.size, *fields)
-        self._entries += 1
+    def _put_many(self, *columns: np.ndarray) -> None:
+        """Write entries after the last one: one column per entry field, in file order."""
+        entries = np.empty(len(columns[0]), dtype=self.DTYPE)
+        for name, values in zip(self.DTYPE.names, columns):
+            entries[name] = values
+        start = self._entries * self.ENTRY.size
+        self._buf[start : start + entries.nbytes] = entries.tobytes()
+        self._entries += len(entries)
 
     def _require_writable(self) -> None:
         if not self.writable:
@@ -301,15 +308,26 @@ class OffsetIndex(SparseIndex):
 
     def append(self, seq: int, position: int) -> None:
         """Add (seq, position); seq must be larger than the last one (InvalidAppendError)."""
+        self.append_many(_int64s(seq), _int64s(position))
+
+    def append_many(self, seqs: np.ndarray, positions: np.ndarray) -> None:
+        """``append`` for each (seq, position) in turn, checked as a whole before any is written."""
         self._require_writable()
-        if self.is_full():
+        seqs, positions = _int64s(seqs), _int64s(positions)
+        if self._entries + len(seqs) > self.max_entries:
             raise IndexFullError(f"{self._name()}: full ({self._entries} entries)")
-        relative = self.relative(seq)
-        if self._entries and relative <= self.raw_entry(self._entries - 1)[0]:
+        relative = self._relative_many(seqs)
+        last = self.raw_entry(self._entries - 1)[0] if self._entries else -1
+        not_larger = np.diff(relative, prepend=last) <= 0
+        if not_larger.any():
+            i = int(np.argmax(not_larger))
+            previous = self.base_seq + (last if i == 0 else int(relative[i - 1]))
             raise InvalidAppendError(
-                f"{self._name()}: sequence {seq} is not larger than the last one indexed, {self.last_seq()}"
+                f"{self._name()}: sequence {int(seqs[i])} is not larger than the last one indexed, {previous}"
             )
-        self._put(relative, position)
+        if len(positions) and (positions.min() < 0 or positions.max() > MAX_RELATIVE):
+            raise InvalidAppendError(f"{self._name()}: positions must be in [0, 2^31-1]")
+        self._put_many(relative, positions)
 
     def lookup(self, seq: int) -> tuple[int, int]:
         """(seq, position) of the largest entry <= seq, or (base_seq, 0)."""
@@ -350,21 +368,38 @@ class TimeIndex(SparseIndex):
     def maybe_append(self, timestamp: int, seq: int, skip_full_check: bool = False) -> None:
         """Add (timestamp, seq) if timestamp is larger than the last one; a smaller timestamp or
         sequence number is an InvalidAppendError (callers pass the running maximum)."""
+        self.maybe_append_many(_int64s(timestamp), _int64s(seq), skip_full_check)
+
+    def maybe_append_many(self, timestamps: np.ndarray, seqs: np.ndarray, skip_full_check: bool = False) -> None:
+        """``maybe_append`` for each (timestamp, seq) in turn; both must be non-decreasing, as a
+        running maximum and the records that reached it are. Checked before any is written."""
         self._require_writable()
-        if not skip_full_check and self.is_full():
-            raise IndexFullError(f"{self._name()}: full ({self._entries} entries)")
+        timestamps, seqs = _int64s(timestamps), _int64s(seqs)
+        if not len(timestamps):
+            return
         last_ts, last_seq = self._last
-        if self._entries and seq < last_seq:
-            raise InvalidAppendError(f"{self._name()}: sequence {seq} is smaller than the last one indexed, {last_seq}")
-        if self._entries and timestamp < last_ts:
+        if self._entries and seqs[0] < last_seq:
             raise InvalidAppendError(
-                f"{self._name()}: timestamp {timestamp} is smaller than the last one indexed, {last_ts}"
+                f"{self._name()}: sequence {int(seqs[0])} is smaller than the last one indexed, {last_seq}"
             )
-        if timestamp > last_ts:
-            if self._entries >= self.max_entries:
-                raise IndexFullError(f"{self._name()}: no room left ({self._entries} entries)")
-            self._put(timestamp, self.relative(seq))
-            self._last = (timestamp, seq)
+        if self._entries and timestamps[0] < last_ts:
+            raise InvalidAppendError(
+                f"{self._name()}: timestamp {int(timestamps[0])} is smaller than the last one indexed, {last_ts}"
+            )
+        for values, what in ((seqs, "sequence numbers"), (timestamps, "timestamps")):
+            if (np.diff(values) < 0).any():
+                raise InvalidAppendError(f"{self._name()}: {what} to append must not decrease")
+        # Only rises above the last entry (NO_TIMESTAMP when empty) are appended.
+        keep = timestamps > np.maximum.accumulate(np.concatenate(([last_ts], timestamps[:-1])))
+        # Kafka checks fullness before every call, whether or not that call appends.
+        if not skip_full_check and self._entries + int(keep[:-1].sum()) >= self.max_entries - 1:
+            raise IndexFullError(f"{self._name()}: full ({self._entries} entries)")
+        kept = int(keep.sum())
+        if self._entries + kept > self.max_entries:
+            raise IndexFullError(f"{self._name()}: no room left ({self._entries} entries)")
+        if kept:
+            self._put_many(timestamps[keep], self._relative_many(seqs[keep]))
+            self._last = (int(timestamps[keep][-1]), int(seqs[keep][-1]))
 
     def lookup(self, timestamp: int) -> tuple[int, int]:
         """(timestamp, seq) of the largest entry <= timestamp, or (NO_TIMESTAMP, base_seq)."""
@@ -380,3 +415,12 @@ class TimeIndex(SparseIndex):
             self._corrupt("timestamps do not strictly increase")
         if np.any(np.diff(array["relative_seq"].astype(np.int64)) < 0):
             self._corrupt("sequence numbers decrease")
+
+
+def _int64s(values: int | np.ndarray) -> np.ndarray:
+    """`values` (one int or an array) as an int64 array; an int outside int64 cannot be a
+    sequence number, position or timestamp of a Kafka index."""
+    try:
+        return np.atleast_1d(np.asarray(values, dtype=np.int64))
+    except OverflowError:
+        raise InvalidAppendError(f"{values!r} does not fit in a 64-bit index field") from None
