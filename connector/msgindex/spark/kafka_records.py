@@ -1,0 +1,81 @@
+"""Input shape ``records``: the indexed topics' own Kafka records.
+
+A record is indexed under its key, every non-empty space-separated token of its ``KEYS``
+header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key once. Null and
+empty keys are not indexed (the record is still logged and counted as unkeyed). Key bytes that
+are not UTF-8 are indexed as ``message.decode_key_bytes(raw)``: query them by passing the raw
+``bytes`` to ``Store.lookup``. Payloads are never read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from msgindex.kafka.admin import KEYS_HEADER, UNIQ_KEY_HEADER
+from msgindex.storage.message import MessageRecord, decode_key_bytes
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+KEY_SEPARATOR = " "
+KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
+
+
+def project_records(kafka_df: "DataFrame", broker: "Column") -> "DataFrame":
+    """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
+    `broker` as the shard column; header values travel as bytes, decoded on the executor."""
+    from pyspark.sql import functions as F
+
+    def header_values(name: str) -> "Column":
+        return F.transform(F.filter("headers", lambda h: h["key"] == F.lit(name)), lambda h: h["value"])
+
+    return kafka_df.select(
+        broker.alias("broker"),
+        "topic", "partition", "offset",
+        F.expr("unix_millis(timestamp)").alias("timestamp_ms"),
+        F.col("key").alias(KEY_RAW),
+        header_values(KEYS_HEADER).alias(KEYS_HEADERS),
+        header_values(UNIQ_KEY_HEADER).alias(UNIQ_HEADERS),
+    )
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return decode_key_bytes(raw)
+
+
+def _record_keys(key: str | None, keys_headers: list | None, uniq_headers: list | None) -> tuple[str, ...]:
+    keys: list[str] = [key] if key else []
+    tokens = [token for raw in keys_headers or () if raw is not None for token in _decode(raw).split(KEY_SEPARATOR)]
+    tokens += [_decode(raw) for raw in uniq_headers or () if raw is not None]
+    for token in tokens:
+        if token and token not in keys:
+            keys.append(token)
+    return tuple(keys)
+
+
+def _decoded_keys(column: pa.ChunkedArray) -> list[str | None]:
+    """Key bytes -> str, vectorized when the whole column is UTF-8 (the usual case)."""
+    try:
+        return column.cast(pa.string()).to_pylist()
+    except pa.ArrowInvalid:  # some key is not UTF-8: decode one by one
+        return [None if raw is None else _decode(raw) for raw in column.to_pylist()]
+
+
+def records_to_append(table: pa.Table) -> tuple[list[MessageRecord], int]:
+    """One group of projected records -> (the MessageRecords to append, number of records whose
+    own key is null or empty). MessageRecords rather than Arrow because keys decoded from
+    non-UTF-8 bytes hold lone surrogates, which Arrow strings cannot carry."""
+    primary = _decoded_keys(table.column(KEY_RAW))
+    columns = [table.column(name).to_pylist() for name in ("topic", "partition", "offset", "timestamp_ms", KEYS_HEADERS, UNIQ_HEADERS)]
+    records = [
+        MessageRecord(topic, partition, offset, timestamp_ms, key,
+                      _record_keys(key, keys_headers, uniq_headers) if keys_headers or uniq_headers
+                      else ((key,) if key else ()))
+        for key, (topic, partition, offset, timestamp_ms, keys_headers, uniq_headers) in zip(primary, zip(*columns))
+    ]
+    return records, sum(1 for key in primary if not key)

@@ -1,0 +1,130 @@
+"""Input shape ``metadata``: Kafka records whose values are RocketMQ-style message-metadata events.
+
+One event per indexed message, a JSON object (field names follow RocketMQ's MessageExt /
+DispatchRequest)::
+
+    {"brokerName": "broker-a",        required, non-empty string: the shard the message goes to
+     "topic": "TopicTest",            required, non-empty string
+     "queueId": 3,                    required, int32 >= 0      (-> partition)
+     "queueOffset": 1234,             required, int64 >= 0      (-> offset)
+     "storeTimestamp": 1700000000000, required, int64 >= 0, epoch milliseconds
+     "keys": "order-1 order-2",       optional: space-separated keys (RocketMQ's KEYS), or a JSON list
+     "uniqKey": "7F0000016B3C...",    optional: the message's unique key (RocketMQ's UNIQ_KEY)
+     "commitLogOffset": 102400,       optional int64 >= 0 (-1 when absent)
+     "msgSize": 245}                  optional int32 >= 0 (-1 when absent)
+
+Every non-empty key token and the unique key are indexed (each once). Events are parsed by Spark
+(``from_json``) in the JVM; an event that is not UTF-8, not a JSON object, has a field of the
+wrong type, or misses/violates a required field gets a ``reason`` and is quarantined instead of
+indexed (see quarantine.py). Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from msgindex.spark.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+BROKER_NAME = "brokerName"
+TOPIC = "topic"
+QUEUE_ID = "queueId"
+QUEUE_OFFSET = "queueOffset"
+STORE_TIMESTAMP = "storeTimestamp"
+KEYS = "keys"
+UNIQ_KEY = "uniqKey"
+COMMIT_LOG_OFFSET = "commitLogOffset"
+MSG_SIZE = "msgSize"
+KEY_SEPARATOR = " "  # RocketMQ's KEYS property separator
+
+_CORRUPT = "_corrupt_record"
+# queueId/msgSize are read as int64 and range-checked so that "out of range" is its own reason.
+EVENT_DDL = (
+    f"`{BROKER_NAME}` string, `{TOPIC}` string, `{QUEUE_ID}` bigint, `{QUEUE_OFFSET}` bigint, "
+    f"`{STORE_TIMESTAMP}` bigint, `{KEYS}` string, `{UNIQ_KEY}` string, `{COMMIT_LOG_OFFSET}` bigint, "
+    f"`{MSG_SIZE}` bigint, `{_CORRUPT}` string"
+)
+INT32_MAX = 2**31 - 1
+
+
+def _reason(event: "Column", value: "Column") -> "Column":
+    """The first thing wrong with an event, or null when it can be indexed."""
+    from pyspark.sql import functions as F
+
+    def missing_text(name: str) -> "Column":
+        return event[name].isNull() | (event[name] == F.lit(""))
+
+    checks = [
+        (value.isNull(), "value is null"),
+        (~F.expr(f"is_valid_utf8({RAW_VALUE})"), "value is not UTF-8 text"),
+        (event.isNull() | event[_CORRUPT].isNotNull(),
+         "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
+        (missing_text(BROKER_NAME), f"missing {BROKER_NAME}"),
+        # the shard's directory name: storage.shard.validate_broker_name's rule, checked here too
+        # so that the raw event is kept with the reason
+        (event[BROKER_NAME].isin(".", "..") | event[BROKER_NAME].contains("/") | event[BROKER_NAME].contains("\0"),
+         f"{BROKER_NAME} cannot name a shard directory (no '/', NUL, '.', '..')"),
+        (missing_text(TOPIC), f"missing {TOPIC}"),
+        (event[QUEUE_ID].isNull(), f"missing {QUEUE_ID}"),
+        ((event[QUEUE_ID] < 0) | (event[QUEUE_ID] > INT32_MAX), f"{QUEUE_ID} out of range [0, {INT32_MAX}]"),
+        (event[QUEUE_OFFSET].isNull(), f"missing {QUEUE_OFFSET}"),
+        (event[QUEUE_OFFSET] < 0, f"{QUEUE_OFFSET} is negative"),
+        (event[STORE_TIMESTAMP].isNull(), f"missing {STORE_TIMESTAMP}"),
+        (event[STORE_TIMESTAMP] < 0, f"{STORE_TIMESTAMP} is negative"),
+        (event[COMMIT_LOG_OFFSET] < 0, f"{COMMIT_LOG_OFFSET} is negative"),
+        ((event[MSG_SIZE] < 0) | (event[MSG_SIZE] > INT32_MAX), f"{MSG_SIZE} out of range [0, {INT32_MAX}]"),
+    ]
+    reason = F.when(checks[0][0], F.lit(checks[0][1]))
+    for condition, text in checks[1:]:
+        reason = reason.when(condition, F.lit(text))
+    return reason.otherwise(F.lit(None).cast("string"))
+
+
+def _keys(event: "Column") -> "Column":
+    """KEYS tokens (space-separated string, or a JSON list) then uniqKey; non-empty, each once."""
+    from pyspark.sql import functions as F
+
+    raw = event[KEYS]
+    tokens = F.when(raw.startswith("["), F.from_json(raw, "array<string>")).otherwise(F.split(raw, KEY_SEPARATOR))
+    everything = F.concat(F.coalesce(tokens, F.array().cast("array<string>")),
+                          F.array(event[UNIQ_KEY]))
+    return F.array_distinct(F.filter(everything, lambda k: k.isNotNull() & (k != F.lit(""))))
+
+
+def parse_metadata_events(kafka_df: "DataFrame") -> "DataFrame":
+    """Kafka source rows -> one row per event: the append columns (broker, topic, partition,
+    offset, timestamp_ms, key, keys, commit_log_offset, size; broker null when malformed) plus
+    the quarantine columns (reason, source coordinates, and the raw value only when malformed,
+    so good events never carry their payload further)."""
+    from pyspark.sql import functions as F
+
+    raw = kafka_df.select(
+        F.col("topic").alias(SOURCE_TOPIC), F.col("partition").alias(SOURCE_PARTITION),
+        F.col("offset").alias(SOURCE_OFFSET), F.expr("unix_millis(timestamp)").alias(SOURCE_TIMESTAMP),
+        F.col("value").alias(RAW_VALUE),
+    )
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    parsed = raw.withColumn("event", F.from_json(F.col(RAW_VALUE).cast("string"), EVENT_DDL, options))
+    parsed = parsed.withColumn(REASON, _reason(F.col("event"), F.col(RAW_VALUE)))
+    good = F.col(REASON).isNull()
+    event = F.col("event")
+
+    def when_good(column: "Column", otherwise: "Column | None" = None) -> "Column":
+        return F.when(good, column).otherwise(otherwise if otherwise is not None else F.lit(None))
+
+    return parsed.select(
+        when_good(event[BROKER_NAME]).alias("broker"),
+        when_good(event[TOPIC]).alias("topic"),
+        when_good(event[QUEUE_ID].cast("int")).alias("partition"),
+        when_good(event[QUEUE_OFFSET]).alias("offset"),
+        when_good(event[STORE_TIMESTAMP]).alias("timestamp_ms"),
+        F.lit(None).cast("string").alias("key"),
+        when_good(_keys(event)).alias("keys"),
+        when_good(F.coalesce(event[COMMIT_LOG_OFFSET], F.lit(-1).cast("bigint"))).alias("commit_log_offset"),
+        when_good(F.coalesce(event[MSG_SIZE], F.lit(-1).cast("bigint")).cast("int")).alias("size"),
+        F.col(REASON),
+        F.col(SOURCE_TOPIC), F.col(SOURCE_PARTITION), F.col(SOURCE_OFFSET), F.col(SOURCE_TIMESTAMP),
+        when_good(F.lit(None), F.col(RAW_VALUE)).alias(RAW_VALUE),
+    )

@@ -1,0 +1,81 @@
+"""The partition -> broker map of an index fed by Kafka records (``<index root>/partition-brokers.json``).
+
+A Kafka partition's messages go to the shard of the broker that led the partition when the
+pipeline first saw it. Leaders move (restarts, reassignments), but a replayed or restarted batch
+must write every message to the same shard it went to the first time, or a shard would skip a
+batch id it never saw the rows of. So the first answer is recorded here, by the driver, before
+any write of the batch that needs it, and an entry is never changed or removed: the file only
+grows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from msgindex.errors import CorruptFileError
+from msgindex.storage.checkpoint import fsync_directory
+
+FILE_NAME = "partition-brokers.json"
+FORMAT_VERSION = 1
+
+
+class PartitionBrokerMap:
+    """The recorded (topic, partition) -> broker name assignments of one index root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.path = Path(root) / FILE_NAME
+        self._brokers: dict[tuple[str, int], str] = self._load()
+
+    def _load(self) -> dict[tuple[str, int], str]:
+        if not self.path.exists():
+            return {}
+        try:
+            document = json.loads(self.path.read_text(encoding="utf-8"))
+            if document.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"format_version {document.get('format_version')!r} is not {FORMAT_VERSION}")
+            return {
+                (topic, int(partition)): str(broker)
+                for topic, partitions in document["topics"].items()
+                for partition, broker in partitions.items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CorruptFileError(f"{self.path}: not a valid partition -> broker map ({error})") from error
+
+    def as_dict(self) -> dict[tuple[str, int], str]:
+        """A copy of every recorded assignment."""
+        return dict(self._brokers)
+
+    def missing(self, partitions: "set[tuple[str, int]] | list[tuple[str, int]]") -> set[tuple[str, int]]:
+        """The given partitions that have no recorded broker yet."""
+        return {tp for tp in partitions if tp not in self._brokers}
+
+    def extend(self, leaders: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+        """Record the leaders of partitions not seen before (known ones keep their first broker)
+        and persist atomically; returns the assignments that were added."""
+        added = {tp: str(b) for tp, b in leaders.items() if tp not in self._brokers}
+        if added:
+            self._brokers.update(added)
+            self._save()
+        return added
+
+    def _save(self) -> None:
+        topics: dict[str, dict[str, str]] = {}
+        for (topic, partition), broker in sorted(self._brokers.items()):
+            topics.setdefault(topic, {})[str(partition)] = broker
+        payload = json.dumps({"format_version": FORMAT_VERSION, "topics": topics}, indent=1, sort_keys=True)
+        write_atomically(self.path, payload)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file: write a
+    temporary file, fsync it, rename it over, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)

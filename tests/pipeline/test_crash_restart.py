@@ -1,0 +1,47 @@
+"""Crashes: the job SIGKILLed (driver, JVM and Python workers at once) at several points of the
+stream and restarted from its checkpoint; the index still equals Kafka's ground truth exactly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from streaming_jobs.loadgen import keyed_records, produce
+from tests.pipeline.support import JobProcess, assert_index_equals, ground_truth, job_args, run_job_in_process
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+RECORDS = 12_000
+PER_TRIGGER = 2_000  # several small batches, so kills land in different places
+STARTUP_TIMEOUT_S = 240
+
+
+def test_sigkill_at_several_points_then_restart(kafka_bootstrap, kafka_topic, spark, tmp_path):
+    topics = [kafka_topic(partitions=3, prefix="crash"), kafka_topic(partitions=2, prefix="crash2")]
+    produce(kafka_bootstrap, keyed_records(topics, RECORDS, key_pool=3_000, seed=9))
+    truth = ground_truth(kafka_bootstrap, topics)
+    index = tmp_path / "index"
+    args = job_args(kafka_bootstrap, topics, index, "--available-now", "--max-offsets-per-trigger", str(PER_TRIGGER),
+                    "--quiet-spark")
+
+    # 1: while the very first batch runs (nothing committed yet, or only part of it)
+    job = JobProcess(args, tmp_path / "run1.log")
+    job.wait_for(lambda: "] indexing " in job.text(), STARTUP_TIMEOUT_S, "the query to start")
+    time.sleep(1.5)
+    job.kill()
+    # 2: right as a batch has been reported (its successor is being planned or written)
+    job = JobProcess(args, tmp_path / "run2.log")
+    job.wait_for(lambda: job.batches_logged() >= 1, STARTUP_TIMEOUT_S, "a batch")
+    job.kill()
+    # 3: in the middle of a later batch
+    job = JobProcess(args, tmp_path / "run3.log")
+    job.wait_for(lambda: job.batches_logged() >= 2, STARTUP_TIMEOUT_S, "two batches")
+    time.sleep(0.7)
+    job.kill()
+
+    committed = sorted(p.name for p in (index / "_checkpoint" / "commits").iterdir() if p.name.isdigit())
+    assert committed, "no batch committed before the kills: the kill points proved nothing"
+    history = run_job_in_process(args)  # the restart runs to the end
+    assert history and history[0].batch_id <= int(committed[-1]) + 1
+    assert_index_equals(index, truth, topics=topics)

@@ -1,0 +1,169 @@
+"""The pipeline's parts without Spark or Kafka: partition -> broker map, quarantine files, index
+ownership, key extraction, shard owners and their lock waits, the job's flag checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from msgindex.errors import CorruptFileError, InvalidOptionError, ShardLockedError
+from msgindex.spark.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
+from msgindex.spark.ownership import claim_index
+from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
+from msgindex.spark.quarantine import read_quarantine, write_quarantine
+from msgindex.spark.shard_owner import ShardOwner
+from msgindex.spark.sink import spark_batch_end_offsets
+from msgindex.storage.message import MessageRecord
+from msgindex.storage.store import StoreSettings, open_store
+from streaming_jobs import index_job
+
+SMALL = StoreSettings(hash_slot_num=17, index_num=50, segment_bytes=4096)
+
+
+def test_partition_broker_map_only_grows_and_survives_reopen(tmp_path):
+    brokers = PartitionBrokerMap(tmp_path)
+    assert brokers.extend({("t", 0): "1", ("t", 1): "2"}) == {("t", 0): "1", ("t", 1): "2"}
+    # a leader change later must not move a partition to another shard
+    assert brokers.extend({("t", 0): "3", ("u", 0): "3"}) == {("u", 0): "3"}
+    assert PartitionBrokerMap(tmp_path).as_dict() == {("t", 0): "1", ("t", 1): "2", ("u", 0): "3"}
+    assert PartitionBrokerMap(tmp_path).missing([("t", 1), ("v", 0)]) == {("v", 0)}
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"format_version": 1}', '{"format_version": 9, "topics": {}}',
+                                     '{"format_version": 1, "topics": {"t": {"x": "1"}}}'])
+def test_partition_broker_map_corrupt_file_is_named(tmp_path, content):
+    (tmp_path / FILE_NAME).write_text(content)
+    with pytest.raises(CorruptFileError, match=FILE_NAME):
+        PartitionBrokerMap(tmp_path)
+
+
+def _bad_rows(values: list[bytes | None]) -> pa.Table:
+    n = len(values)
+    return pa.table({"src_topic": ["meta"] * n, "src_partition": pa.array([0] * n, pa.int32()),
+                     "src_offset": pa.array(range(n), pa.int64()), "src_timestamp_ms": pa.array([5] * n, pa.int64()),
+                     "raw_value": pa.array(values, pa.binary())})
+
+
+def test_quarantine_written_once_per_batch_and_read_back(tmp_path):
+    rows = _bad_rows([b"{oops", b"\xff", None])
+    assert write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])
+    assert not write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])  # a replay
+    assert write_quarantine(tmp_path, 4, "malformed", _bad_rows([b"x"]), ["r"])
+    table = read_quarantine(tmp_path).to_pylist()
+    assert [(r["batch_id"], r["offset"], r["reason"], r["value"], r["value_base64"]) for r in table] == [
+        (3, 0, "bad json", "{oops", "e29vcHM="), (3, 1, "not utf-8", None, "/w=="), (3, 2, "null", None, None),
+        (4, 0, "r", "x", "eA==")]
+    assert len(read_quarantine(tmp_path / "missing")) == 0
+
+
+def test_index_refuses_a_second_streaming_query(tmp_path):
+    claim_index(tmp_path, "query-1", "/ck/1")
+    claim_index(tmp_path, "query-1", "/ck/1")  # the same query restarting
+    with pytest.raises(InvalidOptionError, match="query-1.*query-2"):
+        claim_index(tmp_path, "query-2", "/ck/2")
+
+
+def test_record_keys_follow_the_spec():
+    table = pa.table({
+        "topic": ["t"] * 6, "partition": pa.array([0] * 6, pa.int32()), "offset": pa.array(range(6), pa.int64()),
+        "timestamp_ms": pa.array([7] * 6, pa.int64()),
+        KEY_RAW: pa.array([b"k", None, b"", "ключ".encode(), b"\xff\xfe", b"a b"], pa.binary()),
+        KEYS_HEADERS: pa.array([[b" x  k y "], [b"h"], None, [], [b"\xff z"], [b"", None]], pa.list_(pa.binary())),
+        UNIQ_HEADERS: pa.array([[b"U"], [], [b"u2"], ["ключ".encode()], [], [b""]], pa.list_(pa.binary())),
+    })
+    records, unkeyed = records_to_append(table)
+    assert [r.keys for r in records] == [("k", "x", "y", "U"), ("h",), ("u2",), ("ключ",),
+                                         ("\udcff\udcfe", "\udcff", "z"), ("a b",)]
+    assert [r.key for r in records] == ["k", None, "", "ключ", "\udcff\udcfe", "a b"]
+    assert unkeyed == 2
+    assert records[0] == MessageRecord("t", 0, 0, 7, "k", ("k", "x", "y", "U"))
+
+
+def test_shard_owner_waits_for_the_lock_then_skips_a_committed_batch(tmp_path):
+    store = open_store(tmp_path / "index", create=True, settings=SMALL)
+    records = [MessageRecord("t", 0, n, 1000 + n, f"k{n}", (f"k{n}",)) for n in range(5)]
+    holder = store.writer("b1")  # another attempt of the same task, still writing
+    with pytest.raises(ShardLockedError, match="waiting"):
+        ShardOwner(store, "b1", lock_timeout_s=0.3).append(0, records)
+    releaser = threading.Timer(0.3, holder.close)
+    releaser.start()
+    started = time.monotonic()
+    first = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)
+    assert time.monotonic() - started >= 0.25 and not first.skipped and first.records == 5
+    second = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)  # the speculative copy
+    assert second.skipped
+    assert store.lookup("k3").column("offset").to_pylist() == [3]
+
+
+def test_batch_end_offsets_from_sparks_offset_log(tmp_path):
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":12,"1":30},"u":{"0":1}}\n')
+    assert spark_batch_end_offsets(tmp_path, 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
+    assert spark_batch_end_offsets(tmp_path, 5) == {}
+
+
+BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--subscribe", "a", "--quarantine", "q"], "--quarantine only applies to --input metadata"),
+    (["--subscribe", " , "], "names no topic"),
+    (["--subscribe-pattern", "("], "not a regular expression"),
+    (["--subscribe", "a", "--starting-offsets", "yesterday"], "--starting-offsets"),
+    (["--subscribe", "a", "--max-offsets-per-trigger", "0"], "--max-offsets-per-trigger"),
+    (["--subscribe", "a", "--trigger-interval", "soon"], "--trigger-interval"),
+    (["--subscribe", "a", "--kafka-option", "novalue"], "KEY=VALUE"),
+    (["--subscribe", "a", "--kafka-option", "bootstrap.servers=x"], "use --bootstrap-servers"),
+])
+def test_job_rejects_bad_flag_values(tmp_path, extra, message):
+    args = index_job.build_parser().parse_args([*BASE, str(tmp_path), *extra])
+    with pytest.raises(InvalidOptionError, match=message):
+        index_job.options_from_args(args)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--subscribe", "a", "--subscribe-pattern", "b"],
+    ["--subscribe", "a", "--available-now", "--trigger-interval", "1 second"],
+    ["--subscribe", "a", "--no-such-flag"],
+    ["--subscribe", "a", "--input", "payloads"],
+    [],
+])
+def test_job_rejects_unknown_and_contradictory_flags(tmp_path, extra, capsys):
+    with pytest.raises(SystemExit) as exited:
+        index_job.build_parser().parse_args([*BASE, str(tmp_path), *extra])
+    assert exited.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_sizing_flags_must_match_an_existing_index(tmp_path):
+    open_store(tmp_path / "ix", create=True, settings=SMALL).close()
+    args = index_job.build_parser().parse_args([*BASE, str(tmp_path / "ix"), "--subscribe", "a", "--hash-slots", "99"])
+    with pytest.raises(InvalidOptionError, match="hash_slot_num=99 \\(store has 17\\)"):
+        index_job.open_index(index_job.options_from_args(args))
+    same = index_job.build_parser().parse_args([*BASE, str(tmp_path / "ix"), "--subscribe", "a", "--hash-slots", "17"])
+    assert index_job.open_index(index_job.options_from_args(same)).settings == SMALL
+
+
+def test_cli_exposes_the_job(tmp_path, capsys):
+    from msgindex.cli import main
+
+    code = main(["index", *BASE, str(tmp_path), "--subscribe", "a", "--quarantine", "q"])
+    assert code == 2 and "--quarantine only applies" in capsys.readouterr().err
+
+
+def test_sigterm_and_sigint_request_a_graceful_stop():
+    import os
+    import signal
+
+    with index_job._StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not stop.requested.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.requested.is_set()
+        with pytest.raises(KeyboardInterrupt):  # a second signal: stop at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is not stop._handle
