@@ -1,0 +1,182 @@
+"""Which Spark filters the index answers exactly, and the query they add up to.
+
+A filter is accepted only when the rows the index returns for it are exactly the rows Spark's
+own evaluation would keep; everything else goes back to Spark, which re-checks it.
+
+* ``broker``, ``topic``, ``partition`` ``=`` / ``IN``: select shards, index keys (the index hashes
+  ``topic#key``) and partitions; exact.
+* ``timestamp`` ``>``, ``>=``, ``<``, ``<=``, ``=``: the index keeps milliseconds and Spark
+  microseconds, so each bound is turned into the inclusive millisecond bound that selects the
+  same rows (e.g. ``timestamp > 10.0005 s`` -> ``begin_ms = 10001``); exact.
+* ``key`` ``=`` / ``IN`` / ``<=>``: the ``key`` column is the message's *primary* key, while the
+  index finds a message under *any* of its ``keys``. The primary key is always one of the keys
+  (the writers index a record under its own key), so the index lookup returns a superset and
+  the reader then keeps only rows whose ``key`` equals one of the values: exact, and still never
+  a scan. (To find messages indexed under a key, whatever their primary key, use the ``key`` /
+  ``keys`` options or ``array_contains(keys, ...)`` on a lookup.)
+
+Several filters on one column intersect, as Spark ANDs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Iterable
+
+from pyspark.sql.datasource import (
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    LessThanOrEqual,
+)
+
+from msgindex.spark.read_options import ReadOptions, micros_since_epoch
+
+STRING_COLUMNS = ("broker", "topic", "key")
+INT_COLUMNS = ("partition",)
+TIME_COLUMN = "timestamp"
+MICROS_PER_MS = 1000
+
+
+@dataclass(frozen=True)
+class IndexQuery:
+    """What one read asks of the store: the options and the accepted filters, combined.
+
+    ``lookup_keys`` are looked up in the hash index (None: no key, so a scan); ``primary_keys``
+    restrict the ``key`` column afterwards. None in any field means "no restriction"."""
+
+    lookup_keys: tuple[str, ...] | None = None
+    primary_keys: frozenset[str] | None = None
+    topics: frozenset[str] | None = None
+    brokers: frozenset[str] | None = None
+    partitions: frozenset[int] | None = None
+    begin_ms: int | None = None
+    end_ms: int | None = None
+    max_results: int | None = None
+
+    @classmethod
+    def from_options(cls, options: ReadOptions) -> "IndexQuery":
+        """The query the options alone ask for."""
+        return cls(
+            lookup_keys=options.keys,
+            topics=_set(options.topics),
+            brokers=_set(options.brokers),
+            partitions=_set(options.partitions),
+            begin_ms=options.begin_ms,
+            end_ms=options.end_ms,
+            max_results=options.max_num,
+        )
+
+    @property
+    def is_lookup(self) -> bool:
+        """True when the hash index drives the read (a key is known); else a (time) scan."""
+        return self.lookup_keys is not None or self.primary_keys is not None
+
+    @property
+    def keys_to_look_up(self) -> tuple[str, ...]:
+        """Index keys to look up: the key options, else the ``key`` column's wanted values."""
+        if self.lookup_keys is not None:
+            return self.lookup_keys
+        return tuple(sorted(self.primary_keys or ()))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the restrictions contradict each other: no row can match."""
+        empty_set = any(
+            values is not None and not values
+            for values in (self.primary_keys, self.topics, self.brokers, self.partitions)
+        )
+        empty_keys = self.lookup_keys is not None and not self.lookup_keys
+        empty_window = (self.begin_ms is not None and self.end_ms is not None
+                        and self.begin_ms > self.end_ms)
+        return empty_set or empty_keys or empty_window
+
+    def restrict(self, filter_: Filter) -> "IndexQuery | None":
+        """This query narrowed by `filter_`, or None when the index cannot apply it exactly."""
+        path = getattr(filter_, "attribute", ())  # Not(...) has none: never accepted
+        column = path[0] if len(path) == 1 else None
+        if column in STRING_COLUMNS or column in INT_COLUMNS:
+            values = _equality_values(filter_, str if column in STRING_COLUMNS else int)
+            if values is None:
+                return None
+            field = {"key": "primary_keys", "topic": "topics", "broker": "brokers",
+                     "partition": "partitions"}[column]
+            current = getattr(self, field)
+            return replace(self, **{field: values if current is None else current & values})
+        if column == TIME_COLUMN:
+            bounds = _time_bounds(filter_)
+            if bounds is None:
+                return None
+            begin, end = bounds
+            return replace(
+                self,
+                begin_ms=_tighter(self.begin_ms, begin, max),
+                end_ms=_tighter(self.end_ms, end, min),
+            )
+        return None
+
+
+def push(query: IndexQuery, filters: Iterable[Filter]) -> tuple[IndexQuery, list[Filter]]:
+    """Apply every filter the index answers exactly; return the new query and the rejected
+    filters (the very objects Spark passed, as pushFilters must return them)."""
+    rejected = []
+    for filter_ in filters:
+        narrowed = query.restrict(filter_)
+        if narrowed is None:
+            rejected.append(filter_)
+        else:
+            query = narrowed
+    return query, rejected
+
+
+def _set(values: Iterable[Any] | None) -> frozenset | None:
+    return None if values is None else frozenset(values)
+
+
+def _tighter(current: int | None, new: int | None, pick) -> int | None:
+    if new is None:
+        return current
+    return new if current is None else pick(current, new)
+
+
+def _is_type(value: Any, kind: type) -> bool:
+    # bool is an int subclass; a boolean literal is never a partition number
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _equality_values(filter_: Filter, kind: type) -> frozenset | None:
+    if isinstance(filter_, (EqualTo, EqualNullSafe)):
+        return frozenset([filter_.value]) if _is_type(filter_.value, kind) else None
+    if isinstance(filter_, In):
+        # a NULL in the list never makes a row pass (x IN (.., NULL) is NULL or true), so it
+        # can be dropped; any other foreign value means a cast we do not model: reject
+        values = [value for value in filter_.value if value is not None]
+        return frozenset(values) if all(_is_type(v, kind) for v in values) else None
+    return None
+
+
+def _time_bounds(filter_: Filter) -> tuple[int | None, int | None] | None:
+    """Inclusive [begin_ms, end_ms] selecting exactly the rows whose microsecond timestamp
+    (a whole number of milliseconds) passes `filter_`."""
+    value = getattr(filter_, "value", None)
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        return None  # a naive datetime's zone is unknown here: let Spark compare
+    micros = micros_since_epoch(value)
+    floor_ms = micros // MICROS_PER_MS
+    ceil_ms = -(-micros // MICROS_PER_MS)
+    if isinstance(filter_, GreaterThan):
+        return floor_ms + 1, None
+    if isinstance(filter_, GreaterThanOrEqual):
+        return ceil_ms, None
+    if isinstance(filter_, LessThan):
+        return None, ceil_ms - 1
+    if isinstance(filter_, LessThanOrEqual):
+        return None, floor_ms
+    if isinstance(filter_, (EqualTo, EqualNullSafe)):
+        return ceil_ms, floor_ms  # empty (begin > end) unless micros is a whole millisecond
+    return None

@@ -1,0 +1,234 @@
+"""The options of ``spark.read.format("msgindex")``, parsed and validated once.
+
+Spark hands a Python data source its options lower-cased and as strings, so every option is
+declared here by its lower-case name. Each parse error is an InvalidOptionError that names the
+option and the value, and it surfaces when the DataFrame is defined (``load()``), not when a job
+runs.
+
+Option reference (names are case-insensitive):
+
+============================  ==========================================================
+``path``                      the store root (or the RocketMQ index directory); required
+``mode``                      ``store`` (default): a msgindex store; ``rocketmq``: a directory of
+                              RocketMQ broker IndexFiles, read as raw, unverified entries
+``key``                       one key, verbatim (may contain any character, commas included)
+``keys``                      several keys as a JSON array of strings: ``["a", "b,c"]``
+``topic``                     one topic, or several separated by commas (Kafka topic names
+                              cannot contain commas)
+``begin`` / ``end``           inclusive time window on the message timestamp: epoch
+                              milliseconds (``1700000000000``) or ISO-8601 with a zone
+                              (``2026-11-21T05:00:00Z``, ``...+01:00``)
+``maxNum``                    at most this many rows from a key lookup (over all shards)
+``brokers``                   comma-separated shard (broker) names to read
+``partitions``                comma-separated Kafka partition numbers
+``fetchValues``               ``true``: add each found message's Kafka ``value`` and ``headers``
+``kafka.bootstrap.servers``   the Kafka cluster that fetchValues reads from
+``hashSlotNum`` / ``indexNum``  (rocketmq mode) the sizing the IndexFiles were written with;
+                              RocketMQ's defaults 5,000,000 / 20,000,000
+============================  ==========================================================
+
+``key``/``keys`` options select messages *indexed under* a key, i.e. the key is among the
+message's ``keys`` column (RocketMQ's "query message by key"); a ``where key = ...`` filter is
+about the ``key`` column, the message's primary key (see ``pushdown``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Mapping
+
+from msgindex.errors import InvalidOptionError
+
+MODE_STORE = "store"
+MODE_ROCKETMQ = "rocketmq"
+MODES = (MODE_STORE, MODE_ROCKETMQ)
+
+# RocketMQ's own IndexFile sizing (MessageStoreConfig defaults)
+ROCKETMQ_HASH_SLOT_NUM = 5_000_000
+ROCKETMQ_INDEX_NUM = 20_000_000
+
+KNOWN_OPTIONS = frozenset({
+    "path", "mode", "key", "keys", "topic", "begin", "end", "maxnum", "brokers", "partitions",
+    "fetchvalues", "kafka.bootstrap.servers", "hashslotnum", "indexnum",
+})
+
+_EPOCH_MS = re.compile(r"^-?\d+$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
+
+
+def parse_time_ms(option: str, value: str) -> int:
+    """Epoch milliseconds from `value`: an integer (epoch ms) or ISO-8601 with an explicit zone.
+    A time without a zone is refused: guessing the machine's zone would shift the window."""
+    text = value.strip()
+    if _EPOCH_MS.match(text):
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} is not a time: give epoch milliseconds "
+            f"(e.g. 1700000000000) or ISO-8601 with a zone (e.g. 2026-11-21T05:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} has no time zone: add one (Z, +01:00, ...)"
+        )
+    micros = micros_since_epoch(moment)
+    if micros % 1000:
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} has sub-millisecond digits; the index keeps milliseconds"
+        )
+    return micros // 1000
+
+
+def micros_since_epoch(moment: datetime) -> int:
+    """Exact microseconds since the epoch of an aware datetime (``timestamp()`` is a float and
+    loses microseconds far from 1970)."""
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def parse_keys(option: str, value: str) -> tuple[str, ...]:
+    """The ``keys`` option: a JSON array of strings (JSON, because keys may contain commas)."""
+    try:
+        keys = json.loads(value)
+    except json.JSONDecodeError:
+        keys = None
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} is not a JSON array of strings, e.g. "
+            f'["order-1", "order-2"] (for a single key use the option \'key\')'
+        )
+    return tuple(keys)
+
+
+def parse_positive_int(option: str, value: str) -> int:
+    """A strictly positive integer option."""
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise InvalidOptionError(f"option '{option}' = {value!r} is not a positive integer")
+    return number
+
+
+def parse_bool(option: str, value: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no), case-insensitive."""
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InvalidOptionError(f"option '{option}' = {value!r} is not true or false")
+
+
+def parse_names(option: str, value: str) -> tuple[str, ...]:
+    """A comma-separated list of names (topics, brokers); empty items are an error."""
+    names = tuple(part.strip() for part in value.split(","))
+    if not names or any(not name for name in names):
+        raise InvalidOptionError(f"option '{option}' = {value!r} has an empty name in its list")
+    return names
+
+
+def parse_partitions(option: str, value: str) -> tuple[int, ...]:
+    """A comma-separated list of Kafka partition numbers (>= 0)."""
+    try:
+        numbers = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        numbers = (-1,)
+    if any(number < 0 for number in numbers):
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} is not a comma-separated list of partition numbers"
+        )
+    return numbers
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The validated options of one ``spark.read.format("msgindex")`` (see the module doc)."""
+
+    path: str
+    mode: str = MODE_STORE
+    keys: tuple[str, ...] | None = None
+    topics: tuple[str, ...] | None = None
+    begin_ms: int | None = None
+    end_ms: int | None = None
+    max_num: int | None = None
+    brokers: tuple[str, ...] | None = None
+    partitions: tuple[int, ...] | None = None
+    fetch_values: bool = False
+    bootstrap_servers: str | None = None
+    hash_slot_num: int = ROCKETMQ_HASH_SLOT_NUM
+    index_num: int = ROCKETMQ_INDEX_NUM
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
+        """Validate Spark's (lower-cased, string) options."""
+        given = {name.lower(): value for name, value in options.items()}
+        unknown = sorted(set(given) - KNOWN_OPTIONS)
+        if unknown:
+            raise InvalidOptionError(
+                f"unknown option '{unknown[0]}' = {given[unknown[0]]!r}; msgindex knows: "
+                f"{', '.join(sorted(KNOWN_OPTIONS))}"
+            )
+        path = given.get("path", "").strip()
+        if not path:
+            raise InvalidOptionError("option 'path' is missing: use .load(PATH) or .option('path', PATH)")
+        mode = given.get("mode", MODE_STORE).strip().lower()
+        if mode not in MODES:
+            raise InvalidOptionError(f"option 'mode' = {given['mode']!r} is not one of {', '.join(MODES)}")
+        if "key" in given and "keys" in given:
+            raise InvalidOptionError(
+                f"options 'key' = {given['key']!r} and 'keys' = {given['keys']!r} both given; use one"
+            )
+        keys = (given["key"],) if "key" in given else None
+        if "keys" in given:
+            keys = parse_keys("keys", given["keys"])
+        parsed = cls(
+            path=path,
+            mode=mode,
+            keys=keys,
+            topics=parse_names("topic", given["topic"]) if "topic" in given else None,
+            begin_ms=parse_time_ms("begin", given["begin"]) if "begin" in given else None,
+            end_ms=parse_time_ms("end", given["end"]) if "end" in given else None,
+            max_num=parse_positive_int("maxNum", given["maxnum"]) if "maxnum" in given else None,
+            brokers=parse_names("brokers", given["brokers"]) if "brokers" in given else None,
+            partitions=parse_partitions("partitions", given["partitions"])
+            if "partitions" in given else None,
+            fetch_values=parse_bool("fetchValues", given["fetchvalues"])
+            if "fetchvalues" in given else False,
+            bootstrap_servers=given.get("kafka.bootstrap.servers"),
+            hash_slot_num=parse_positive_int("hashSlotNum", given["hashslotnum"])
+            if "hashslotnum" in given else ROCKETMQ_HASH_SLOT_NUM,
+            index_num=parse_positive_int("indexNum", given["indexnum"])
+            if "indexnum" in given else ROCKETMQ_INDEX_NUM,
+        )
+        parsed._check_combinations(given)
+        return parsed
+
+    def _check_combinations(self, given: Mapping[str, str]) -> None:
+        if self.begin_ms is not None and self.end_ms is not None and self.begin_ms > self.end_ms:
+            raise InvalidOptionError(
+                f"option 'begin' = {given['begin']!r} is after option 'end' = {given['end']!r}"
+            )
+        if self.fetch_values and not self.bootstrap_servers:
+            raise InvalidOptionError(
+                "option 'fetchValues' = 'true' needs option 'kafka.bootstrap.servers'"
+            )
+        if self.fetch_values and self.mode == MODE_ROCKETMQ:
+            raise InvalidOptionError("option 'fetchValues' is not available with option 'mode' = 'rocketmq'")
+        if self.max_num is not None and self.keys is None:
+            raise InvalidOptionError(
+                f"option 'maxNum' = {given['maxnum']!r} limits key lookups and needs 'key' or "
+                f"'keys'; limit a scan with DataFrame.limit()"
+            )
+        if self.mode == MODE_ROCKETMQ and self.keys is not None and self.topics is None:
+            raise InvalidOptionError(
+                "option 'key'/'keys' in mode 'rocketmq' needs option 'topic': RocketMQ hashes "
+                "topic + '#' + key"
+            )

@@ -1,0 +1,115 @@
+"""A store with known contents (the ground truth), built once per test session.
+
+It is made to be hard: Java hash collisions ("Aa"/"BB" and longer sequences of them, so
+``orders#Aa`` and ``orders#BB`` share one hash), the same key in several topics, keys with
+commas and non-ASCII, messages without a primary key, many keys per message, non-monotonic
+timestamps, and tiny StoreSettings so that every shard rolls many hash index files and log
+segments. Boundary records sit at begin-1, begin, end and end+1 ms of ``WINDOW``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from msgindex.storage.message import MessageRecord
+from msgindex.storage.store import StoreSettings, open_store
+
+BASE_MS = 1_763_700_000_000  # 2025-11-21T04:40:00Z
+SPAN_MS = 10 * 60 * 1000
+TOPICS = ("orders", "payments", "audit")
+BROKERS = ("broker-a", "broker-b", "broker-c")
+COLLIDING = ("Aa", "BB", "AaAa", "AaBB", "BBAa", "BBBB")  # one Java hash per length
+SPECIAL = ("with,comma", "ключ-ünï", "emoji-\U0001F389", "quote\"d")
+KEY_POOL = COLLIDING + SPECIAL + tuple(f"user-{i}" for i in range(40))
+EDGE_KEY = "edge"
+WINDOW = (BASE_MS + 200_000, BASE_MS + 260_000)  # inclusive, ms
+RECORDS_PER_BROKER_BATCH = 150
+SETTINGS = StoreSettings(hash_slot_num=64, index_num=200, segment_bytes=4096, index_interval_bytes=256)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The store's path and every record in it, with its broker."""
+
+    path: Path
+    rows: tuple[tuple[str, MessageRecord], ...]
+
+    def select(self, keys=None, topics=None, begin=None, end=None, brokers=None, partitions=None,
+               primary=None) -> set[tuple[str, str, int, int]]:
+        """(broker, topic, partition, offset) of the records matching, computed naively."""
+        found = set()
+        for broker, r in self.rows:
+            if keys is not None and not set(keys) & set(r.keys):
+                continue
+            if primary is not None and r.key not in primary:
+                continue
+            if topics is not None and r.topic not in topics:
+                continue
+            if brokers is not None and broker not in brokers:
+                continue
+            if partitions is not None and r.partition not in partitions:
+                continue
+            if begin is not None and r.timestamp_ms < begin:
+                continue
+            if end is not None and r.timestamp_ms > end:
+                continue
+            found.add((broker, r.topic, r.partition, r.offset))
+        return found
+
+
+def generate_records(seed: int = 5, count: int = 2400) -> list[tuple[str, MessageRecord]]:
+    """Deterministic records spread over BROKERS, with the edge records of WINDOW appended."""
+    rng = random.Random(seed)
+    next_offset: dict[tuple[str, int], int] = {}
+    rows = []
+
+    def record(topic: str, partition: int, ts: int, key: str | None, keys: tuple[str, ...]) -> MessageRecord:
+        offset = next_offset.get((topic, partition), 0)
+        next_offset[(topic, partition)] = offset + 1
+        return MessageRecord(topic, partition, offset, ts, key, keys, commit_log_offset=offset * 100, size=100)
+
+    for i in range(count):
+        topic = rng.choice(TOPICS)
+        partition = rng.randrange(3)
+        # rising like real traffic, but not monotonic (producers' clocks, many partitions)
+        ts = BASE_MS + i * SPAN_MS // count + rng.randrange(-3000, 3000)
+        key = None if rng.random() < 0.1 else rng.choice(KEY_POOL)
+        extra = rng.sample(KEY_POOL, rng.randrange(3))
+        keys = tuple(dict.fromkeys(([key] if key is not None else []) + extra)) or (rng.choice(KEY_POOL),)
+        rows.append((rng.choice(BROKERS), record(topic, partition, ts, key, keys)))
+    begin, end = WINDOW
+    for i, ts in enumerate((begin - 1, begin, end, end + 1)):
+        rows.append((BROKERS[i % len(BROKERS)], record("orders", 0, ts, EDGE_KEY, (EDGE_KEY,))))
+    return rows
+
+
+def build_store(path: Path, rows: list[tuple[str, MessageRecord]], settings: StoreSettings = SETTINGS) -> None:
+    """Append `rows` shard by shard in batches, as the pipeline would."""
+    with open_store(path, create=True, settings=settings) as store:
+        for broker in BROKERS:
+            records = [r for b, r in rows if b == broker]
+            with store.writer(broker) as writer:
+                for batch_id, start in enumerate(range(0, len(records), RECORDS_PER_BROKER_BATCH)):
+                    writer.append(batch_id, records[start : start + RECORDS_PER_BROKER_BATCH])
+
+
+@pytest.fixture(scope="session")
+def spark(spark):
+    """The shared session with the source registered through the API (so these tests do not
+    depend on auto-registration, which ``test_spark_read`` checks on its own in a new session)."""
+    from msgindex.spark.datasource import MsgIndexDataSource
+
+    spark.dataSource.register(MsgIndexDataSource)
+    return spark
+
+
+@pytest.fixture(scope="session")
+def truth(tmp_path_factory) -> Truth:
+    rows = generate_records()
+    path = tmp_path_factory.mktemp("datasource") / "store"
+    build_store(path, rows)
+    return Truth(path, tuple(rows))
