@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", type=int, default=100_000, help="keyed records to produce (default 100,000)")
     parser.add_argument("--events", type=int, default=20_000, help="metadata events to produce (default 20,000)")
     parser.add_argument("--path", help="where the demo's indexes go (default: <msgindex home>/demo, replaced each run)")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=50_000, help="records per micro-batch")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=50_000, help="records per micro-batch (default 50,000)")
 
 
 def _say(text: str) -> None:

@@ -13,7 +13,6 @@ def register(subparsers) -> None:
         "demo", help="run the whole pipeline on a local broker and look keys up (a few minutes)",
         description="Start a local Kafka broker (unless --bootstrap-servers), produce a realistic workload, "
                     "index it with the streaming pipeline until caught up, then run lookups and print timings.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(handler=_run)

@@ -13,7 +13,6 @@ def register(subparsers) -> None:
         "index", help="index Kafka topics continuously (or --available-now)",
         description="Index Kafka messages by key: Spark Structured Streaming reads the topics and "
                     "appends each micro-batch to per-broker msgindex shards, exactly once.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(handler=_run)
