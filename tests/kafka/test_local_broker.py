@@ -3,12 +3,14 @@ ports and a temp data dir (never the session broker), and stops it."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -151,3 +153,31 @@ def test_cli_jars_prints_the_spark_connector_classpath():
     jars = result.stdout.strip().split(",")
     assert any(os.path.basename(jar).startswith("spark-sql-kafka-0-10_2.13-") for jar in jars)
     assert all(jar.endswith(".jar") and os.path.isfile(jar) for jar in jars)
+
+
+def test_missing_maven_on_a_fresh_machine_is_a_clear_cli_error(broker_args, tmp_path):
+    # a fresh machine: no staged jars (empty MSGINDEX_HOME) and java but no mvn on PATH
+    only_java = tmp_path / "bin"
+    only_java.mkdir()
+    java = os.path.realpath(subprocess.run(["bash", "-c", "command -v java"], capture_output=True, text=True).stdout.strip())
+    if not os.path.isfile(java):
+        pytest.skip("no java on PATH to keep while hiding mvn")
+    (only_java / "java").symlink_to(java)
+    env = {**os.environ, "PATH": str(only_java), "MSGINDEX_HOME": str(tmp_path / "home")}
+    result = subprocess.run([*CLI, "start", *broker_args], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "'mvn' is not on PATH" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_ids_never_start_with_a_dash(monkeypatch):
+    # byte 0xF8 encodes to '-' first: kafka-storage's argument parser took such an id for an
+    # option ("argument --cluster-id/-t: expected one argument") and the first start failed
+    dashed, plain = uuid.UUID(bytes=b"\xf8" + b"\x01" * 15), uuid.UUID(bytes=b"\x10" * 16)
+    drawn = iter([dashed, dashed, plain])
+    monkeypatch.setattr(broker_module.uuid, "uuid4", lambda: next(drawn))
+    assert base64.urlsafe_b64encode(dashed.bytes).decode().startswith("-")
+    assert broker_module.new_cluster_id() == base64.urlsafe_b64encode(plain.bytes).decode().rstrip("=")
+    monkeypatch.undo()
+    ids = [broker_module.new_cluster_id() for _ in range(2000)]
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids) and len(set(ids)) == 2000

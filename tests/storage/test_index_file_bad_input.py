@@ -155,3 +155,8 @@ def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         IndexFile.create(tmp_path / "c", 4, 10)
 
+
+
+def test_a_directory_is_not_an_index_file(tmp_path: Path) -> None:
+    with pytest.raises(CorruptFileError, match=f"{tmp_path}.*is a directory"):
+        IndexFile.open(tmp_path, SLOTS, NUM)

@@ -76,3 +76,87 @@ def test_cli_errors_name_the_path(tmp_path, capsys):
     assert "garbage" in capsys.readouterr().err
     with pytest.raises(InvalidOptionError, match="neither"):
         inspect_path(tmp_path)
+
+
+def _damage(store_root, kind):
+    """Make one kind of damage a user meets in the field; returns the path to inspect and the
+    file the error must name."""
+    shard = store_root / "broker=b1"
+    index = sorted((shard / "index").iterdir())[0]
+    segment = sorted((shard / "log").glob("*.log"))[0]
+    if kind == "empty_file":
+        target = store_root.parent / "empty"
+        target.write_bytes(b"")
+        return target, target
+    if kind == "garbage_file":
+        target = store_root.parent / "garbage"
+        target.write_bytes(bytes(range(256)) * 5)
+        return target, target
+    if kind == "truncated_rocketmq_file":
+        target = store_root.parent / index_file_name(BASE)
+        target.write_bytes(index.read_bytes()[: IndexFile.file_size(TINY.hash_slot_num, TINY.index_num) // 2])
+        return target, target
+    if kind == "not_a_store_dir":
+        target = store_root.parent / "photos"
+        target.mkdir()
+        (target / "cat.jpg").write_bytes(b"\xff\xd8")
+        return target, target
+    checkpoint = shard / "checkpoint"
+    if kind == "garbage_checkpoint":
+        checkpoint.write_bytes(b"\x00\x01garbage")
+        return shard, checkpoint
+    if kind == "empty_checkpoint":
+        checkpoint.write_bytes(b"")
+        return store_root, checkpoint
+    if kind == "altered_checkpoint":
+        body = json.loads(checkpoint.read_text())
+        body["record_count"] += 1000
+        checkpoint.write_text(json.dumps(body))
+        return shard, checkpoint
+    if kind == "foreign_checkpoint":
+        checkpoint.write_text("[]")
+        return shard, checkpoint
+    if kind == "truncated_index_in_shard":
+        with open(index, "r+b") as f:
+            f.truncate(100)
+        return store_root, index
+    if kind == "index_file_is_a_directory":
+        index.unlink()
+        index.mkdir()
+        return shard, index
+    if kind == "truncated_segment":
+        with open(segment, "r+b") as f:
+            f.truncate(30)
+        return segment, segment
+    raise AssertionError(kind)
+
+
+DAMAGE = [
+    "empty_file", "garbage_file", "truncated_rocketmq_file", "not_a_store_dir", "garbage_checkpoint",
+    "empty_checkpoint", "altered_checkpoint", "foreign_checkpoint", "truncated_index_in_shard",
+    "index_file_is_a_directory", "truncated_segment",
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_cli_damage_is_one_line_naming_the_file(store, capsys, kind):
+    target, culprit = _damage(store.root, kind)
+    store.close()
+    assert main(["inspect", str(target)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("msgindex inspect: "), captured.err
+    assert str(culprit) in lines[0] and "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("flag", ["--hash-slots", "--index-num"])
+@pytest.mark.parametrize("value", ["0", "-5", str(2**31)])
+def test_cli_rejects_impossible_sizing_instead_of_defaulting(tmp_path, capsys, flag, value):
+    path = tmp_path / index_file_name(BASE)
+    IndexFile.create(path, 10, 50).close()
+    other = "--index-num" if flag == "--hash-slots" else "--hash-slots"
+    assert main(["inspect", str(path), flag, value, other, "10" if other == "--hash-slots" else "50"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and value in err and "must be an int" in err

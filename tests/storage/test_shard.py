@@ -100,9 +100,9 @@ def test_small_result_rows_equal_the_logs_rows(store):
     with store.writer("b:1") as writer:
         writer.append(0, records)
     with store.reader("b:1") as reader:
-        seqs = [3, 0, 59, 17]
-        expected = pa.Table.from_batches([reader.log.read_rows(seqs, "b:1")])
-        assert rows_from_records("b:1", seqs, reader.log.read_many(seqs)).equals(expected)
+        for seqs in ([3, 0, 59, 17], list(range(60)), []):  # every null / non-null field shape
+            expected = pa.Table.from_batches([reader.log.read_rows(seqs, "b:1")])
+            assert rows_from_records("b:1", seqs, reader.log.read_many(seqs)).equals(expected)
 
 
 def test_rolled_file_inherits_end_fields(store):

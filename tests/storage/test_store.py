@@ -122,3 +122,9 @@ def test_scan_survives_commits_and_lookups_while_it_runs(tmp_path):
             assert store.lookup("k").num_rows == 51  # refreshes the cached reader
             rest = sum(batch.num_rows for batch in scan)
         assert first.num_rows + rest == 50  # the scan kept its own snapshot
+
+
+def test_create_under_a_regular_file_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreNotFoundError, match="file/store.*cannot create"):
+        open_store(tmp_path / "file" / "store", create=True)

@@ -75,6 +75,16 @@ def broker_jars() -> list[Path]:
     return stage_jars(f"kafka-broker-{KAFKA_VERSION}", [KAFKA_ARTIFACT, *LOG4J_BINDING])
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64 without padding, like Kafka's
+    ``Uuid.randomUuid``, which also rejects ids starting with '-' (1 in 64 draws): the storage
+    tool's argument parser would read such an id as an option and the format would fail."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def port_is_free(port: int, host: str = HOST) -> bool:
     """True when nothing listens on / is bound to host:port (TIME_WAIT leftovers do not count,
     as Kafka binds with SO_REUSEADDR too)."""
@@ -259,7 +269,7 @@ class LocalBroker:
     def _format_storage(self, jars: list[Path]) -> None:
         if (self.data_dir / LOG_DIRS / FORMATTED_MARKER).is_file():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         done = subprocess.run(
             self._jvm(jars, STORAGE_TOOL_MAIN, "format", "--ignore-formatted",
                       "-t", cluster_id, "-c", str(self.data_dir / CONFIG_FILE)),

@@ -137,7 +137,8 @@ def parse_index_file_name(name: str, *, utc: bool = False) -> int | None:
     return int(moment.timestamp()) * 1000 + int(name[-3:])
 
 
-def _check_sizing(path: Path, hash_slot_num: int, index_num: int) -> None:
+def check_sizing(path: Path, hash_slot_num: int, index_num: int) -> None:
+    """InvalidOptionError naming `path` unless both sizes are Java ints >= 1."""
     for name, value in (("hash_slot_num", hash_slot_num), ("index_num", index_num)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= INT32_MAX:
             raise InvalidOptionError(f"{path}: {name} must be an int in [1, {INT32_MAX}], got {value!r}")
@@ -176,7 +177,7 @@ class IndexFile:
         """A new zero-filled file. Like RocketMQ's constructor, positive `end_phy_offset` /
         `end_timestamp` (the previous full file's end) become both begin and end of this one."""
         path = Path(path)
-        _check_sizing(path, hash_slot_num, index_num)
+        check_sizing(path, hash_slot_num, index_num)
         preallocate(path, cls.file_size(hash_slot_num, index_num))
         index = cls(path, hash_slot_num, index_num, read_only=False)
         phy = end_phy_offset if end_phy_offset > 0 else 0
@@ -190,7 +191,7 @@ class IndexFile:
         """An existing file (msgindex's or a RocketMQ broker's). A size that does not match the
         sizing, or a header that cannot be right, is a CorruptFileError naming the file."""
         path = Path(path)
-        _check_sizing(path, hash_slot_num, index_num)
+        check_sizing(path, hash_slot_num, index_num)
         index = cls(path, hash_slot_num, index_num, read_only=read_only)
         try:
             index._validate_header()
@@ -456,25 +457,39 @@ class IndexFile:
     def candidates_many(self, keys: Sequence[str] | pa.Array | np.ndarray, *,
                         limit_index_count: int | None = None) -> list[list[tuple[int, int, int]]]:
         """``candidates`` for many keys at once: all chains are walked in lock-step with numpy."""
-        hashes = index_hashes(keys).astype(np.int64) if len(keys) else np.zeros(0, np.int64)
+        hashes = index_hashes(keys) if len(keys) else np.zeros(0, np.int32)
+        results: list[list[tuple[int, int, int]]] = [[] for _ in range(hashes.size)]
+        hits = self.candidate_arrays(hashes, limit_index_count=limit_index_count)
+        # hits come step by step along the chains, so each key's list ends up newest first
+        for k, index, phy, stamp in zip(*(column.tolist() for column in hits)):
+            results[k].append((index, phy, stamp))
+        return results
+
+    def candidate_arrays(self, hashes: np.ndarray, *, limit_index_count: int | None = None,
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``candidates_many`` of precomputed key hashes as flat int64 arrays (position in
+        `hashes`, entry index, phyOffset, approximate store time ms), in chain-walk step order:
+        callers that only need the offsets skip building a Python tuple per hit."""
+        hashes = np.asarray(hashes, dtype=np.int64)
         h = self.header
         limit = h.index_count if limit_index_count is None else limit_index_count
-        results: list[list[tuple[int, int, int]]] = [[] for _ in range(hashes.size)]
         who = np.arange(hashes.size)
         cur = self._slots[hashes % self.hash_slot_num].astype(np.int64)
+        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         while True:
             alive = (cur > INVALID_INDEX) & (cur < self.index_num)
             who, cur = who[alive], cur[alive]
             if who.size == 0:
-                return results
+                break
             rows = self._entries[cur]
             hit = (cur < limit) & (rows["key_hash"] == hashes[who])
             stamps = h.begin_timestamp + rows["time_diff"][hit].astype(np.int64) * TIME_DIFF_UNIT_MS
-            for k, index, phy, stamp in zip(who[hit].tolist(), cur[hit].tolist(),
-                                            rows["phy_offset"][hit].tolist(), stamps.tolist()):
-                results[k].append((index, phy, stamp))
+            steps.append((who[hit], cur[hit], rows["phy_offset"][hit].astype(np.int64), stamps))
             prev = rows["prev_index"].astype(np.int64)
-            cur = np.where(prev < cur, prev, INVALID_INDEX)
+            cur = np.where(prev < cur, prev, INVALID_INDEX)  # a chain only points backwards
+        if not steps:
+            return tuple(np.zeros(0, np.int64) for _ in range(4))
+        return tuple(np.concatenate(column).astype(np.int64, copy=False) for column in zip(*steps))
 
     def slot_array(self) -> np.ndarray:
         """Read-only big-endian int32 view of all slots (values are entry indexes, 0 = empty)."""

@@ -25,6 +25,7 @@ from msgindex.storage.index_file import (
     FIRST_INDEX,
     TIME_DIFF_UNIT_MS,
     IndexFile,
+    check_sizing,
 )
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.shard import INDEX_DIR, LOG_DIR, SHARD_DIR_PREFIX, ShardReader, open_log
@@ -51,17 +52,18 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
     if path.suffix == LOG_SUFFIX or path.suffix in SPARSE_INDEX_SUFFIXES:
         return inspect_segment(path.with_suffix(LOG_SUFFIX), _settings_near(path))
     settings = _settings_near(path)
-    return inspect_index_file(
-        path,
-        hash_slot_num=hash_slot_num or (settings.hash_slot_num if settings else DEFAULT_HASH_SLOT_NUM),
-        index_num=index_num or (settings.index_num if settings else DEFAULT_INDEX_NUM),
-    )
+    if hash_slot_num is None:
+        hash_slot_num = settings.hash_slot_num if settings else DEFAULT_HASH_SLOT_NUM
+    if index_num is None:
+        index_num = settings.index_num if settings else DEFAULT_INDEX_NUM
+    return inspect_index_file(path, hash_slot_num=hash_slot_num, index_num=index_num)
 
 
 # --- one RocketMQ index file ---------------------------------------------------------------------
 def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM, index_num: int = DEFAULT_INDEX_NUM) -> dict[str, Any]:
     """Header, fill and hash-chain statistics of one index file."""
     path = Path(path)
+    check_sizing(path, hash_slot_num, index_num)
     expected = IndexFile.file_size(hash_slot_num, index_num)
     actual = path.stat().st_size
     if actual != expected:

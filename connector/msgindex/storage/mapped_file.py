@@ -26,6 +26,10 @@ def map_file(path: Path, *, expected_size: int | None = None, writable: bool = F
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     except FileNotFoundError:
         raise CorruptFileError(f"{path}: file does not exist") from None
+    except IsADirectoryError:
+        raise CorruptFileError(f"{path}: is a directory, not a file") from None
+    except OSError as error:  # permissions, a file where a directory was expected, ...
+        raise CorruptFileError(f"{path}: cannot open ({error.strerror})") from None
     try:
         size = os.fstat(fd).st_size
         if expected_size is not None and size != expected_size:

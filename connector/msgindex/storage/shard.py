@@ -24,11 +24,13 @@ import dataclasses
 import fcntl
 import os
 import shutil
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
+import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
@@ -43,6 +45,7 @@ from msgindex.storage.checkpoint import (
     write_checkpoint,
 )
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
+from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log.metadata_log import (
     DEFAULT_MAX_INDEX_BYTES,
     LogPosition,
@@ -125,10 +128,20 @@ class AppendResult:
     keys_indexed: int
 
 
-class _Committed:
-    """What writer and reader both expose of the checkpoint they hold."""
+class _Committed(ABC):
+    """What writer and reader both expose of the checkpoint they hold; both are context managers."""
 
     _checkpoint: Checkpoint
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the shard's files (a writer also its lock)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def committed_batch_id(self) -> int:
@@ -189,12 +202,6 @@ class ShardWriter(_Committed):
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def apply_retention(
         self, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
@@ -505,12 +512,6 @@ class ShardReader(_Committed):
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> ShardReader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     # --- lookup internals -----------------------------------------------------------------------
     def _candidates(
         self, wanted: dict[str, tuple[str, str]], begin_ms: int | None, end_ms: int | None
@@ -520,13 +521,13 @@ class ShardReader(_Committed):
         low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
         found: dict[int, set[str]] = {}
         key_list = list(wanted)
+        hashes = _hashes(key_list)  # once for all files
         for state, index_file in reversed(self._files):
             if not state.overlaps(begin_ms, end_ms):
                 continue
-            for key, hits in zip(key_list, _candidates_many(index_file, key_list, state.index_count)):
-                for _entry, phy_offset, _approx_ms in hits:
-                    if low <= phy_offset < high:
-                        found.setdefault(phy_offset, set()).add(key)
+            for k, phy_offset in _candidate_offsets(index_file, hashes, state.index_count):
+                if low <= phy_offset < high:
+                    found.setdefault(phy_offset, set()).add(key_list[k])
         return found
 
     def _verified(
@@ -559,10 +560,18 @@ class ShardReader(_Committed):
         return matched
 
 
-def _candidates_many(index_file: IndexFile, keys: list[str], limit: int) -> list[list[tuple[int, int, int]]]:
-    if len(keys) == 1:  # the vectorized walk's numpy set-up costs more than one plain walk
-        return [index_file.candidates(keys[0], limit_index_count=limit)]
-    return index_file.candidates_many(keys, limit_index_count=limit)
+def _hashes(keys: list[str]) -> np.ndarray:
+    if len(keys) == 1:  # the vectorized hash's set-up costs ten times one scalar hash
+        return np.array([index_hash(keys[0])], dtype=np.int64)
+    return index_hashes(keys)
+
+
+def _candidate_offsets(index_file: IndexFile, hashes: np.ndarray, limit: int) -> Iterable[tuple[int, int]]:
+    """(position in `hashes`, phyOffset) of the committed hash-matching entries of the chains."""
+    if hashes.size == 1:  # the vectorized walk's numpy set-up costs more than one plain walk
+        return [(0, phy_offset) for _, phy_offset, _ in index_file.candidates(int(hashes[0]), limit_index_count=limit)]
+    who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(hashes, limit_index_count=limit)
+    return zip(who.tolist(), phy_offsets.tolist())
 
 
 def index_entries(records: list[MessageRecord], seqs: range) -> tuple[list[str], list[int], list[int]]:

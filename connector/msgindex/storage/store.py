@@ -107,7 +107,10 @@ def open_store(root: str | os.PathLike, *, create: bool = False, settings: Store
             f"{root}: cannot create a msgindex store here: it exists, is not empty and has no {MANIFEST_FILE}"
         )
     settings = settings or StoreSettings()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # e.g. a parent is a regular file
+        raise StoreNotFoundError(f"{root}: cannot create a msgindex store here ({error.strerror})") from None
     _write_manifest(manifest, settings)
     return Store(root, settings)
 
@@ -126,11 +129,13 @@ class Store:
     # --- shards -------------------------------------------------------------------------------
     def brokers(self) -> list[str]:
         """Names of the shards in the store, sorted."""
-        return sorted(
-            entry.name[len(SHARD_DIR_PREFIX) :]
-            for entry in self.root.iterdir()
-            if entry.is_dir() and entry.name.startswith(SHARD_DIR_PREFIX)
-        )
+        # scandir: every lookup lists the shards, and its entries know their type without a stat
+        with os.scandir(self.root) as entries:
+            return sorted(
+                entry.name[len(SHARD_DIR_PREFIX) :]
+                for entry in entries
+                if entry.name.startswith(SHARD_DIR_PREFIX) and entry.is_dir()
+            )
 
     def writer(self, broker: str) -> ShardWriter:
         """The writer of `broker`'s shard (created when new); holds the shard's lock until closed."""
@@ -234,15 +239,16 @@ class Store:
     def _cached_reader(self, broker: str) -> ShardReader:
         """A reader on the latest commit: the checkpoint is replaced by rename on every commit,
         so a changed (inode, mtime, size) means a new snapshot."""
-        directory = self._existing_shard(broker)
+        cached = self._readers.get(broker)
+        directory = shard_directory(self.root, broker) if cached is not None else self._existing_shard(broker)
         try:
             info = os.stat(checkpoint_path(directory))
             version = (info.st_ino, info.st_mtime_ns, info.st_size)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             version = None
-        cached = self._readers.get(broker)
         if cached is not None and cached[0] == version and version is not None:
-            return cached[1]
+            return cached[1]  # a cached broker was validated when first read; its checkpoint still stands
+        directory = self._existing_shard(broker)
         if cached is not None:
             cached[1].close()
             del self._readers[broker]
