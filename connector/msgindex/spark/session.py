@@ -161,9 +161,23 @@ def build_spark_session(app_name: str = "msgindex", master: str = "local[2]",
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    _put_package_root_on_worker_path()
     builder = SparkSession.builder
     for key, value in session_conf(app_name, master, extra_conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _put_package_root_on_worker_path() -> None:
+    """Spark registers ``format("msgindex")`` by scanning its Python workers' ``sys.path`` for
+    ``pyspark_*`` modules; an editable install hides the package behind an import hook that this
+    scan does not see. Workers inherit the JVM's environment, so putting the folder that holds
+    ``pyspark_msgindex`` on PYTHONPATH before the JVM starts makes the scan find it."""
+    import pyspark_msgindex
+
+    root = str(Path(pyspark_msgindex.__file__).resolve().parents[1])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
