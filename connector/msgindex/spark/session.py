@@ -161,6 +161,7 @@ def build_spark_session(app_name: str = "msgindex", master: str = "local[2]",
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything stays on loopback
     _put_package_root_on_worker_path()
     builder = SparkSession.builder
     for key, value in session_conf(app_name, master, extra_conf).items():
