@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError
 from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from msgindex.storage.append_columns import MAX_LAG_PASSES
 from msgindex.storage.index_file import IndexFile
-from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord
+from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, index_key
+from msgindex.storage.shard import index_entries
 from msgindex.storage.store import StoreSettings, open_store
 from tests.storage.shard_model import (
+    KEY_POOL,
     TINY,
+    TOPICS,
     ShardModel,
     make_batch,
     model_lookup,
@@ -115,27 +122,108 @@ def test_rolled_file_inherits_end_fields(store):
     assert second.header["end_timestamp"] == BASE + TINY.index_num - 1
 
 
-def test_table_input_equals_record_input(tmp_path):
-    rng = random.Random(1)
-    records = make_batch(rng, 0, 40)
-    records = [r for r in records if all(k.encode("utf-8", "ignore").decode() == k for k in r.keys)]
-    table = pa.Table.from_pylist(
-        [
-            {
-                "topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
-                "key": r.key, "keys": list(r.keys), "commit_log_offset": r.commit_log_offset, "size": r.size,
-            }
-            for r in records
-        ],
+def append_table(records, chunks=1, dictionary_topics=False):
+    """`records` as an APPEND_SCHEMA table, maybe in several chunks or with dictionary topics."""
+    rows = [
+        {
+            "topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+            "key": r.key, "keys": list(r.keys), "commit_log_offset": r.commit_log_offset, "size": r.size,
+        }
+        for r in records
+    ]
+    step = max(1, -(-len(rows) // chunks))
+    table = pa.Table.from_batches(
+        [pa.RecordBatch.from_pylist(rows[i : i + step], schema=APPEND_SCHEMA) for i in range(0, len(rows), step)],
         schema=APPEND_SCHEMA,
     )
-    a = open_store(tmp_path / "a", create=True, settings=TINY)
-    b = open_store(tmp_path / "b", create=True, settings=TINY)
-    with a.writer("x") as w:
-        w.append(0, records)
-    with b.writer("x") as w:
-        w.append(0, table)
-    assert shard_files(tmp_path / "a" / "broker=x") == shard_files(tmp_path / "b" / "broker=x")
+    if dictionary_topics:
+        table = table.set_column(0, "topic", table["topic"].dictionary_encode())
+    return table
+
+
+def old_index_entries(records, first_seq):
+    """The hash entries as the original per-record code made them: the oracle of the Arrow path."""
+    entries = []
+    for seq, record in enumerate(records, first_seq):
+        for key in dict.fromkeys(record.keys):  # a repeated key: its first place only
+            entries.append((index_key(record.topic, key), seq, record.timestamp_ms))
+    return entries
+
+
+def as_entries(keys, phy_offsets, timestamps):
+    keys = keys.to_pylist() if isinstance(keys, pa.Array) else list(keys)
+    return list(zip(keys, np.asarray(phy_offsets).tolist(), np.asarray(timestamps).tolist()))
+
+
+ARROW_KEYS = [k for k in KEY_POOL if k.isprintable() and "\udc80" not in k] + ["k1 k2", "a#b", "#", "\0"]
+MANY_TOPICS = TOPICS + [f"topic-{i}" for i in range(6)] + ["тема", "t#1"]
+
+
+@st.composite
+def record_batches(draw, key_pool, max_keys=5):
+    batches, offset = [], 0
+    for _ in range(draw(st.integers(1, 4))):
+        batch = []
+        for _ in range(draw(st.integers(0, 25))):
+            keys = tuple(draw(st.lists(st.sampled_from(key_pool), max_size=max_keys)))  # repeats are likely
+            batch.append(MessageRecord(
+                topic=draw(st.sampled_from(MANY_TOPICS)),
+                partition=draw(st.integers(0, 2)),
+                offset=offset,
+                timestamp_ms=BASE + draw(st.integers(-3_000, 20_000)),
+                key=draw(st.sampled_from([None, keys[0] if keys else None, "own"])),
+                keys=keys,
+                commit_log_offset=draw(st.sampled_from([-1, offset * 10])),
+                size=draw(st.sampled_from([-1, 77])),
+            ))
+            offset += 1
+        batches.append(batch)
+    return batches
+
+
+SHARD_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SHARD_SETTINGS
+@given(batches=record_batches(ARROW_KEYS), chunks=st.integers(1, 3), dictionary_topics=st.booleans())
+def test_table_input_equals_record_input(tmp_path_factory, batches, chunks, dictionary_topics):
+    """Appending MessageRecords or the same rows as Arrow tables writes byte-identical shards,
+    through rolls of tiny index files and log segments."""
+    root = tmp_path_factory.mktemp("same")
+    with open_store(root / "a", create=True, settings=TINY) as a, open_store(root / "b", create=True, settings=TINY) as b:
+        with a.writer("x") as by_records, b.writer("x") as by_table:
+            for batch_id, batch in enumerate(batches):
+                first_seq = by_records.log.next_seq
+                got = by_table.append(batch_id, append_table(batch, chunks, dictionary_topics))
+                assert by_records.append(batch_id, batch) == got
+                assert got.keys_indexed == len(old_index_entries(batch, first_seq))
+        assert shard_files(root / "a" / "broker=x") == shard_files(root / "b" / "broker=x")
+
+
+@SHARD_SETTINGS
+@given(batches=record_batches(KEY_POOL, max_keys=MAX_LAG_PASSES + 4), first_seq=st.integers(0, 1 << 40))
+def test_index_entries_are_the_per_record_ones(batches, first_seq):
+    """The vectorized entries equal the per-record loop's, lone surrogates in keys included, for
+    records with few keys (repeats found by neighbour comparison) and many (by sorting)."""
+    for batch in batches:
+        expected = old_index_entries(batch, first_seq)
+        assert as_entries(*index_entries(batch, range(first_seq, first_seq + len(batch)))) == expected
+        if all(k in ARROW_KEYS for r in batch for k in r.keys):
+            assert as_entries(*index_entries(append_table(batch), range(first_seq, first_seq + len(batch)))) == expected
+
+
+def test_index_entries_of_a_sliced_table():
+    records = [rec(i, ["a", "b", "a"][: i % 4], BASE + i, topic=f"t{i % 3}") for i in range(12)]
+    table = append_table(records).slice(5, 6)
+    assert as_entries(*index_entries(table, range(100, 106))) == old_index_entries(records[5:11], 100)
+
+
+def test_index_entries_of_a_record_with_many_repeated_keys():
+    keys = [f"k{i % 7}" for i in range(40)]  # more keys than neighbour comparison handles
+    records = [rec(0, ["x", "x"]), rec(1, keys, topic="t"), rec(2, []), rec(3, ["k1", "k1", "x"])]
+    entries = as_entries(*index_entries(records, range(5, 9)))
+    assert entries == old_index_entries(records, 5)
+    assert [k for k, seq, _ in entries if seq == 6] == [f"t#k{i}" for i in range(7)]
 
 
 def test_one_writer_at_a_time(store):
@@ -168,7 +256,7 @@ def test_uncommitted_bytes_are_rolled_back_on_open(store, tmp_path):
     writer = store.writer("b")
     checkpoint = writer.checkpoint
     seqs = writer.log.append(lost)
-    writer._put_keys(*_entries(lost, seqs))
+    writer._put_keys(*index_entries(lost, seqs))
     writer.log.flush()
     writer.close()
     assert read_checkpoint(shard / CHECKPOINT_FILE) == checkpoint
@@ -176,12 +264,6 @@ def test_uncommitted_bytes_are_rolled_back_on_open(store, tmp_path):
         assert reader.record_count == 30
     store.writer("b").close()  # rolls back
     assert shard_files(shard) == committed
-
-
-def _entries(records, seqs):
-    from msgindex.storage.shard import index_entries
-
-    return index_entries(records, seqs)
 
 
 def test_scan_ranges_cover_the_window(store):

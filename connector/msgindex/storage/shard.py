@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
+from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
     TMP_SUFFIX,
@@ -46,12 +47,7 @@ from msgindex.storage.checkpoint import (
 )
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
-from msgindex.storage.log.metadata_log import (
-    DEFAULT_MAX_INDEX_BYTES,
-    LogPosition,
-    MetadataLog,
-    records_from_table,
-)
+from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
 from msgindex.storage.log.record_format import HEADER_SIZE as MIN_RECORD_BYTES
 from msgindex.storage.message import MessageRecord, index_key
 from msgindex.storage.query import (
@@ -182,20 +178,22 @@ class ShardWriter(_Committed):
         if batch_id <= self.committed_batch_id:
             return AppendResult(batch_id, skipped=True, records=0, keys_indexed=0)
         self._require_open()
-        rows = records_from_table(records) if isinstance(records, (pa.Table, pa.RecordBatch)) else list(records)
+        if not isinstance(records, (pa.Table, pa.RecordBatch)):
+            records = list(records)  # read twice: by the log and for the hash index
         try:
-            seqs = self._log.append(rows)  # validates every record before writing any
+            seqs = self._log.append(records)  # validates every record before writing any
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}, batch {batch_id}: {bad}") from None
         try:
-            keys, phy_offsets, timestamps = index_entries(rows, seqs)
+            batch = AppendColumns.of(records)
+            keys, phy_offsets, timestamps = batch.index_entries(seqs.start)
             first_touched = max(len(self._files) - 1, 0)
             self._put_keys(keys, phy_offsets, timestamps)
-            self._commit(batch_id, {record.topic for record in rows}, self._files[first_touched:])
+            self._commit(batch_id, batch.topics(), self._files[first_touched:])
         except BaseException:
             self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
             raise
-        return AppendResult(batch_id, skipped=False, records=len(rows), keys_indexed=len(keys))
+        return AppendResult(batch_id, skipped=False, records=len(seqs), keys_indexed=len(keys))
 
     def close(self) -> None:
         self._close_files()
@@ -319,16 +317,17 @@ class ShardWriter(_Committed):
                 self._log.delete_segment(segment.base_seq)
 
     # --- appending ------------------------------------------------------------------------------
-    def _put_keys(self, keys: list[str], phy_offsets: list[int], timestamps: list[int]) -> None:
+    def _put_keys(self, keys: IndexKeys, phy_offsets: np.ndarray, timestamps: np.ndarray) -> None:
+        timestamps = np.asarray(timestamps, dtype=np.int64)
         done = 0
         while done < len(keys):
             if not self._files or self._files[-1].is_full:
-                self._roll(timestamps[done])
+                self._roll(int(timestamps[done]))
             active = self._files[-1]
             written = active.put_keys(keys[done:], phy_offsets[done:], timestamps[done:])
             if written:
                 window = timestamps[done : done + written]
-                self._states[-1] = self._grown_state(self._states[-1], active, min(window), max(window))
+                self._states[-1] = self._grown_state(self._states[-1], active, int(window.min()), int(window.max()))
             elif not active.is_full:
                 raise InvalidAppendError(f"{active.path}: put_keys wrote nothing into a file that is not full")
             done += written
@@ -574,18 +573,10 @@ def _candidate_offsets(index_file: IndexFile, hashes: np.ndarray, limit: int) ->
     return zip(who.tolist(), phy_offsets.tolist())
 
 
-def index_entries(records: list[MessageRecord], seqs: range) -> tuple[list[str], list[int], list[int]]:
-    """(index keys, phyOffsets, timestamps) of a batch: one entry per key of each record, a key
-    repeated within one record indexed once (a lookup returns the message once anyway)."""
-    keys: list[str] = []
-    phy_offsets: list[int] = []
-    timestamps: list[int] = []
-    for record, seq in zip(records, seqs):
-        for key in dict.fromkeys(record.keys):
-            keys.append(index_key(record.topic, key))
-            phy_offsets.append(seq)
-            timestamps.append(record.timestamp_ms)
-    return keys, phy_offsets, timestamps
+def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], seqs: range) -> IndexEntries:
+    """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
+    each record, in record order, a key repeated within one record indexed once (first place)."""
+    return AppendColumns.of(records).index_entries(seqs.start)
 
 
 def _name_ms(name: str) -> int:
