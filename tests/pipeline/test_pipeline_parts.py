@@ -82,6 +82,38 @@ def test_record_keys_follow_the_spec():
     assert records[0] == MessageRecord("t", 0, 0, 7, "k", ("k", "x", "y", "U"))
 
 
+@pytest.mark.parametrize("with_headers", [False, True])
+def test_utf8_records_are_appended_as_arrow_with_the_same_keys(with_headers):
+    from msgindex.spark.kafka_records import _message_records
+    from msgindex.storage.log.metadata_log import records_from_table
+    from msgindex.storage.message import APPEND_SCHEMA
+
+    rows = 6
+    table = pa.table({
+        "topic": ["t", "u"] * 3, "partition": pa.array(range(rows), pa.int32()),
+        "offset": pa.array(range(10, 10 + rows), pa.int64()), "timestamp_ms": pa.array([7] * rows, pa.int64()),
+        KEY_RAW: pa.array([b"k", None, b"", "ключ".encode(), b"k", b"a b"], pa.binary()),
+        KEYS_HEADERS: pa.array([[b" x  k y "], [b"h"], None, [], [], [b"", None]] if with_headers else [[]] * rows,
+                               pa.list_(pa.binary())),
+        UNIQ_HEADERS: pa.array([[b"U"], [], [b"u2"], ["ключ".encode()], [], [b""]] if with_headers else [None] * rows,
+                               pa.list_(pa.binary())),
+    })
+    appended, unkeyed = records_to_append(table)
+    assert isinstance(appended, pa.Table) and appended.schema == APPEND_SCHEMA
+    expected, expected_unkeyed = _message_records(table)
+    assert records_from_table(appended) == expected and unkeyed == expected_unkeyed == 2
+
+
+def test_non_utf8_keys_fall_back_to_message_records():
+    table = pa.table({
+        "topic": ["t"], "partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
+        "timestamp_ms": pa.array([7], pa.int64()), KEY_RAW: pa.array([b"ok"], pa.binary()),
+        KEYS_HEADERS: pa.array([[b"\xff"]], pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]], pa.list_(pa.binary())),
+    })
+    appended, _ = records_to_append(table)
+    assert isinstance(appended, list) and appended[0].keys == ("ok", "\udcff")
+
+
 def test_shard_owner_waits_for_the_lock_then_skips_a_committed_batch(tmp_path):
     store = open_store(tmp_path / "index", create=True, settings=SMALL)
     records = [MessageRecord("t", 0, n, 1000 + n, f"k{n}", (f"k{n}",)) for n in range(5)]

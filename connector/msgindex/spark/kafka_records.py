@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from msgindex.kafka.admin import KEYS_HEADER, UNIQ_KEY_HEADER
-from msgindex.storage.message import MessageRecord, decode_key_bytes
+from msgindex.storage.message import APPEND_SCHEMA, NO_VALUE, MessageRecord, decode_key_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -58,6 +60,54 @@ def _record_keys(key: str | None, keys_headers: list | None, uniq_headers: list 
     return tuple(keys)
 
 
+def records_to_append(table: pa.Table) -> tuple[pa.Table | list[MessageRecord], int]:
+    """One group of projected records -> (what to append, number of records whose own key is
+    null or empty). Usually an Arrow table of ``APPEND_SCHEMA`` built with Arrow kernels (the
+    shard's fast path); MessageRecords only when some key or header is not UTF-8, because keys
+    decoded from such bytes hold lone surrogates, which Arrow strings cannot carry."""
+    try:
+        primary = table.column(KEY_RAW).cast(pa.string()).combine_chunks()
+        keys = _index_keys(table, primary)
+    except (pa.ArrowInvalid, UnicodeEncodeError):
+        return _message_records(table)
+    keyed = pc.fill_null(pc.greater(pc.binary_length(primary), 0), False)
+    rows = table.num_rows
+    columns = {
+        "topic": table.column("topic"),
+        "partition": table.column("partition").cast(pa.int32()),
+        "offset": table.column("offset").cast(pa.int64()),
+        "timestamp_ms": table.column("timestamp_ms").cast(pa.int64()),
+        "key": primary,
+        "keys": keys,
+        "commit_log_offset": pa.array(np.full(rows, NO_VALUE, np.int64)),
+        "size": pa.array(np.full(rows, NO_VALUE, np.int32)),
+    }
+    return pa.table(columns, schema=APPEND_SCHEMA), rows - pc.sum(keyed).as_py() if rows else 0
+
+
+def _index_keys(table: pa.Table, primary: pa.Array) -> pa.Array:
+    """The ``keys`` column: the record's own non-empty key, then header tokens, each once. Rows
+    without KEYS/UNIQ_KEY headers (the usual case) are built without per-row Python."""
+    keys_type = APPEND_SCHEMA.field("keys").type
+    with_headers = pc.or_(
+        pc.fill_null(pc.greater(pc.list_value_length(table.column(KEYS_HEADERS)), 0), False),
+        pc.fill_null(pc.greater(pc.list_value_length(table.column(UNIQ_HEADERS)), 0), False),
+    ).combine_chunks() if table.num_rows else pa.array([], pa.bool_())
+    if not pc.any(with_headers).as_py():
+        keyed = pc.fill_null(pc.greater(pc.binary_length(primary), 0), False).to_numpy(zero_copy_only=False)
+        offsets = np.concatenate([[0], np.cumsum(keyed, dtype=np.int32)]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), primary.filter(pa.array(keyed)), type=keys_type)
+    header_rows = with_headers.to_numpy(zero_copy_only=False)
+    key_list = primary.to_pylist()
+    keys_headers = table.column(KEYS_HEADERS).to_pylist()
+    uniq_headers = table.column(UNIQ_HEADERS).to_pylist()
+    return pa.array(
+        [list(_record_keys(key, keys_headers[row], uniq_headers[row])) if header_rows[row]
+         else ([key] if key else []) for row, key in enumerate(key_list)],
+        type=keys_type,
+    )
+
+
 def _decoded_keys(column: pa.ChunkedArray) -> list[str | None]:
     """Key bytes -> str, vectorized when the whole column is UTF-8 (the usual case)."""
     try:
@@ -66,10 +116,7 @@ def _decoded_keys(column: pa.ChunkedArray) -> list[str | None]:
         return [None if raw is None else _decode(raw) for raw in column.to_pylist()]
 
 
-def records_to_append(table: pa.Table) -> tuple[list[MessageRecord], int]:
-    """One group of projected records -> (the MessageRecords to append, number of records whose
-    own key is null or empty). MessageRecords rather than Arrow because keys decoded from
-    non-UTF-8 bytes hold lone surrogates, which Arrow strings cannot carry."""
+def _message_records(table: pa.Table) -> tuple[list[MessageRecord], int]:
     primary = _decoded_keys(table.column(KEY_RAW))
     columns = [table.column(name).to_pylist() for name in ("topic", "partition", "offset", "timestamp_ms", KEYS_HEADERS, UNIQ_HEADERS)]
     records = [
