@@ -12,10 +12,14 @@ checked. Then, in one SparkSession and one run, after an untimed warm-up of each
 * 1000 keys:  ``where key IN (...)`` on both.
 
 Both sides must return the same (partition, offset) set, so the comparison is on equal answers.
-Prints absolute seconds and the ratios (baseline / msgindex).
+Prints absolute seconds and the ratios (baseline / msgindex), and Spark's own floor in the same
+session: a trivial JVM job (``spark.range(1).collect()``) and a trivial Python one
+(``mapInArrow`` over one row), what any query, and any Python data source read, costs at least.
+``--conf KEY=VALUE`` (repeatable) adds Spark settings to the session, to measure their effect.
 
     .venv/bin/python bench/bench_spark_lookup.py --messages 10000000
     .venv/bin/python bench/bench_spark_lookup.py --messages 200000 --bootstrap 127.0.0.1:9092
+    .venv/bin/python bench/bench_spark_lookup.py --messages 1000000 --conf spark.python.unix.domain.socket.enabled=true
 """
 
 from __future__ import annotations
@@ -122,6 +126,28 @@ def kafka_ids(spark, bootstrap: str, topic: str, condition, ending: str = "lates
     return {(r.partition, r.offset) for r in df.select("partition", "offset").collect()}
 
 
+def _pass_through(batches):
+    yield from batches
+
+
+def spark_floor(spark) -> dict[str, object]:
+    """The cheapest queries Spark runs: the fixed cost under every lookup."""
+    return {
+        "spark.range(1).collect()": lambda: spark.range(1).collect(),
+        "mapInArrow over 1 row": lambda: spark.range(1).mapInArrow(_pass_through, "id long").collect(),
+    }
+
+
+def parse_conf(items: list[str]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--conf {item!r}: expected KEY=VALUE")
+        conf[name.strip()] = value.strip()
+    return conf
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000_000)
@@ -133,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-repeat", type=int, default=2, help="runs of each Kafka scan (best)")
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting a local broker")
     parser.add_argument("--workdir", help="where the store and broker data go (default: a temp dir)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra Spark setting for the session (repeatable)")
     args = parser.parse_args(argv)
     cardinality = args.cardinality or max(args.messages // 10, 1)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="msgindex-bench-"))
@@ -161,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from msgindex.spark.session import build_spark_session
 
-        spark = build_spark_session(app_name="bench-spark-lookup")
+        extra_conf = parse_conf(args.conf)
+        spark = build_spark_session(app_name="bench-spark-lookup", extra_conf=extra_conf)
         from msgindex.spark.datasource import MsgIndexDataSource
 
         spark.dataSource.register(MsgIndexDataSource)  # also found without this once installed
@@ -177,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         msgindex_ids(spark, store_root, many_cond)
         first_records = json.dumps({topic: {str(p): 1 for p in range(args.partitions)}})
         kafka_ids(spark, bootstrap, topic, many_cond, ending=first_records)
+        floor = spark_floor(spark)
+        for action in floor.values():
+            action()
+        floor_runs = {name: [timed(action)[0] for _ in range(args.repeat)] for name, action in floor.items()}
         one_runs = [timed(lambda: msgindex_ids(spark, store_root, one_cond)) for _ in range(args.repeat)]
         many_runs = [timed(lambda: msgindex_ids(spark, store_root, many_cond)) for _ in range(args.repeat)]
         # best of --kafka-repeat: the first scan may read from disk, later ones from the page cache
@@ -196,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'1 key':<12}{len(kafka_one):>8}{idx_one:>12.3f}{kafka_one_s:>14.2f}{kafka_one_s / idx_one:>9.0f}x")
         print(f"{f'{len(many)} keys':<12}{len(kafka_many):>8}{idx_many:>12.3f}{kafka_many_s:>14.2f}"
               f"{kafka_many_s / idx_many:>9.0f}x")
-        print(f"(msgindex: median of {args.repeat} runs; Kafka scan: best of {args.kafka_repeat} "
+        for name, runs in floor_runs.items():
+            print(f"{'floor':<12}{'':>8}{statistics.median(runs):>12.3f}   Spark's {name}")
+        print(f"(msgindex and floor: median of {args.repeat} runs; Kafka scan: best of {args.kafka_repeat} "
               f"[{', '.join(f'{t:.1f}' for t, _ in kafka_one_runs + kafka_many_runs)} s]; after an untimed "
-              f"warm-up of each; same SparkSession, {spark.sparkContext.master})")
+              f"warm-up of each; same SparkSession, {spark.sparkContext.master}"
+              f"{', extra conf ' + str(extra_conf) if extra_conf else ''})")
         spark.stop()
     finally:
         if broker is not None:

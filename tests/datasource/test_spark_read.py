@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from msgindex.spark.datasource import PUSHDOWN_CONF
+from msgindex.spark.datasource import PER_SHARD_LOOKUP_KEYS, PUSHDOWN_CONF
 from msgindex.storage.message import ROW_SCHEMA
 from msgindex.storage.store import open_store
 from tests.datasource.conftest import BROKERS, EDGE_KEY, WINDOW
@@ -78,8 +78,17 @@ def test_schema_and_full_read(spark, truth):
 ])
 def test_option_lookups_exact(spark, truth, options, expected):
     df = load(spark, truth, **options)
-    assert df.rdd.getNumPartitions() == len(options.get("brokers", ",".join(BROKERS)).split(","))
+    assert df.rdd.getNumPartitions() == 1  # a few keys: one task looks up every shard
     assert ids(df) == truth.select(**expected)
+
+
+def test_many_keys_split_per_shard(spark, truth):
+    wanted = ["Aa", "user-3", *(f"absent-{i}" for i in range(PER_SHARD_LOOKUP_KEYS))]
+    df = load(spark, truth, keys=json.dumps(wanted))
+    assert df.rdd.getNumPartitions() == len(BROKERS)
+    assert ids(df) == truth.select(keys=set(wanted))
+    capped = load(spark, truth, keys=json.dumps(wanted), maxNum="3")  # a global cap: one task
+    assert capped.rdd.getNumPartitions() == 1 and len(ids(capped)) == 3
 
 
 def test_edge_window_iso_times(spark, truth):
@@ -102,7 +111,8 @@ def test_where_key_pushdown_uses_index(spark, truth, capsys):
     df.explain("formatted")
     plan = capsys.readouterr().out
     assert "EqualTo(key,Aa)" in plan and "In(topic" in plan
-    assert df.rdd.getNumPartitions() == len(BROKERS)  # a lookup per shard, not a scan
+    assert df.rdd.getNumPartitions() == 1  # a lookup, not a scan (one piece per log range)
+    assert total_scan_pieces(truth) > 1
     # `key` is the primary key: a message only *indexed* under Aa does not match
     assert ids(df) == truth.select(primary={"Aa"}, topics={"orders", "audit"})
 
@@ -136,7 +146,7 @@ def test_contradicting_filters_return_nothing(spark, truth):
 
 def test_pushdown_off_options_still_use_the_index(spark, truth, pushdown_off):
     df = load(spark, truth, key="Aa", topic="orders")
-    assert df.rdd.getNumPartitions() == len(BROKERS)
+    assert df.rdd.getNumPartitions() == 1
     assert ids(df) == truth.select(keys={"Aa"}, topics={"orders"})
     # where clauses are evaluated by Spark over a full read: still right
     df = load(spark, truth).where("key = 'BBBB' AND partition = 2")
