@@ -23,13 +23,20 @@ from msgindex.storage.store import open_store  # noqa: E402
 from tests.storage.shard_model import crash_batches  # noqa: E402
 
 
+def say(message: str) -> None:
+    """One line in ONE write: with PYTHONUNBUFFERED, print() writes text and newline separately,
+    and a kill -9 between the two would leave a torn line for the parent to read."""
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
 def write_batches(root: str, broker: str, seed: int) -> None:
     batches = crash_batches(seed)
     with open_store(root) as store, store.writer(broker) as writer:
         for batch_id, batch in enumerate(batches):
-            print(f"begin {batch_id}", flush=True)
+            say(f"begin {batch_id}")
             writer.append(batch_id, batch)
-            print(f"commit {batch_id}", flush=True)
+            say(f"commit {batch_id}")
 
 
 def serve() -> int:
@@ -42,7 +49,7 @@ def serve() -> int:
         if pid == 0:
             code = 1
             try:
-                print(f"pid {os.getpid()}", flush=True)
+                say(f"pid {os.getpid()}")
                 write_batches(root, broker, int(seed))
                 code = 0
             except BaseException:
@@ -50,7 +57,7 @@ def serve() -> int:
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        print(f"exit {status}", flush=True)
+        say(f"exit {status}")
     return 0
 
 
