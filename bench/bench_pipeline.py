@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # streaming_jobs when run from a checkout
 
 TOPIC_PARTITIONS = 3
 
 
 def _options(bootstrap: str, topic: str, path: Path, per_trigger: int):
-    from streaming_jobs import index_job
+    from msgindex.cli import index as index_job
 
     args = ["--bootstrap-servers", bootstrap, "--subscribe", topic, "--path", str(path), "--available-now",
             "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark"]
@@ -43,7 +42,7 @@ def _options(bootstrap: str, topic: str, path: Path, per_trigger: int):
 def _baseline(spark, options, grouped: bool) -> tuple[float, int]:
     """Seconds and rows of the same query with a sink that stores nothing."""
     from msgindex.spark.sink import COMMIT_SCHEMA, INPUT_RECORDS, IndexSink, SinkConfig
-    from streaming_jobs.index_job import kafka_stream, open_index
+    from msgindex.spark.pipeline import kafka_stream, open_index
 
     open_index(options).close()
     sink = IndexSink(SinkConfig(str(options.path), INPUT_RECORDS, str(options.quarantine)),
@@ -82,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     from msgindex.kafka.admin import create_topics
     from msgindex.kafka.broker import LocalBroker, free_port
     from msgindex.spark.session import build_spark_session
-    from streaming_jobs import index_job
-    from streaming_jobs.loadgen import keyed_records, produce
+    from msgindex.spark.pipeline import index_kafka
+    from msgindex.kafka.loadgen import keyed_records, produce
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     broker = None
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 options = _options(bootstrap, topic, work / f"{name}-{rep}", args.max_offsets_per_trigger)
                 if name == "pipeline":
                     started = time.perf_counter()
-                    history = index_job.index_kafka(options)
+                    history = index_kafka(options)
                     seconds, rows = time.perf_counter() - started, sum(s.records for s in history)
                 else:
                     seconds, rows = _baseline(spark, options, grouped=name == "grouped")

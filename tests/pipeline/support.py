@@ -152,9 +152,10 @@ def job_args(bootstrap: str, topics: list[str], path: Path, *extra: str) -> list
 
 def run_job_in_process(args: list[str]):
     """Run the job with the test session's SparkSession; returns its per-batch statistics."""
-    from streaming_jobs import index_job
+    from msgindex.cli import index as index_cli
+    from msgindex.spark.pipeline import index_kafka
 
-    return index_job.index_kafka(index_job.options_from_args(index_job.build_parser().parse_args(args)))
+    return index_kafka(index_cli.options_from_args(index_cli.build_parser().parse_args(args)))
 
 
 class JobProcess:

@@ -11,7 +11,7 @@ import pytest
 
 from msgindex.kafka.admin import create_topics
 from msgindex.kafka.broker import LocalBroker, free_port
-from streaming_jobs.loadgen import keyed_records, produce
+from msgindex.kafka.loadgen import keyed_records, produce
 from tests.pipeline.support import assert_index_equals, ground_truth, job_args, run_job_in_process
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
@@ -84,7 +84,8 @@ def test_broker_restart_mid_stream(own_broker, spark, tmp_path):
 
 
 def run_job_in_process_with_stop(args, stop):
-    from streaming_jobs import index_job
+    from msgindex.cli import index as index_job
+    from msgindex.spark.pipeline import index_kafka
 
     options = index_job.options_from_args(index_job.build_parser().parse_args(args))
-    return index_job.index_kafka(options, stop=stop)
+    return index_kafka(options, stop=stop)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from streaming_jobs.loadgen import keyed_records, produce
+from msgindex.kafka.loadgen import keyed_records, produce
 from tests.pipeline.support import JobProcess, assert_index_equals, ground_truth, job_args, run_job_in_process
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]

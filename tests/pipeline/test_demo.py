@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from streaming_jobs import demo
+from msgindex.cli import demo
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from msgindex.spark.quarantine import read_quarantine
-from streaming_jobs.loadgen import Message, metadata_events, produce
+from msgindex.kafka.loadgen import Message, metadata_events, produce
 from tests.pipeline.support import forget_commit, Truth, assert_index_equals, job_args, run_job_in_process
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

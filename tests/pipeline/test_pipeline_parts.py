@@ -18,7 +18,8 @@ from msgindex.spark.shard_owner import ShardOwner
 from msgindex.spark.sink import spark_batch_end_offsets
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
-from streaming_jobs import index_job
+from msgindex.cli import index as index_job
+from msgindex.spark import pipeline
 
 SMALL = StoreSettings(hash_slot_num=17, index_num=50, segment_bytes=4096)
 
@@ -173,9 +174,9 @@ def test_sizing_flags_must_match_an_existing_index(tmp_path):
     open_store(tmp_path / "ix", create=True, settings=SMALL).close()
     args = index_job.build_parser().parse_args([*BASE, str(tmp_path / "ix"), "--subscribe", "a", "--hash-slots", "99"])
     with pytest.raises(InvalidOptionError, match="hash_slot_num=99 \\(store has 17\\)"):
-        index_job.open_index(index_job.options_from_args(args))
+        pipeline.open_index(index_job.options_from_args(args))
     same = index_job.build_parser().parse_args([*BASE, str(tmp_path / "ix"), "--subscribe", "a", "--hash-slots", "17"])
-    assert index_job.open_index(index_job.options_from_args(same)).settings == SMALL
+    assert pipeline.open_index(index_job.options_from_args(same)).settings == SMALL
 
 
 def test_cli_exposes_the_job(tmp_path, capsys):
@@ -189,7 +190,7 @@ def test_sigterm_and_sigint_request_a_graceful_stop():
     import os
     import signal
 
-    with index_job._StopOnSignal() as stop:
+    with pipeline._StopOnSignal() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 5
         while not stop.requested.is_set() and time.monotonic() < deadline:

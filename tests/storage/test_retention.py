@@ -7,6 +7,7 @@ import pytest
 
 from msgindex.errors import InvalidOptionError
 from msgindex.storage.message import MessageRecord
+from msgindex.storage.retention import apply_shard_retention
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import TINY, ShardModel, model_scan, shard_files, table_rows
 
@@ -58,7 +59,7 @@ def test_age_retention_deletes_old_files_only(tmp_path):
         check_after(store, model, "b", cutoff)
         # everything expired: still never the active file or segment (here through the writer)
         with store.writer("b") as writer:
-            writer.apply_retention(max_age_ms=0, now_ms=now * 2)
+            apply_shard_retention(writer, max_age_ms=0, now_ms=now * 2)
         assert len(list((shard / "index").iterdir())) == 1 and len(list((shard / "log").glob("*.log"))) == 1
         with store.writer("b") as writer:  # and the shard keeps working
             writer.append(BATCHES, [MessageRecord("t", 0, 999, now, None, ("new",))])

@@ -1,14 +1,32 @@
-"""`msgindex index`: the continuous indexing pipeline (Kafka -> Spark -> per-broker shards)."""
+"""`msgindex index`: the continuous indexing pipeline (Kafka -> Spark -> per-broker shards).
+
+    msgindex index --bootstrap-servers 127.0.0.1:9092 --subscribe orders,payments --path ./index-data --available-now
+    spark-submit --jars "$(msgindex kafka jars)" streaming_jobs/index_job.py ...     (the same job)
+
+Flags follow the Spark Kafka source's vocabulary; this module turns them into
+``msgindex.spark.pipeline.IndexJobOptions`` (every check argparse cannot make, with an error naming
+the flag) and runs ``msgindex.spark.pipeline.index_kafka``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from msgindex.errors import InvalidOptionError, MsgIndexError
+from msgindex.spark.pipeline import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, IndexJobOptions
+
+STARTING_OFFSETS_WORDS = ("earliest", "latest")
+SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segment_bytes": "segment_bytes",
+                "index_interval_bytes": "index_interval_bytes"}
+_TRIGGER_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|millisecond|milliseconds|s|second|seconds|min|minute|minutes)$")
 
 
 def register(subparsers) -> None:
-    """Add the `index` subcommand (flags: streaming_jobs/index_job.py)."""
-    from streaming_jobs.index_job import add_arguments
-
+    """Add the `index` subcommand."""
     parser = subparsers.add_parser(
         "index", help="index Kafka topics continuously (or --available-now)",
         description="Index Kafka messages by key: Spark Structured Streaming reads the topics and "
@@ -19,6 +37,120 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streaming_jobs.index_job import options_from_args, run
+    from msgindex.spark.pipeline import run
 
     return run(options_from_args(args))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job's flags (shared by `msgindex index` and the standalone script)."""
+    source = parser.add_argument_group("Kafka source (Spark's kafka format)")
+    source.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
+                        help="Kafka bootstrap servers (kafka.bootstrap.servers)")
+    topics = source.add_mutually_exclusive_group(required=True)
+    topics.add_argument("--subscribe", metavar="TOPIC[,TOPIC...]", help="comma-separated topics to index")
+    topics.add_argument("--subscribe-pattern", metavar="REGEX", help="index every topic whose whole name matches")
+    source.add_argument("--starting-offsets", default="earliest",
+                        help="earliest (default), latest, or Spark's JSON per-partition offsets; only used "
+                             "when the checkpoint is new")
+    source.add_argument("--max-offsets-per-trigger", type=int, metavar="N",
+                        help="cap on Kafka records per micro-batch (all partitions together)")
+    source.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Kafka consumer setting passed as kafka.KEY (e.g. security.protocol=SSL); repeatable")
+    source.add_argument("--fail-on-data-loss", choices=("true", "false"), default="true",
+                        help="Spark's failOnDataLoss: stop when offsets vanished (retention) (default true)")
+    sink = parser.add_argument_group("index")
+    sink.add_argument("--path", required=True, help="index root (created when missing)")
+    sink.add_argument("--checkpoint", help="Spark checkpoint directory (default: <path>/_checkpoint)")
+    sink.add_argument("--input", choices=("records", "metadata"), default="records",
+                      help="records: index the topics' own records (key + KEYS/UNIQ_KEY headers); metadata: "
+                           "the records are JSON message-metadata events (default records)")
+    sink.add_argument("--quarantine", metavar="DIR",
+                      help="where malformed metadata events go (default: <path>/_quarantine); --input metadata only")
+    sink.add_argument("--hash-slots", type=int, metavar="N", help="hash slots per index file (new store; default 5,000,000)")
+    sink.add_argument("--index-num", type=int, metavar="N", help="entries per index file (new store; default 20,000,000)")
+    sink.add_argument("--segment-bytes", type=int, metavar="N", help="metadata-log segment size (new store; default 1 GiB)")
+    sink.add_argument("--index-interval-bytes", type=int, metavar="N",
+                      help="log bytes between sparse index entries (new store; default 4096)")
+    sink.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
+                      help="how long a task waits for a shard lock held by another attempt (default 120)")
+    run = parser.add_argument_group("trigger")
+    when = run.add_mutually_exclusive_group()
+    when.add_argument("--trigger-interval", metavar="INTERVAL",
+                      help="micro-batch interval, e.g. '10 seconds' (default: as fast as possible)")
+    when.add_argument("--available-now", action="store_true", help="index what is in Kafka now, then stop")
+    run.add_argument("--master", help="Spark master (default: the session builder's local[2]; ignored under spark-submit)")
+    run.add_argument("--query-name", default=DEFAULT_QUERY_NAME, help=f"streaming query name (default {DEFAULT_QUERY_NAME})")
+    run.add_argument("--quiet-spark", action="store_true", help="do not print Spark's own progress lines")
+
+
+def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
+    """Check flags that argparse cannot (values, combinations) -> InvalidOptionError naming them."""
+    path = Path(args.path).expanduser()
+    subscribe = None
+    if args.subscribe is not None:
+        subscribe = [t.strip() for t in args.subscribe.split(",") if t.strip()]
+        if not subscribe:
+            raise InvalidOptionError(f"--subscribe {args.subscribe!r} names no topic")
+    if args.subscribe_pattern is not None:
+        try:
+            re.compile(args.subscribe_pattern)
+        except re.error as bad:
+            raise InvalidOptionError(f"--subscribe-pattern {args.subscribe_pattern!r} is not a regular expression: {bad}") from None
+    offsets = args.starting_offsets.strip()
+    if offsets not in STARTING_OFFSETS_WORDS:
+        try:
+            if not isinstance(json.loads(offsets), dict):
+                raise ValueError("not a JSON object")
+        except ValueError as bad:
+            raise InvalidOptionError(
+                f"--starting-offsets {args.starting_offsets!r}: use earliest, latest or a JSON object "
+                f"like '{{\"topic\":{{\"0\":23,\"1\":-2}}}}' ({bad})"
+            ) from None
+    if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger <= 0:
+        raise InvalidOptionError(f"--max-offsets-per-trigger must be > 0, got {args.max_offsets_per_trigger}")
+    if args.quarantine is not None and args.input != "metadata":
+        raise InvalidOptionError("--quarantine only applies to --input metadata (Kafka records are never malformed)")
+    if args.trigger_interval is not None and not _TRIGGER_INTERVAL.match(args.trigger_interval.strip()):
+        raise InvalidOptionError(f"--trigger-interval {args.trigger_interval!r}: use e.g. '500 ms', '10 seconds', '1 minute'")
+    if args.lock_timeout <= 0:
+        raise InvalidOptionError(f"--lock-timeout must be > 0 seconds, got {args.lock_timeout}")
+    kafka_options = {}
+    for item in args.kafka_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidOptionError(f"--kafka-option {item!r} is not KEY=VALUE")
+        key = key.strip().removeprefix(KAFKA_OPTION_PREFIX)
+        if key == "bootstrap.servers":
+            raise InvalidOptionError("--kafka-option bootstrap.servers: use --bootstrap-servers")
+        kafka_options[key] = value
+    sizing = {setting: getattr(args, flag) for flag, setting in SIZING_FLAGS.items() if getattr(args, flag) is not None}
+    return IndexJobOptions(
+        bootstrap_servers=args.bootstrap_servers, path=path,
+        checkpoint=str(Path(args.checkpoint).expanduser()) if args.checkpoint else str(path / "_checkpoint"),
+        input_kind=args.input, quarantine=Path(args.quarantine).expanduser() if args.quarantine else path / "_quarantine",
+        subscribe=subscribe, subscribe_pattern=args.subscribe_pattern, starting_offsets=offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger, kafka_options=kafka_options,
+        fail_on_data_loss=args.fail_on_data_loss, sizing=sizing, lock_timeout_s=args.lock_timeout,
+        trigger_interval=args.trigger_interval, available_now=args.available_now, master=args.master,
+        query_name=args.query_name, spark_progress=not args.quiet_spark,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The standalone script's parser."""
+    parser = argparse.ArgumentParser(prog="index_job.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (the same job as `msgindex index`)."""
+    args = build_parser().parse_args(argv)
+    try:
+        from msgindex.spark.pipeline import run
+
+        return run(options_from_args(args))
+    except MsgIndexError as error:
+        print(f"index_job: {error}", file=sys.stderr)
+        return 2

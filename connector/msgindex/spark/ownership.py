@@ -13,9 +13,11 @@ import json
 from pathlib import Path
 
 from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.spark.partition_brokers import write_atomically
+from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
 
 FILE_NAME = "pipeline-owner.json"
+FORMAT = "msgindex-pipeline-owner"
+FORMAT_VERSION = 1
 SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's {"id": "<query id>"} file in a checkpoint
 
 
@@ -34,11 +36,10 @@ def claim_index(root: str | Path, query_id: str, checkpoint: str | Path) -> None
     """Record `query_id` as the writer of the index at `root`, or refuse when another query is."""
     path = Path(root) / FILE_NAME
     if path.exists():
-        try:
-            owner = json.loads(path.read_text(encoding="utf-8"))
-            recorded = owner["query_id"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise CorruptFileError(f"{path}: not a pipeline owner record ({error})") from error
+        owner = _read_owner(path)
+        recorded = owner.get("query_id")
+        if not isinstance(recorded, str):
+            raise CorruptFileError(f"{path}: not a pipeline owner record (no query_id)")
         if recorded == query_id:
             return
         raise InvalidOptionError(
@@ -46,4 +47,17 @@ def claim_index(root: str | Path, query_id: str, checkpoint: str | Path) -> None
             f"but --checkpoint {checkpoint} belongs to query {query_id}: their batch ids would collide "
             f"and shards would skip new data. Restart with the original checkpoint, or index into a new --path."
         )
-    write_atomically(path, json.dumps({"query_id": query_id, "checkpoint": str(checkpoint)}, indent=1) + "\n")
+    write_atomically(path, versioned_json(FORMAT, FORMAT_VERSION, {"query_id": query_id, "checkpoint": str(checkpoint)}))
+
+
+def _read_owner(path: Path) -> dict:
+    raw = path.read_bytes()
+    try:
+        legacy = json.loads(raw)
+    except ValueError:
+        legacy = None
+    if isinstance(legacy, dict) and "format" not in legacy and "query_id" in legacy:
+        return legacy  # written before msgindex's JSON files carried a format and version
+    _, owner = parse_versioned_json(raw, source=path, what="pipeline owner record", format_name=FORMAT,
+                                    versions=(FORMAT_VERSION,))
+    return owner

@@ -10,15 +10,15 @@ grows.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage.checkpoint import fsync_directory
+from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
 
 FILE_NAME = "partition-brokers.json"
+FORMAT = "msgindex-partition-brokers"
 FORMAT_VERSION = 1
 
 
@@ -32,10 +32,11 @@ class PartitionBrokerMap:
     def _load(self) -> dict[tuple[str, int], str]:
         if not self.path.exists():
             return {}
+        _, document = parse_versioned_json(
+            self.path.read_bytes(), source=self.path, what="partition -> broker map", format_name=FORMAT,
+            versions=(FORMAT_VERSION,), legacy_version_field="format_version",
+        )
         try:
-            document = json.loads(self.path.read_text(encoding="utf-8"))
-            if document.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"format_version {document.get('format_version')!r} is not {FORMAT_VERSION}")
             return {
                 (topic, int(partition)): str(broker)
                 for topic, partitions in document["topics"].items()
@@ -65,17 +66,5 @@ class PartitionBrokerMap:
         topics: dict[str, dict[str, str]] = {}
         for (topic, partition), broker in sorted(self._brokers.items()):
             topics.setdefault(topic, {})[str(partition)] = broker
-        payload = json.dumps({"format_version": FORMAT_VERSION, "topics": topics}, indent=1, sort_keys=True)
-        write_atomically(self.path, payload)
+        write_atomically(self.path, versioned_json(FORMAT, FORMAT_VERSION, {"topics": topics}))
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a crash leaves either the old or the new file: write a
-    temporary file, fsync it, rename it over, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from msgindex.storage.checkpoint import fsync_directory
+from msgindex.storage.durable import write_atomically
 
 FILE_PREFIX = "batch-"
 FILE_SUFFIX = ".jsonl"
@@ -71,14 +71,7 @@ def write_quarantine(directory: str | os.PathLike[str], batch_id: int, tag: str,
     if target.exists():
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for line in _lines(batch_id, table, reasons):
-            handle.write(line + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-    fsync_directory(target.parent)
+    write_atomically(target, "".join(line + "\n" for line in _lines(batch_id, table, reasons)).encode("utf-8"))
     return True
 
 

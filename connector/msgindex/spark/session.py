@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from msgindex.errors import MsgIndexError
 from msgindex.jvm import msgindex_home, stage_jars
+from msgindex.storage.durable import write_atomically
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,9 +117,7 @@ def _log_config() -> Path:
     )
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomically(path, text.encode("utf-8"))
     return path
 
 
@@ -162,7 +161,6 @@ def build_spark_session(app_name: str = "msgindex", master: str = "local[2]",
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything stays on loopback
-    _put_package_root_on_worker_path()
     builder = SparkSession.builder
     for key, value in session_conf(app_name, master, extra_conf).items():
         builder = builder.config(key, value)
@@ -170,15 +168,3 @@ def build_spark_session(app_name: str = "msgindex", master: str = "local[2]",
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
-
-def _put_package_root_on_worker_path() -> None:
-    """Spark registers ``format("msgindex")`` by scanning its Python workers' ``sys.path`` for
-    ``pyspark_*`` modules; an editable install hides the package behind an import hook that this
-    scan does not see. Workers inherit the JVM's environment, so putting the folder that holds
-    ``pyspark_msgindex`` on PYTHONPATH before the JVM starts makes the scan find it."""
-    import pyspark_msgindex
-
-    root = str(Path(pyspark_msgindex.__file__).resolve().parents[1])
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])

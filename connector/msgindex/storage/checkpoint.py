@@ -8,24 +8,23 @@ of topics. Readers use it as their snapshot; the next writer rolls everything ba
 On disk it is one line of canonical JSON (sorted keys, no spaces) whose ``crc32`` member covers
 the canonical JSON of all other members, so a torn or edited file is detected. It carries no
 wall-clock fields: replaying the same batches gives a byte-identical checkpoint. It is replaced
-atomically (write a temporary file, fsync, rename over, fsync the directory).
+atomically (``durable.write_atomically``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.durable import FORMAT_FIELD, VERSION_FIELD, parse_versioned_json, write_atomically
 from msgindex.storage.index_file import IndexHeader
 
 CHECKPOINT_FILE = "checkpoint"
-TMP_SUFFIX = ".tmp"  # the next checkpoint while it is written; renamed over CHECKPOINT_FILE
 CHECKPOINT_FORMAT = "msgindex-shard-checkpoint"
 CHECKPOINT_VERSION = 1
 NO_BATCH = -1  # committed_batch_id of a shard that has committed nothing
@@ -118,43 +117,20 @@ class Checkpoint:
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """The checkpoint file's bytes: canonical JSON with a CRC-32 of the rest, and a newline."""
-    body = checkpoint.to_dict()
-    body["format"] = CHECKPOINT_FORMAT
-    body["version"] = CHECKPOINT_VERSION
+    body = {FORMAT_FIELD: CHECKPOINT_FORMAT, VERSION_FIELD: CHECKPOINT_VERSION, **checkpoint.to_dict()}
     body["crc32"] = zlib.crc32(_canonical(body))
     return _canonical(body) + b"\n"
 
 
 def decode_checkpoint(raw: bytes, *, source: Path | str = "<checkpoint>") -> Checkpoint:
     """Parse and verify checkpoint bytes; anything wrong is a CorruptFileError naming `source`."""
-    body = parse_versioned_json(
-        raw, source=source, what="shard checkpoint", format_name=CHECKPOINT_FORMAT,
-        version_field="version", version=CHECKPOINT_VERSION,
+    version, body = parse_versioned_json(
+        raw, source=source, what="shard checkpoint", format_name=CHECKPOINT_FORMAT, versions=(CHECKPOINT_VERSION,)
     )
     stored_crc = body.pop("crc32", None)
-    if stored_crc != zlib.crc32(_canonical(body)):
+    if stored_crc != zlib.crc32(_canonical({FORMAT_FIELD: CHECKPOINT_FORMAT, VERSION_FIELD: version, **body})):
         raise CorruptFileError(f"{source}: checkpoint checksum mismatch (the file was altered or torn)")
-    del body["format"], body["version"]
     return Checkpoint.from_dict(body, source=source)
-
-
-def parse_versioned_json(
-    raw: bytes, *, source: Path | str, what: str, format_name: str, version_field: str, version: int
-) -> dict[str, Any]:
-    """A msgindex JSON file's object, checked to be `format_name` at `version`: anything else is
-    a CorruptFileError naming `source`."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise CorruptFileError(f"{source}: {what} is not valid JSON (torn or overwritten?)") from None
-    if not isinstance(body, dict) or body.get("format") != format_name:
-        raise CorruptFileError(f"{source}: not a msgindex {what} (format must be {format_name!r})")
-    if body.get(version_field) != version:
-        raise CorruptFileError(
-            f"{source}: {what} {version_field} {body.get(version_field)!r} is not supported "
-            f"(this msgindex reads version {version})"
-        )
-    return body
 
 
 def read_checkpoint(path: Path) -> Checkpoint | None:
@@ -172,27 +148,6 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Replace the checkpoint at `path` atomically and durably: after this returns the new
     checkpoint survives a crash; if it does not return, the old one is intact."""
     write_atomically(Path(path), encode_checkpoint(checkpoint))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new content:
-    write a temporary file beside it, fsync, rename over, fsync the directory."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make renames, creations and deletions inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

@@ -29,7 +29,8 @@ from msgindex.storage.index_file import (
 )
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.shard import INDEX_DIR, LOG_DIR, SHARD_DIR_PREFIX, ShardReader, open_log
-from msgindex.storage.store import MANIFEST_FILE, StoreSettings, open_store
+from msgindex.storage.settings import StoreSettings
+from msgindex.storage.store import MANIFEST_FILE, open_store
 
 LOG_SUFFIX = ".log"
 SPARSE_INDEX_SUFFIXES = (".index", ".timeindex")

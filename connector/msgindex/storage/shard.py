@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import numpy as np
 import pyarrow as pa
@@ -37,19 +37,19 @@ from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionE
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
-    TMP_SUFFIX,
     HEADER_FIELDS,
     Checkpoint,
     IndexFileState,
-    fsync_directory,
     read_checkpoint,
     write_checkpoint,
 )
+from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
 from msgindex.storage.log.record_format import HEADER_SIZE as MIN_RECORD_BYTES
 from msgindex.storage.message import MessageRecord, index_key
+from msgindex.storage.settings import StoreSettings
 from msgindex.storage.query import (
     KeysArg,
     empty_rows,
@@ -59,9 +59,6 @@ from msgindex.storage.query import (
     validate_window,
 )
 
-if TYPE_CHECKING:
-    from msgindex.storage.retention import RetentionReport
-    from msgindex.storage.store import StoreSettings
 
 SHARD_DIR_PREFIX = "broker="
 LOCK_FILE = "lock"
@@ -201,15 +198,6 @@ class ShardWriter(_Committed):
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
-    def apply_retention(
-        self, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
-    ) -> RetentionReport:
-        """Store.apply_retention for this shard only, through this writer (e.g. from the
-        pipeline that owns it, between batches)."""
-        from msgindex.storage.retention import apply_shard_retention  # retention builds on this module
-
-        return apply_shard_retention(self, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
-
     # --- used by retention ----------------------------------------------------------------------
     @property
     def log(self) -> MetadataLog:
@@ -271,7 +259,9 @@ class ShardWriter(_Committed):
     def _recover(self) -> Checkpoint:
         """Roll the shard back to its checkpoint; a shard that never committed starts empty."""
         checkpoint = read_checkpoint(checkpoint_path(self.directory))
-        _remove(checkpoint_path(self.directory).with_name(CHECKPOINT_FILE + TMP_SUFFIX))  # a torn commit
+        for entry in self.directory.iterdir():
+            if is_temporary(entry.name, CHECKPOINT_FILE):
+                _remove(entry)  # a commit torn before its rename: never real
         if checkpoint is None:
             # Nothing was ever committed: whatever files exist are a torn first batch.
             shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)

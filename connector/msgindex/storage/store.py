@@ -1,7 +1,7 @@
 """The store: a directory of per-broker shards plus a manifest, and queries across shards.
 
 ```
-<root>/msgindex.json     {"format": "msgindex-store", "format_version": 1, "settings": {...}}
+<root>/msgindex.json     {"format": "msgindex-store", "version": 1, "settings": {...}}
 <root>/broker=<name>/    one shard (see shard.py)
 ```
 The manifest fixes the settings for the life of the store: an existing store is always opened
@@ -10,18 +10,15 @@ with the settings it was created with, whatever the caller passes.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
-from msgindex.storage.checkpoint import parse_versioned_json, write_atomically
+from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
 from msgindex.storage.query import KeysArg, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
 from msgindex.storage.shard import (
@@ -33,6 +30,7 @@ from msgindex.storage.shard import (
     shard_directory,
     validate_broker_name,
 )
+from msgindex.storage.settings import StoreSettings
 
 MANIFEST_FILE = "msgindex.json"
 STORE_FORMAT = "msgindex-store"
@@ -47,46 +45,6 @@ __all__ = [
     "StoreSettings",
     "open_store",
 ]
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """Sizing of a store's files, fixed when the store is created (persisted in its manifest).
-
-    hash_slot_num / index_num: RocketMQ IndexFile sizing (defaults are RocketMQ's: a 420 MB file);
-    segment_bytes: metadata-log segment roll size; index_interval_bytes: log bytes between two
-    sparse offset/time index entries (Kafka's index.interval.bytes)."""
-
-    hash_slot_num: int = 5_000_000
-    index_num: int = 20_000_000
-    segment_bytes: int = 1 << 30
-    index_interval_bytes: int = 4096
-
-    def __post_init__(self) -> None:
-        limits = {  # (minimum, maximum): an IndexFile's offsets are Java ints
-            "hash_slot_num": (1, 2**31 - 1),
-            "index_num": (2, 2**31 - 1),  # entry 0 is never written: 2 holds one entry
-            "segment_bytes": (1, 2**31 - 1),  # sparse offset index positions are 4-byte ints
-            "index_interval_bytes": (0, 2**31 - 1),
-        }
-        for name, (low, high) in limits.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidOptionError(f"StoreSettings.{name} must be an int in [{low}, {high}], got {value!r}")
-
-    def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], *, source: Path | str = "settings") -> StoreSettings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise CorruptFileError(f"{source}: unknown settings {sorted(unknown)}")
-        try:
-            return cls(**values)
-        except InvalidOptionError as bad:
-            raise CorruptFileError(f"{source}: {bad}") from None
 
 
 def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None) -> Store:
@@ -258,9 +216,9 @@ class Store:
 
 
 def _read_manifest(path: Path) -> StoreSettings:
-    body = parse_versioned_json(
+    _, body = parse_versioned_json(
         path.read_bytes(), source=path, what="store manifest", format_name=STORE_FORMAT,
-        version_field="format_version", version=STORE_FORMAT_VERSION,
+        versions=(STORE_FORMAT_VERSION,), legacy_version_field="format_version",
     )
     if not isinstance(body.get("settings"), dict):
         raise CorruptFileError(f"{path}: store manifest has no settings object")
@@ -268,5 +226,4 @@ def _read_manifest(path: Path) -> StoreSettings:
 
 
 def _write_manifest(path: Path, settings: StoreSettings) -> None:
-    body = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION, "settings": settings.to_dict()}
-    write_atomically(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    write_atomically(path, versioned_json(STORE_FORMAT, STORE_FORMAT_VERSION, {"settings": settings.to_dict()}, indent=2))

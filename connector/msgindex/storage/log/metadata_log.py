@@ -12,7 +12,6 @@ writer appending in another process.
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
+from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.log import record_format as rf
 from msgindex.storage.log.record_encoder import EncodedBatch, encode_batch
 from msgindex.storage.log.record_encoder import records_from_table  # noqa: F401  (re-exported)
@@ -150,7 +150,7 @@ class MetadataLog:
         bases = set(self._bases_on_disk())
         for path in self.directory.iterdir():
             base = parse_segment_name(path.name)
-            if base is not None and (base not in bases or path.name.endswith(".tmp")):
+            if (base is not None and base not in bases) or is_temporary(path.name):
                 path.unlink()
                 self._dir_dirty = True
 
@@ -306,11 +306,7 @@ class MetadataLog:
         if self._segments:
             self._segments[-1].flush()
         if self._dir_dirty:
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_directory(self.directory)
             self._dir_dirty = False
 
     def delete_segment(self, base_seq: int) -> None:

@@ -4,7 +4,7 @@ Time scans skip whole segments by their min/max timestamp. Kafka can read a segm
 its time index's last entry, but nothing in Kafka's files gives the min, and computing either by
 reading a 1 GiB segment on every open is too slow, so the writer records both when it seals a
 segment (the active segment's are in the LogPosition a checkpoint stores). The file is written
-once, atomically (temporary file + rename), and trusted only while it matches the segment's
+once, atomically (``durable.write_atomically``), and trusted only while it matches the segment's
 size; when it is missing, corrupt or stale it is recomputed from the records.
 
 Layout, little-endian, SUMMARY_STRUCT: magic ``MXSS`` | version u32 | base_seq i64 |
@@ -14,11 +14,12 @@ before it. An empty segment is never sealed, so min/max always exist.
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from msgindex.storage.durable import write_atomically
 
 SUMMARY_MAGIC = b"MXSS"
 SUMMARY_VERSION = 1
@@ -58,11 +59,5 @@ class SegmentSummary:
         return cls(base, next_seq, size, lo, hi)
 
     def write(self, path: Path) -> None:
-        """Write atomically and durably (the directory entry is synced by the log's flush)."""
-        path = Path(path)
-        temporary = path.with_name(path.name + ".tmp")
-        with open(temporary, "wb") as f:
-            f.write(self.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
+        """Write atomically and durably."""
+        write_atomically(path, self.encode())

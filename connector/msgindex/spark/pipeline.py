@@ -1,0 +1,179 @@
+"""The indexing job: Kafka -> Spark Structured Streaming -> per-broker msgindex shards, exactly once.
+
+``index_kafka(options)`` runs the streaming query of ``msgindex index`` (the CLI parses the flags
+into ``IndexJobOptions``) until it has caught up (``available_now``), is stopped (SIGINT/SIGTERM or
+the caller's event) or fails, printing one progress line per micro-batch. The sink that does
+the writing is ``msgindex.spark.sink``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msgindex.errors import InvalidOptionError
+
+KAFKA_OPTION_PREFIX = "kafka."
+DEFAULT_QUERY_NAME = "msgindex-index"
+
+
+@dataclass
+class IndexJobOptions:
+    """Validated job settings."""
+
+    bootstrap_servers: str
+    path: Path
+    checkpoint: str
+    input_kind: str
+    quarantine: Path
+    subscribe: list[str] | None = None
+    subscribe_pattern: str | None = None
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    kafka_options: dict[str, str] = field(default_factory=dict)
+    fail_on_data_loss: str = "true"
+    sizing: dict[str, int] = field(default_factory=dict)
+    lock_timeout_s: float = 120.0
+    trigger_interval: str | None = None
+    available_now: bool = False
+    master: str | None = None
+    query_name: str = DEFAULT_QUERY_NAME
+    spark_progress: bool = True
+
+
+def open_index(options: IndexJobOptions):
+    """The store at --path (created with the sizing flags when new; an existing store keeps its
+    settings, and sizing flags that contradict them are an error)."""
+    from msgindex.storage.store import StoreSettings, open_store
+
+    settings = StoreSettings(**options.sizing)
+    store = open_store(options.path, create=True, settings=settings)
+    conflicts = {k: (v, getattr(store.settings, k)) for k, v in options.sizing.items() if getattr(store.settings, k) != v}
+    if conflicts:
+        detail = ", ".join(f"{k}={v} (store has {have})" for k, (v, have) in conflicts.items())
+        raise InvalidOptionError(f"--path {options.path} is an existing index with other sizing: {detail}; "
+                                 f"drop those flags or index into a new --path")
+    return store
+
+
+def kafka_stream(spark, options: IndexJobOptions):
+    """The streaming DataFrame of Spark's own Kafka source."""
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", options.bootstrap_servers)
+              .option("startingOffsets", options.starting_offsets)
+              .option("failOnDataLoss", options.fail_on_data_loss)
+              .option("includeHeaders", str(options.input_kind == "records").lower()))
+    if options.subscribe is not None:
+        reader = reader.option("subscribe", ",".join(options.subscribe))
+    else:
+        reader = reader.option("subscribePattern", options.subscribe_pattern)
+    if options.max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
+    for key, value in options.kafka_options.items():
+        reader = reader.option(KAFKA_OPTION_PREFIX + key, value)
+    return reader.load()
+
+
+def say(line: str) -> None:
+    print(f"[msgindex {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM -> stop after the batch in flight (a second signal: stop at once)."""
+
+    def __init__(self, requested: threading.Event | None = None) -> None:
+        self.requested = requested or threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "_StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested.is_set():
+            raise KeyboardInterrupt
+        say(f"{signal.Signals(signum).name}: stopping after the current batch")
+        self.requested.set()
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run(options: IndexJobOptions) -> int:
+    """The job's exit code: 0 once caught up (--available-now) or stopped by a signal."""
+    index_kafka(options)
+    return 0
+
+
+def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -> list:
+    """Run the indexing query until caught up (--available-now), stopped (SIGINT/SIGTERM, or
+    `stop` set by the caller), or failed; returns the per-batch statistics (sink.BatchStats)."""
+    from msgindex.spark.progress import SparkProgressListener
+    from msgindex.spark.session import build_spark_session
+    from msgindex.spark.sink import IndexSink, SinkConfig
+
+    store = open_index(options)
+    store.close()
+    spark = build_spark_session(app_name=options.query_name, **({"master": options.master} if options.master else {}))
+    config = SinkConfig(root=str(options.path.resolve()), input_kind=options.input_kind,
+                        quarantine_dir=str(options.quarantine.resolve()), lock_timeout_s=options.lock_timeout_s)
+    sink = IndexSink(config, bootstrap_servers=options.bootstrap_servers, subscribe=options.subscribe,
+                     subscribe_pattern=options.subscribe_pattern, checkpoint=options.checkpoint,
+                     on_batch=lambda stats: say(stats.line()))
+    listener = SparkProgressListener(_say, options.query_name) if options.spark_progress else None
+    if listener is not None:
+        spark.streams.addListener(listener)
+    writer = (kafka_stream(spark, options).writeStream.foreachBatch(sink)
+              .option("checkpointLocation", options.checkpoint).queryName(options.query_name))
+    if options.available_now:
+        writer = writer.trigger(availableNow=True)
+    elif options.trigger_interval:
+        writer = writer.trigger(processingTime=options.trigger_interval)
+    started = time.perf_counter()
+    try:
+        with _StopOnSignal(stop) as stop_request:
+            query = writer.start()
+            say(f"indexing {options.subscribe or options.subscribe_pattern} from {options.bootstrap_servers} "
+                 f"into {options.path} (input {options.input_kind}, checkpoint {options.checkpoint})")
+            _wait(query, sink, stop_request)
+    finally:
+        sink.flush()
+        if listener is not None:
+            if sink.history:
+                listener.wait_for(sink.history[-1].batch_id)
+            spark.streams.removeListener(listener)
+    say(_summary(sink, time.perf_counter() - started, options))
+    return sink.history
+
+
+def _wait(query, sink, stop: _StopOnSignal) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        while query.isActive:
+            if stop.requested.is_set():
+                sink.request_stop()
+                query.stop()
+                break
+            query.awaitTermination(0.5)
+        query.awaitTermination()
+    except StreamingQueryException:
+        if not sink.stopping:
+            raise
+
+
+def _summary(sink, seconds: float, options: IndexJobOptions) -> str:
+    records = sum(s.records for s in sink.history)
+    keys = sum(s.keys_indexed for s in sink.history)
+    quarantined = sum(s.quarantined for s in sink.history)
+    unkeyed = sum(s.unkeyed for s in sink.history)
+    how = "stopped" if sink.stopping else "done"
+    extra = f", {quarantined:,} quarantined (in {options.quarantine})" if options.input_kind == "metadata" else ""
+    return (f"{how}: {len(sink.history)} batches, {records:,} records, {keys:,} keys indexed, "
+            f"{unkeyed:,} unkeyed{extra} in {seconds:.1f} s")

@@ -1,1 +1,0 @@
-"""Runnable jobs: the indexing pipeline, the demo and load generators."""
