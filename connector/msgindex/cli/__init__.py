@@ -1,11 +1,17 @@
 """The `msgindex` console script. Each subcommand lives in its own module of this package and
-exposes ``register(subparsers)``, which adds its parser and sets ``handler`` (args -> exit code)."""
+exposes ``register(subparsers)``, which adds its parser and sets ``handler`` (args -> exit code).
+
+Every failure ends in one line on stderr (``failure.py``): exit 2 for msgindex's own errors (bad
+input, a corrupt or locked store: something the user can act on), 1 for anything else; the whole
+traceback goes to a log file under ``<msgindex home>/logs`` (named in the line), or to stderr with
+``--verbose``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import traceback
 
 from msgindex.errors import MsgIndexError
 
@@ -27,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built (yet)
             raise
         module.register(subparsers)
+    for subparser in subparsers.choices.values():
+        subparser.add_argument("--verbose", action="store_true",
+                               help="on failure, print the whole traceback (default: one line; the "
+                                    "traceback goes to a log file)")
     return parser
 
 
@@ -35,11 +45,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except MsgIndexError as error:
-        print(f"msgindex {args.command}: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        return _report(args, error)
+
+
+def _report(args: argparse.Namespace, error: Exception) -> int:
+    from msgindex.cli.failure import explain, write_log
+
+    failure = explain(error)
+    if getattr(args, "verbose", False):
+        traceback.print_exception(error, file=sys.stderr)
+        where = ""
+    elif isinstance(error, MsgIndexError):
+        where = ""  # raised by msgindex on this side: its message is the whole story
+    else:
+        from msgindex.jvm import msgindex_home
+
+        log = write_log(args.command, error, msgindex_home() / "logs")
+        where = f" (details: {log})" if log else ""
+    print(f"msgindex {args.command}: {failure.line}{where}", file=sys.stderr)
+    return 2 if failure.raised_by_msgindex else 1
 
 
 if __name__ == "__main__":
