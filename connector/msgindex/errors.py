@@ -40,3 +40,12 @@ class ToolMissingError(MsgIndexError):
 
 class BrokerError(MsgIndexError):
     """The local Kafka broker could not be started, reached or stopped."""
+
+
+class KafkaUnreachableError(BrokerError):
+    """No Kafka broker answers at the bootstrap address given (unresolvable host, nothing
+    listening, or no answer in time)."""
+
+
+class TopicNotFoundError(InvalidOptionError):
+    """A Kafka topic named by the user (or matched by a pattern) does not exist."""

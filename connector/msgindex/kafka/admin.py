@@ -8,15 +8,19 @@ handful of calls, so simplicity beats connection reuse here.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import re
+import socket
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from msgindex.errors import BrokerError
+from msgindex.errors import BrokerError, InvalidOptionError, KafkaUnreachableError, TopicNotFoundError
 
 DEFAULT_TIMEOUT_S = 60.0
+SOURCE_CHECK_TIMEOUT_S = 15.0  # how long a job waits for Kafka before saying it cannot reach it
 CLIENT_ID = "msgindex-admin"
 # RocketMQ's property names, carried as Kafka record headers (see DESIGN.md: input shapes)
 KEYS_HEADER = "KEYS"
@@ -35,6 +39,82 @@ def admin_client(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator
         yield admin
     finally:
         admin.close()
+
+
+def bootstrap_addresses(bootstrap: str, *, option: str = "--bootstrap-servers") -> list[tuple[str, int]]:
+    """``[(host, port), ...]`` of a bootstrap list ``host:port[,host:port...]``; an
+    InvalidOptionError naming `option` when an entry is not of that form."""
+    addresses = []
+    for entry in (part.strip() for part in bootstrap.split(",")):
+        host, sep, port = entry.rpartition(":")
+        host = host.strip("[]")  # [::1]:9092
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidOptionError(f"{option} {bootstrap!r}: {entry!r} is not HOST:PORT")
+        addresses.append((host, int(port)))
+    return addresses
+
+
+def check_source(bootstrap: str, *, topics: Iterable[str] | None = None, pattern: str | None = None,
+                 timeout: float = SOURCE_CHECK_TIMEOUT_S) -> list[str]:
+    """Check, within about `timeout` seconds, that Kafka answers at `bootstrap` and that every
+    topic in `topics` exists (or that `pattern` matches at least one); the topics found.
+
+    What a streaming job would otherwise find out after minutes of retries, buried in a stack
+    trace, is said in one line naming the host, address or topic: KafkaUnreachableError,
+    TopicNotFoundError, InvalidOptionError (a malformed bootstrap list)."""
+    addresses = bootstrap_addresses(bootstrap)
+    _require_a_listener(bootstrap, addresses, timeout)
+    try:
+        with admin_client(bootstrap, timeout) as admin:
+            existing = sorted(name for name in admin.list_topics() if not name.startswith("__"))
+    except (BrokerError, KafkaError) as error:
+        raise KafkaUnreachableError(
+            f"Kafka at {bootstrap} accepted a connection but did not answer as a Kafka broker within "
+            f"{timeout:g} s ({type(error).__name__})"
+        ) from None
+    if pattern is not None:
+        matched = [name for name in existing if re.fullmatch(pattern, name)]
+        if not matched:
+            raise TopicNotFoundError(
+                f"--subscribe-pattern {pattern!r} matches no topic on {bootstrap} (topics: {_some(existing)})"
+            )
+        return matched
+    wanted = list(topics or ())
+    missing = [name for name in wanted if name not in existing]
+    if missing:
+        hints = {name: difflib.get_close_matches(name, existing, n=1) for name in missing}
+        named = ", ".join(f"{name!r}" + (f" (did you mean {hints[name][0]!r}?)" if hints[name] else "")
+                          for name in missing)
+        raise TopicNotFoundError(f"topic {named} does not exist on {bootstrap} (topics: {_some(existing)})")
+    return wanted
+
+
+def _require_a_listener(bootstrap: str, addresses: list[tuple[str, int]], timeout: float) -> None:
+    """KafkaUnreachableError unless at least one bootstrap address accepts a TCP connection."""
+    problems = []
+    for host, port in addresses:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as error:
+            problems.append(f"host {host!r} does not resolve ({error.strerror})")
+            continue
+        for family, kind, proto, _, address in infos:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.settimeout(timeout / max(len(addresses), 1))
+                    probe.connect(address)
+                return
+            except OSError as error:
+                reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
+                problems.append(f"{host}:{port}: {reason}")
+                break
+    raise KafkaUnreachableError(f"no Kafka broker answers at {bootstrap}: {'; '.join(problems)}")
+
+
+def _some(names: list[str], shown: int = 10) -> str:
+    if not names:
+        return "none"
+    return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
 
 
 def create_topics(bootstrap: str, topics: Mapping[str, int] | Iterable[str], *, partitions: int = 1,
