@@ -1,11 +1,18 @@
-"""Retention: delete a shard's oldest whole hash index files and log segments.
+"""Retention: delete a shard's oldest whole log segments, and the hash index files that only
+point into them.
 
-Files go oldest first and only as a prefix (like Kafka's log cleaner for deletion: the first file
-that must stay stops the walk), never the active index file nor the active log segment. An index
-file's age is the true newest timestamp it indexes (kept in the checkpoint); a segment's is its
-largest record timestamp. The removal is committed through the checkpoint before any file is
-deleted (ShardWriter.drop_oldest), so a crash in between only leaves files the next open deletes.
-Lookups skip index entries that point below the log's retained start.
+The log decides, the index follows. Segments go oldest first and only as a prefix (like Kafka's
+deletion policy: the first segment that must stay stops the walk), never the active one; a
+segment's age is its largest record timestamp. A hash index file goes only when every entry in it
+points below the new start of the log (its header's endPhyOffset, the seq of its last put, is the
+largest: puts follow the log's order) and it is not the active file. So after any retention pass
+every record a scan returns is still found by a lookup of each of its keys — deleting an index
+file by its own age instead would strand records that a scan still shows, because timestamps are
+not in seq order (a catch-up batch over several partitions mixes old and new times).
+
+The removal is committed through the checkpoint before any file is deleted
+(ShardWriter.drop_oldest), so a crash in between only leaves files the next open deletes. Lookups
+skip index entries that point below the log's retained start.
 """
 
 from __future__ import annotations
@@ -48,36 +55,63 @@ class _Piece:
     size: int
     paths: tuple[Path, ...]
     next_base_seq: int = 0  # segments: the base of the following segment
+    last_seq: int = 0  # index files: the largest log seq an entry points at
 
 
 def apply_shard_retention(
-    writer: ShardWriter, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
+    writer: ShardWriter,
+    *,
+    max_age_ms: int | None = None,
+    max_bytes: int | None = None,
+    now_ms: int | None = None,
+    dry_run: bool = False,
 ) -> RetentionReport:
-    """Apply retention to the shard of `writer` (which holds the shard's lock)."""
+    """Apply retention to the shard of `writer` (which holds the shard's lock): `max_age_ms`
+    drops segments whose newest record is older than now_ms - max_age_ms, `max_bytes` drops the
+    oldest segments until the shard (log and index files) is at most that big. With `dry_run`,
+    report what would go and delete nothing."""
     for name, value in (("max_age_ms", max_age_ms), ("max_bytes", max_bytes), ("now_ms", now_ms)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InvalidOptionError(f"retention {name} must be an int >= 0 or None, got {value!r}")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    index_pieces, segment_pieces = _index_pieces(writer), _segment_pieces(writer)
-    drop_index, drop_segments = 0, 0
+    segments, index_files = _segment_pieces(writer), _index_pieces(writer)
+    drop_segments = 0
     if max_age_ms is not None:
         cutoff = now_ms - max_age_ms
-        drop_index = _expired_prefix(index_pieces, cutoff)
-        drop_segments = _expired_prefix(segment_pieces, cutoff)
+        while drop_segments < len(segments) and segments[drop_segments].newest_ms < cutoff:
+            drop_segments += 1
     if max_bytes is not None:
-        drop_index, drop_segments = _shrink_to(
-            index_pieces, segment_pieces, drop_index, drop_segments, _shard_bytes(writer), max_bytes
-        )
+        total = _shard_bytes(writer)
+        while total - _freed(segments, index_files, drop_segments) > max_bytes and drop_segments < len(segments):
+            drop_segments += 1
+    drop_index = _stranded_index_files(index_files, _log_start(segments, drop_segments))
     if not drop_index and not drop_segments:
         return RetentionReport()
-    log_start = segment_pieces[drop_segments - 1].next_base_seq if drop_segments else 0
-    doomed = index_pieces[:drop_index] + segment_pieces[:drop_segments]
-    writer.drop_oldest(drop_index, log_start)
+    if not dry_run:
+        writer.drop_oldest(drop_index, _log_start(segments, drop_segments))
     return RetentionReport(
-        deleted_index_files=tuple(str(p) for piece in index_pieces[:drop_index] for p in piece.paths),
-        deleted_segments=tuple(str(piece.paths[0]) for piece in segment_pieces[:drop_segments]),
-        bytes_freed=sum(piece.size for piece in doomed),
+        deleted_index_files=tuple(str(p) for piece in index_files[:drop_index] for p in piece.paths),
+        deleted_segments=tuple(str(piece.paths[0]) for piece in segments[:drop_segments]),
+        bytes_freed=_freed(segments, index_files, drop_segments),
     )
+
+
+def _log_start(segments: list[_Piece], dropped: int) -> int:
+    return segments[dropped - 1].next_base_seq if dropped else 0
+
+
+def _stranded_index_files(index_files: list[_Piece], log_start: int) -> int:
+    """How many of the oldest index files point only below `log_start` (a prefix: files are
+    filled in seq order)."""
+    count = 0
+    while count < len(index_files) and index_files[count].last_seq < log_start:
+        count += 1
+    return count
+
+
+def _freed(segments: list[_Piece], index_files: list[_Piece], drop_segments: int) -> int:
+    drop_index = _stranded_index_files(index_files, _log_start(segments, drop_segments))
+    return sum(p.size for p in segments[:drop_segments]) + sum(p.size for p in index_files[:drop_index])
 
 
 def _index_pieces(writer: ShardWriter) -> list[_Piece]:
@@ -85,7 +119,8 @@ def _index_pieces(writer: ShardWriter) -> list[_Piece]:
     states = writer.checkpoint.index_files
     paths = writer.index_file_paths()
     return [
-        _Piece(state.max_timestamp_ms, _size(path), (path,)) for state, path in zip(states[:-1], paths[:-1])
+        _Piece(state.max_timestamp_ms, _size(path), (path,), last_seq=state.header["end_phy_offset"])
+        for state, path in zip(states[:-1], paths[:-1])
     ]
 
 
@@ -97,42 +132,8 @@ def _segment_pieces(writer: ShardWriter) -> list[_Piece]:
         # the .log and its .index / .timeindex / .summary companions
         paths = (segment.path, *sorted(p for p in segment.path.parent.glob(segment.path.stem + ".*") if p != segment.path))
         newest = EMPTY_SEGMENT_MS if segment.max_timestamp is None else segment.max_timestamp
-        pieces.append(_Piece(newest, sum(map(_size, paths)), paths, following.base_seq))
+        pieces.append(_Piece(newest, sum(map(_size, paths)), paths, next_base_seq=following.base_seq))
     return pieces
-
-
-def _expired_prefix(pieces: list[_Piece], cutoff_ms: int) -> int:
-    count = 0
-    for piece in pieces:
-        if piece.newest_ms >= cutoff_ms:
-            break
-        count += 1
-    return count
-
-
-def _shrink_to(
-    index_pieces: list[_Piece],
-    segment_pieces: list[_Piece],
-    drop_index: int,
-    drop_segments: int,
-    total: int,
-    max_bytes: int,
-) -> tuple[int, int]:
-    """Extend the two prefixes, always taking the older of the two next candidates, until the
-    shard's total size (active files included) is at most max_bytes or nothing else may go."""
-    total -= sum(p.size for p in index_pieces[:drop_index]) + sum(p.size for p in segment_pieces[:drop_segments])
-    while total > max_bytes:
-        next_index = index_pieces[drop_index] if drop_index < len(index_pieces) else None
-        next_segment = segment_pieces[drop_segments] if drop_segments < len(segment_pieces) else None
-        if next_index is None and next_segment is None:
-            break
-        if next_segment is None or (next_index is not None and next_index.newest_ms <= next_segment.newest_ms):
-            total -= next_index.size
-            drop_index += 1
-        else:
-            total -= next_segment.size
-            drop_segments += 1
-    return drop_index, drop_segments
 
 
 def _shard_bytes(writer: ShardWriter) -> int:

@@ -150,17 +150,23 @@ class Store:
                     )
 
     def apply_retention(
-        self, *, max_age_ms: int | None = None, max_bytes: int | None = None, now_ms: int | None = None
+        self,
+        *,
+        max_age_ms: int | None = None,
+        max_bytes: int | None = None,
+        now_ms: int | None = None,
+        dry_run: bool = False,
     ) -> RetentionReport:
-        """Delete whole expired hash index files and log segments of every shard, oldest first,
-        never a shard's active ones. `max_age_ms`: files whose newest record is older than
-        now_ms - max_age_ms; `max_bytes`: a per-shard size cap. Takes each shard's writer lock."""
+        """Delete every shard's expired log segments, oldest first, and the hash index files that
+        only point into them (retention.py), never a shard's active ones. `max_age_ms`: segments
+        whose newest record is older than now_ms - max_age_ms; `max_bytes`: a per-shard size cap;
+        `dry_run`: report, delete nothing. Takes each shard's writer lock."""
         report = RetentionReport()
         for broker in self.brokers():
             with self.writer(broker) as writer:
-                report = report.merge(
-                    apply_shard_retention(writer, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
-                )
+                report = report.merge(apply_shard_retention(
+                    writer, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms, dry_run=dry_run
+                ))
         return report
 
     def close(self) -> None:

@@ -1,0 +1,73 @@
+"""``msgindex retention``: delete a store's expired log segments and the hash index files that
+only point into them, now (the indexing job does the same between appends when given
+``--retention-ms`` / ``--retention-bytes``).
+
+    msgindex retention PATH --max-age 7d [--max-bytes 50GiB] [--dry-run]
+
+Never the active segment or index file of a shard, and never an index file that a retained
+record needs (every record a scan returns stays findable by its keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from msgindex.errors import InvalidOptionError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d|w)?\s*$")
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000,
+                "w": 604_800_000}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+
+
+def register(subparsers) -> None:
+    """Add the ``retention`` subcommand."""
+    parser = subparsers.add_parser(
+        "retention", help="delete a store's expired log segments and index files now",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("path", metavar="PATH", help="the store root")
+    parser.add_argument("--max-age", metavar="AGE",
+                        help="delete segments whose newest record is older than this: 7d, 12h, 30m, 45s, 500ms, "
+                             "or milliseconds")
+    parser.add_argument("--max-bytes", metavar="SIZE",
+                        help="shrink each shard to at most this size: 50GiB, 500MB, 10g, or bytes")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be deleted; delete nothing")
+    parser.set_defaults(handler=run)
+
+
+def parse_duration_ms(option: str, text: str) -> int:
+    """Milliseconds of a duration such as ``7d``, ``12h``, ``30m``, ``45s``, ``500ms`` or ``60000``."""
+    match = _DURATION.match(text)
+    if not match:
+        raise InvalidOptionError(f"{option} {text!r} is not a duration: use e.g. 7d, 12h, 30m, 45s, 500ms")
+    return int(float(match.group(1)) * _DURATION_MS[match.group(2)])
+
+
+def parse_size_bytes(option: str, text: str) -> int:
+    """Bytes of a size such as ``50GiB``, ``500MB``, ``10g`` or ``1048576`` (K/M/G/T are powers of
+    1024 with or without the ``i``: disk sizes of index files, not marketing units)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise InvalidOptionError(f"{option} {text!r} is not a size: use e.g. 50GiB, 500MB, 10g or bytes")
+    unit = (match.group(2) or "b").lower()[0]
+    return int(float(match.group(1)) * 1024 ** "bkmgt".index(unit))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Apply (or with --dry-run, plan) retention and print what went; exit code 0."""
+    import msgindex
+
+    if args.max_age is None and args.max_bytes is None:
+        raise InvalidOptionError("give --max-age and/or --max-bytes (nothing to do otherwise)")
+    max_age = None if args.max_age is None else parse_duration_ms("--max-age", args.max_age)
+    max_bytes = None if args.max_bytes is None else parse_size_bytes("--max-bytes", args.max_bytes)
+    with msgindex.open(args.path) as store:
+        report = store.apply_retention(max_age_ms=max_age, max_bytes=max_bytes, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for path in (*report.deleted_segments, *report.deleted_index_files):
+        print(f"{verb} {path}")
+    print(f"{verb} {len(report.deleted_segments)} log segment(s) and {len(report.deleted_index_files)} hash index "
+          f"file(s), {report.bytes_freed:,} bytes")
+    return 0
