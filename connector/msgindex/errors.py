@@ -14,6 +14,10 @@ class CorruptFileError(MsgIndexError):
     """A file on disk is truncated, the wrong size, or holds bytes that fail validation."""
 
 
+class StorageFullError(MsgIndexError, OSError):
+    """The filesystem has no room for a file msgindex must allocate or grow (disk full, quota)."""
+
+
 class IndexFullError(MsgIndexError):
     """An index file or sparse index has no room for another entry."""
 

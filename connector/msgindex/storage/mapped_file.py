@@ -1,22 +1,50 @@
-"""Memory-mapping with the size checked first.
+"""Memory-mapping with the size checked first and the space allocated for real.
 
-Touching a mapped page past the end of a file kills the process with SIGBUS, so every mapping
-goes through here: the file's real size is compared with what the format needs *before* mmap.
+Two ways a mapped page can kill the process with SIGBUS, and how every mapping here avoids them:
+* touching a page past the end of the file: the file's real size is compared with what the
+  format needs *before* mmap;
+* writing into a page of a sparse file (a "hole") when the filesystem is full: the kernel cannot
+  allocate the block at the moment of the write and has no way to report it but a signal. So a
+  file that will be written through a mapping gets its blocks allocated up front
+  (``posix_fallocate``; glibc writes zeros itself on filesystems without it): a full disk is then
+  a StorageFullError naming the file when it is created or opened, never a signal later.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
 
-from msgindex.errors import CorruptFileError
+from msgindex.errors import CorruptFileError, StorageFullError
 
 
 def preallocate(path: Path, size: int) -> None:
-    """Create `path` (must not exist) with `size` zero bytes, sparse where the filesystem allows."""
+    """Create `path` (must not exist) with `size` zero bytes whose blocks are really allocated;
+    StorageFullError (and no file left behind) when they do not fit."""
     with open(path, "xb") as f:
-        f.truncate(size)
+        try:
+            allocate(f.fileno(), size, path)
+        except BaseException:
+            Path(path).unlink(missing_ok=True)
+            raise
+
+
+def allocate(fd: int, size: int, path: Path) -> None:
+    """Make sure the first `size` bytes of the open file `fd` have disk blocks (growing the file
+    to `size` if shorter): StorageFullError naming `path` when the filesystem has no room."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(
+                f"{path}: no space left to allocate {size:,} bytes on its filesystem (free some space; "
+                f"nothing was written)"
+            ) from None
+        raise
 
 
 def map_file(path: Path, *, expected_size: int | None = None, writable: bool = False) -> mmap.mmap:
@@ -39,6 +67,8 @@ def map_file(path: Path, *, expected_size: int | None = None, writable: bool = F
             )
         if size == 0:
             raise CorruptFileError(f"{path}: file is empty (0 bytes)")
+        if writable:
+            allocate(fd, size, path)  # no holes under a writable mapping (see the module docstring)
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         return mmap.mmap(fd, size, access=access)
     finally:

@@ -1,0 +1,108 @@
+"""A full disk is an error naming the file, never a signal, and nothing committed is lost.
+
+The store lives on a small tmpfs mounted for the test (root only; skipped, saying so, where
+mounting is not allowed). Writers run in subprocesses so that a SIGBUS would show as the exit
+status instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from msgindex.storage.store import open_store
+from tests.storage.shard_model import shard_files
+
+MOUNT_BYTES = 4 << 20
+# index files of ~0.5 MB: a few fit, the disk fills while rolling to new ones
+SETTINGS = dict(hash_slot_num=4096, index_num=25_000, segment_bytes=256 << 10, index_interval_bytes=4096)
+
+WRITER = textwrap.dedent("""
+    import sys
+    from msgindex.errors import MsgIndexError
+    from msgindex.storage.message import MessageRecord
+    from msgindex.storage.store import open_store
+
+    root, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store = open_store(root)
+    try:
+        with store.writer("b") as writer:
+            for batch in range(first, last):
+                writer.append(batch, [MessageRecord("t", 0, batch * 500 + i, 1_700_000_000_000 + i, f"k{batch}-{i}",
+                                                    (f"k{batch}-{i}", f"shared{i % 7}")) for i in range(500)])
+                print(f"committed {batch}", flush=True)
+    except (MsgIndexError, OSError) as error:
+        print(f"error {type(error).__name__}: {error}", flush=True)
+        sys.exit(3)
+""")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={MOUNT_BYTES}", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _write(root: Path, first: int, last: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WRITER, str(root), str(first), str(last)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _committed(output: str) -> list[int]:
+    return [int(line.split()[1]) for line in output.splitlines() if line.startswith("committed ")]
+
+
+def _fill(mount: Path, leave_bytes: int) -> Path:
+    filler = mount / f"filler-{uuid.uuid4().hex}"
+    free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(free - leave_bytes, 0))
+    return filler
+
+
+def test_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
+    from msgindex.storage.settings import StoreSettings
+
+    root = small_disk / "index"
+    open_store(root, create=True, settings=StoreSettings(**SETTINGS)).close()
+    first = _write(root, 0, 2)
+    assert first.returncode == 0 and _committed(first.stdout) == [0, 1], first.stdout + first.stderr
+    filler = _fill(small_disk, leave_bytes=300 << 10)
+
+    full = _write(root, 2, 40)  # runs out of space somewhere: a log write or a new index file
+    assert full.returncode == 3, f"expected a clean error, got status {full.returncode}: {full.stderr[-2000:]}"
+    error = full.stdout.splitlines()[-1]
+    assert str(root) in error and ("space" in error.lower() or "short write" in error), error
+    committed = [0, 1] + _committed(full.stdout)
+
+    # reopening the writer while the disk is still full: an error or a clean rollback, never SIGBUS
+    again = _write(root, committed[-1] + 1, committed[-1] + 2)
+    assert again.returncode not in (-signal.SIGBUS, -signal.SIGSEGV), again.stderr[-2000:]
+    assert again.returncode in (0, 3), again.stderr[-2000:]
+    committed += _committed(again.stdout)
+
+    # space comes back: the shard resumes exactly where its checkpoint says
+    filler.unlink()
+    more = _write(root, committed[-1] + 1, committed[-1] + 3)
+    assert more.returncode == 0, more.stdout + more.stderr
+    committed += _committed(more.stdout)
+    with open_store(root) as store:
+        for batch in committed:
+            assert store.lookup(f"k{batch}-7").num_rows == 1, f"batch {batch} lost"
+        assert sum(b.num_rows for b in store.scan()) == 500 * len(committed)
+    assert shard_files(root / "broker=b")  # still a shard
