@@ -148,15 +148,18 @@ def produce_dataset(work: Path) -> Iterator[BrokerDataset]:
     try:
         specs = build_specs()
         sent = broker.produce(specs, work)
-        pulled = {row["properties"]["UNIQ_KEY"]: row for row in broker.pull(list(TOPICS), work)}
+        pulled = {row["commitLogOffset"]: row for row in broker.pull(list(TOPICS), work)}
         messages = []
         for spec, result in zip(specs, sent, strict=True):
-            stored = pulled[result["msgId"]]
+            # joined on the commit-log offset the broker reported to the producer (the last 16 hex
+            # digits of offsetMsgId), not on msgId: a batch's messages are stored with the batch's
+            # own UNIQ_KEY pair after theirs, and Java's decoder (like the index) keeps the last
+            stored = pulled[int(result["offsetMsgId"][-16:], 16)]
             assert stored["topic"] == spec["topic"] and stored["queueOffset"] == result["queueOffset"]
             messages.append(TruthMessage(
                 topic=spec["topic"], queue_id=stored["queueId"], queue_offset=stored["queueOffset"],
                 commit_log_offset=stored["commitLogOffset"], store_timestamp=stored["storeTimestamp"],
-                size=stored["storeSize"], keys_value=spec["keys"], uniq_key=result["msgId"],
+                size=stored["storeSize"], keys_value=spec["keys"], uniq_key=stored["properties"]["UNIQ_KEY"],
                 body=base64.b64decode(spec["bodyB64"]), user_properties=spec["properties"] or {},
                 tags=spec["tags"],
             ))

@@ -129,7 +129,7 @@ class LocalRocketMQ:
         self.stop()
         raise BrokerError(f"RocketMQ did not start within {timeout}s; see {self.work / 'server.out'}")
 
-    def stop(self, timeout: float = 30) -> None:
+    def stop(self, timeout: float = 10) -> None:
         """SIGTERM (the brokers' shutdown hooks flush and close), then SIGKILL."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
