@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -193,7 +194,7 @@ class RocketMQBrokerStore:
                 break
         return start, stop
 
-    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int | None]]:
+    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[ScanPiece]:
         """``scan_bounds`` split at commit-log file boundaries (each piece starts at a message or
         a file start), for reading in parallel."""
         start, stop = self.scan_bounds(begin_ms, end_ms)
@@ -201,8 +202,11 @@ class RocketMQBrokerStore:
         for file in self.commit_log.files:
             if file.end <= start or (stop is not None and file.start >= stop):
                 continue
-            piece_end = file.end if stop is None or stop > file.end else stop
-            pieces.append((max(start, file.start), None if stop is None and file is self.commit_log.files[-1] else piece_end))
+            if stop is not None and stop <= file.end:
+                pieces.append(ScanPiece(max(start, file.start), stop, stop_is_message=True))
+            else:
+                # the broker preallocates the next file: the log may end (in zeros) before file.end
+                pieces.append(ScanPiece(max(start, file.start), file.end, stop_is_message=False))
         return pieces
 
     def scan(self, *, begin_ms: int | None = None, end_ms: int | None = None, topics: Iterable[str] | None = None,
@@ -213,19 +217,22 @@ class RocketMQBrokerStore:
         validate_window(begin_ms, end_ms, None)
         start, stop = self.scan_bounds(begin_ms, end_ms)
         yield from self.scan_range(start, stop, begin_ms=begin_ms, end_ms=end_ms, topics=topics,
-                                   partitions=partitions, fetch_values=fetch_values, batch_rows=batch_rows)
+                                   partitions=partitions, fetch_values=fetch_values, batch_rows=batch_rows,
+                                   stop_is_message=stop is not None)
 
     def scan_range(self, start: int, stop: int | None, *, begin_ms: int | None = None, end_ms: int | None = None,
                    topics: Iterable[str] | None = None, partitions: Iterable[int] | None = None,
-                   fetch_values: bool = False, batch_rows: int = SCAN_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+                   fetch_values: bool = False, batch_rows: int = SCAN_BATCH_ROWS,
+                   stop_is_message: bool = False) -> Iterator[pa.RecordBatch]:
         """The messages of the commit log from offset `start` (a message or file start) up to
-        `stop` that are in the window, topics and partitions."""
+        `stop` that are in the window, topics and partitions. With `stop_is_message` (a stop taken
+        from an index header), the log ending before `stop` is a CorruptFileError."""
         wanted_topics = None if topics is None else frozenset(topics)
         wanted_partitions = None if partitions is None else frozenset(int(p) for p in partitions)
         pending: list[StoredMessage] = []
         for offset, kind in self.commit_log.iter_offsets(start, stop):
             if kind is RecordKind.END:
-                if stop is not None and offset < stop:
+                if stop_is_message and stop is not None and offset < stop:
                     raise CorruptFileError(
                         f"{self.commit_log.directory}: the log ends at offset {offset}, but the "
                         f"index has messages up to {stop}"
@@ -282,6 +289,15 @@ class RocketMQBrokerStore:
 
     def __repr__(self) -> str:
         return f"RocketMQBrokerStore({str(self.root)!r}, broker={self.broker_name!r})"
+
+
+class ScanPiece(NamedTuple):
+    """Commit-log offsets [start, stop) of one file to scan; `stop_is_message` when `stop` is a
+    message the index knows (so the log must reach it), not just the end of a file."""
+
+    start: int
+    stop: int | None
+    stop_is_message: bool
 
 
 def _topic_list(topic: str | Iterable[str] | None) -> list[str]:
