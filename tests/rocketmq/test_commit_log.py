@@ -262,3 +262,19 @@ def test_the_key_rule():
     assert keys_tokens(None) == [] and keys_tokens("") == []
     assert message_keys(None, [" a  b a"], ["U1"]) == ("a", "b", "U1")
     assert message_keys("p", ["a p"], [None, ""]) == ("p", "a")
+
+
+def test_many_keys_in_one_call_equal_one_by_one(written_store):
+    """More keys than SCALAR_WALK_MAX_KEYS take the numpy paths (vectorized hashing, lock-step
+    chain walk); the result must be the union of the one-key (scalar) lookups."""
+    from msgindex.storage.rocketmq.broker_store import SCALAR_WALK_MAX_KEYS
+
+    keys = [f"w{i}" for i in range(13)] + [f"n{i}" for i in range(0, 300, 7)]
+    assert len(keys) > SCALAR_WALK_MAX_KEYS
+    with open_written(written_store.root) as store:
+        for topic in ("Aa", "BB", LONG_TOPIC):
+            one_by_one = set()
+            for key in keys:
+                one_by_one.update(store.lookup(key, topic=topic)["commit_log_offset"].to_pylist())
+            together = store.lookup(keys, topic=topic)["commit_log_offset"].to_pylist()
+            assert len(together) == len(set(together)) and set(together) == one_by_one

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM, FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
-from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.message import index_key
 from msgindex.storage.query import KeysArg, normalize_keys, validate_window
 from msgindex.storage.rocketmq.commit_log import COMMIT_LOG_DIR, CommitLog, RecordKind, StoredMessage
@@ -44,6 +44,7 @@ MICROS_PER_MS = 1000
 # an index entry's time is at most this much earlier than the message's store time
 INDEX_TIME_SLACK_MS = TIME_DIFF_UNIT_MS - 1
 SCAN_BATCH_ROWS = 8192
+SCALAR_WALK_MAX_KEYS = 16  # up to this many hashes, chains are walked one by one (see _walk_chains)
 
 # Rows of a verified lookup or scan (``spark.read.format("msgindex").option("mode", "rocketmq")``
 # on a store root). `key` is the message's first KEYS token (its own key by RocketMQ convention),
@@ -66,6 +67,9 @@ ROCKETMQ_VALUE_FIELDS = [
     pa.field("properties", pa.map_(pa.string(), pa.string()), nullable=False),
 ]
 ROCKETMQ_VALUE_SCHEMA = pa.schema(list(ROCKETMQ_ROW_SCHEMA) + ROCKETMQ_VALUE_FIELDS)
+
+
+_ROW_STRUCTS = {False: pa.struct(list(ROCKETMQ_ROW_SCHEMA)), True: pa.struct(list(ROCKETMQ_VALUE_SCHEMA))}
 
 
 def row_schema(fetch_values: bool) -> pa.Schema:
@@ -99,17 +103,25 @@ class RocketMQBrokerStore:
         self.broker_name = broker_name or self.root.resolve().name
         self.index_set = IndexFileSet(self.root / INDEX_DIR, hash_slot_num, index_num)
         self.commit_log = CommitLog(self.root / COMMIT_LOG_DIR)
-        self._index_files: dict[Path, IndexFile] = {}
+        self._index_files: dict[Path, IndexFile] = {}  # oldest first
+        self._index_version: int | None = None
 
     # ----------------------------------------------------------------- index files
     def index_files(self) -> list[IndexFile]:
-        """The index files now on disk, oldest first (the broker adds and deletes files while it
-        runs, so the directory is listed on every query; files stay mapped while present)."""
-        paths = self.index_set.paths(allow_empty=True)
-        for gone in set(self._index_files) - set(paths):
-            self._index_files.pop(gone).close()
-        return [self._index_files.get(path) or self._index_files.setdefault(path, self.index_set.open(path))
-                for path in paths]
+        """The index files now on disk, oldest first. The broker adds and deletes files while it
+        runs, and either changes the directory's mtime, so the directory is listed again (and new
+        files' sizes checked) only when that changed; files stay mapped while present."""
+        try:
+            version = os.stat(self.index_set.directory).st_mtime_ns
+        except FileNotFoundError:
+            version = None
+        if version is None or version != self._index_version:
+            paths = self.index_set.paths(allow_empty=True)
+            for gone in set(self._index_files) - set(paths):
+                self._index_files.pop(gone).close()
+            self._index_files = {path: self._index_files.get(path) or self.index_set.open(path) for path in paths}
+            self._index_version = version
+        return list(self._index_files.values())
 
     # ----------------------------------------------------------------- lookups
     def lookup(self, keys: KeysArg, *, topic: str | Iterable[str], begin_ms: int | None = None,
@@ -133,7 +145,11 @@ class RocketMQBrokerStore:
         targets = [(t, k) for t in topics for k in wanted_keys]
         if not targets or max_results == 0 or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
             return []
-        who, phys = self._candidates(index_hashes([index_key(t, k) for t, k in targets]), begin_ms, end_ms)
+        full_keys = [index_key(t, k) for t, k in targets]
+        # numpy's hashing pays off from a few dozen keys; one key is hashed faster in Python
+        hashes = (np.fromiter((index_hash(k) for k in full_keys), np.int64, len(full_keys))
+                  if len(full_keys) <= SCALAR_WALK_MAX_KEYS else index_hashes(full_keys))
+        who, phys = self._candidates(hashes, begin_ms, end_ms)
         read: dict[int, StoredMessage | None] = {}
         found: dict[int, StoredMessage] = {}
         min_offset = self.commit_log.min_offset
@@ -164,7 +180,7 @@ class RocketMQBrokerStore:
                 continue
             if (begin_ms is not None and header.end_timestamp < begin_ms) or (end_ms is not None and header.begin_timestamp > end_ms):
                 continue  # every message of this file was stored outside the window
-            who, entry, phy, approx = index.candidate_arrays(hashes)
+            who, entry, phy, approx = _walk_chains(index, hashes)
             keep = np.ones(who.size, dtype=bool)
             if begin_ms is not None:
                 keep &= approx >= begin_ms - INDEX_TIME_SLACK_MS
@@ -251,28 +267,22 @@ class RocketMQBrokerStore:
 
     # ----------------------------------------------------------------- rows
     def rows(self, messages: list[StoredMessage], *, fetch_values: bool = False) -> pa.Table:
-        """`messages` as rows of ``row_schema(fetch_values)``."""
+        """`messages` as rows of ``row_schema(fetch_values)``. One struct conversion instead of a
+        conversion per column: pyarrow's per-call overhead dominates for the few rows of a lookup."""
         schema = row_schema(fetch_values)
         if not messages:
             return schema.empty_table()
-        count = len(messages)
-        columns = [
-            pa.array([self.broker_name] * count, pa.string()),
-            pa.array([m.topic for m in messages], pa.string()),
-            pa.array([m.queue_id for m in messages], pa.int32()),
-            pa.array([m.queue_offset for m in messages], pa.int64()),
-            pa.array([m.first_key for m in messages], pa.string()),
-            pa.array([list(m.keys) for m in messages], schema.field("keys").type),
-            pa.array([m.store_timestamp * MICROS_PER_MS for m in messages], pa.timestamp("us", tz="UTC")),
-            pa.array([m.commit_log_offset for m in messages], pa.int64()),
-            pa.array([m.size for m in messages], pa.int32()),
-            pa.array(np.ones(count, dtype=bool)),
-        ]
+        broker = self.broker_name
         if fetch_values:
             where = self.commit_log.directory
-            columns.append(pa.array([m.decoded_body(where) for m in messages], pa.binary()))
-            columns.append(pa.array([list(m.properties.items()) for m in messages], schema.field("properties").type))
-        return pa.Table.from_arrays(columns, schema=schema)
+            rows = [(broker, m.topic, m.queue_id, m.queue_offset, m.first_key, m.keys, m.store_timestamp * MICROS_PER_MS,
+                     m.commit_log_offset, m.size, True, m.decoded_body(where), list(m.properties.items()))
+                    for m in messages]
+        else:
+            rows = [(broker, m.topic, m.queue_id, m.queue_offset, m.first_key, m.keys, m.store_timestamp * MICROS_PER_MS,
+                     m.commit_log_offset, m.size, True) for m in messages]
+        batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_STRUCTS[fetch_values]))
+        return pa.Table.from_batches([batch.cast(schema) if batch.schema != schema else batch], schema=schema)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -289,6 +299,22 @@ class RocketMQBrokerStore:
 
     def __repr__(self) -> str:
         return f"RocketMQBrokerStore({str(self.root)!r}, broker={self.broker_name!r})"
+
+
+def _walk_chains(index: IndexFile, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``IndexFile.candidate_arrays``: every entry of the hashes' chains whose hash matches. The
+    lock-step numpy walk costs one round of array calls per chain step, so for a few keys with
+    long chains (a hot key) walking each chain with the scalar ``candidates`` is faster."""
+    if hashes.size > SCALAR_WALK_MAX_KEYS:
+        return index.candidate_arrays(hashes)
+    who, entries, phys, stamps = [], [], [], []
+    for position, key_hash in enumerate(hashes.tolist()):
+        for entry, phy, stamp in index.candidates(key_hash):
+            who.append(position)
+            entries.append(entry)
+            phys.append(phy)
+            stamps.append(stamp)
+    return tuple(np.asarray(column, dtype=np.int64) for column in (who, entries, phys, stamps))
 
 
 class ScanPiece(NamedTuple):

@@ -144,25 +144,24 @@ class StoredMessage:
     queue_offset: int
     sys_flag: int
     born_timestamp: int
-    born_host: str
+    born_host_bytes: bytes
     store_timestamp: int
-    store_host: str
+    store_host_bytes: bytes
     reconsume_times: int
     prepared_transaction_offset: int
     topic: str
     properties: dict[str, str]
+    keys: tuple[str, ...]  # every distinct key the message is indexed under (``message_keys``)
+    first_key: str | None  # the first KEYS token: its own key by RocketMQ convention (``setKeys(k)``)
     body: bytes | None = None
 
     @property
-    def keys(self) -> tuple[str, ...]:
-        """Every distinct key the message is indexed under (``message_keys``)."""
-        return message_keys(None, (self.properties.get(KEYS_PROPERTY),), (self.properties.get(UNIQ_KEY_PROPERTY),))
+    def born_host(self) -> str:
+        return format_host(self.born_host_bytes)
 
     @property
-    def first_key(self) -> str | None:
-        """The first ``KEYS`` token: the message's own key by RocketMQ convention (``setKeys(k)``)."""
-        tokens = keys_tokens(self.properties.get(KEYS_PROPERTY))
-        return tokens[0] if tokens else None
+    def store_host(self) -> str:
+        return format_host(self.store_host_bytes)
 
     def decoded_body(self, path: Path | str = "commit log") -> bytes | None:
         """The body as the producer sent it (decompressed when SYSFLAG says so)."""
@@ -320,13 +319,19 @@ class CommitLog:
         when the bytes there are not one whole, consistent message."""
         file = self.file_at(offset)
         position = offset - file.start
-        where = f"{file.path}: message at offset {offset}"
+        if file.size - position >= BLANK_MARKER_SIZE:
+            total, magic = PREFIX_STRUCT.unpack(self._read(file, position, BLANK_MARKER_SIZE))
+            if magic in TOPIC_LENGTH_STRUCTS and MIN_MESSAGE_SIZE <= total <= file.size - position:
+                # the usual case, checked without a second read; anything else is explained below
+                return decode_message(self._read(file, position, total), offset, with_body=with_body,
+                                      where=f"{file.path}: message at offset {offset}")
         kind = self.kind_at(offset)
         if kind is not RecordKind.MESSAGE:
             what = "the blank end-of-file marker" if kind is RecordKind.BLANK else "zeros (past the last message)"
-            raise CorruptFileError(f"{where}: found {what}, not a message")
+            raise CorruptFileError(f"{file.path}: message at offset {offset}: found {what}, not a message")
         total = self._message_size(file, offset)
-        return decode_message(self._read(file, position, total), offset, with_body=with_body, where=where)
+        return decode_message(self._read(file, position, total), offset, with_body=with_body,
+                              where=f"{file.path}: message at offset {offset}")
 
     def _message_size(self, file: CommitLogFile, offset: int) -> int:
         """TOTALSIZE of the message at `offset`, checked to lie inside `file`."""
@@ -462,12 +467,14 @@ def decode_message(record, offset: int, *, with_body: bool = False, where: str =
             f"{properties_len}) do not add up to TOTALSIZE {total}"
         )
     properties = parse_properties(bytes(record[position:total]), where=where)
+    tokens = keys_tokens(properties.get(KEYS_PROPERTY))
     return StoredMessage(
         commit_log_offset=offset, size=total, magic=magic, body_crc=body_crc, queue_id=queue_id,
         flag=flag, queue_offset=queue_offset, sys_flag=sys_flag, born_timestamp=born_ts,
-        born_host=format_host(born_host), store_timestamp=store_ts, store_host=format_host(store_host),
+        born_host_bytes=born_host, store_timestamp=store_ts, store_host_bytes=store_host,
         reconsume_times=reconsume, prepared_transaction_offset=prepared, topic=topic,
-        properties=properties, body=body,
+        properties=properties, body=body, first_key=tokens[0] if tokens else None,
+        keys=message_keys(None, (properties.get(KEYS_PROPERTY),), (properties.get(UNIQ_KEY_PROPERTY),)),
     )
 
 
