@@ -88,6 +88,8 @@ HEAD_DTYPE = np.dtype([
     ("born_timestamp", ">i8"),
 ])
 assert HEAD_STRUCT.size == HEAD_DTYPE.itemsize == HEAD_SIZE
+SYS_FLAG_POSITION = 36
+SYS_FLAG_STRUCT = struct.Struct(">i")
 PREFIX_STRUCT = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE: what every record (and a blank) starts with
 IPV4_HOST_SIZE, IPV6_HOST_SIZE = 8, 20  # address + i32 port
 PORT_STRUCT = struct.Struct(">i")
@@ -96,6 +98,16 @@ STORE_TIMESTAMP_STRUCT = struct.Struct(">q")
 TAIL_STRUCT = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLEN
 TOPIC_LENGTH_STRUCTS = {MAGIC_V1: struct.Struct(">b"), MAGIC_V2: struct.Struct(">h")}
 PROPERTIES_LENGTH_STRUCT = struct.Struct(">h")
+# The fixed part up to BODYLEN in one unpack, per (born host IPv6, store host IPv6).
+FIXED_STRUCTS = {
+    (born_v6, store_v6): struct.Struct(
+        f">{HEAD_STRUCT.format[1:]}{IPV6_HOST_SIZE if born_v6 else IPV4_HOST_SIZE}s"
+        f"{STORE_TIMESTAMP_STRUCT.format[1:]}{IPV6_HOST_SIZE if store_v6 else IPV4_HOST_SIZE}s{TAIL_STRUCT.format[1:]}"
+    )
+    for born_v6 in (False, True) for store_v6 in (False, True)
+}
+assert HEAD_DTYPE.fields["sys_flag"][1] == SYS_FLAG_POSITION
+assert FIXED_STRUCTS[False, False].size == HEAD_SIZE + 2 * IPV4_HOST_SIZE + STORE_TIMESTAMP_STRUCT.size + TAIL_STRUCT.size
 # the smallest record: IPv4 hosts, v1, empty body, topic and properties
 MIN_MESSAGE_SIZE = (HEAD_SIZE + IPV4_HOST_SIZE + STORE_TIMESTAMP_STRUCT.size + IPV4_HOST_SIZE
                     + TAIL_STRUCT.size + 1 + PROPERTIES_LENGTH_STRUCT.size)
@@ -423,39 +435,35 @@ class CommitLog:
 def decode_message(record, offset: int, *, with_body: bool = False, where: str = "") -> StoredMessage:
     """Decode one whole record (`record` holds exactly TOTALSIZE bytes) stored at `offset`."""
     where = where or f"message at offset {offset}"
-    total, magic, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = HEAD_STRUCT.unpack_from(record, 0)
-    if magic not in TOPIC_LENGTH_STRUCTS:
+    record = bytes(record)  # one small copy: slicing and unpacking bytes is faster than a mapped view
+    total = len(record)
+    if total < HEAD_SIZE:
+        raise CorruptFileError(f"{where}: {total} bytes, too few for a message")
+    (sys_flag,) = SYS_FLAG_STRUCT.unpack_from(record, SYS_FLAG_POSITION)
+    fixed_struct = FIXED_STRUCTS[bool(sys_flag & SYSFLAG_BORN_HOST_V6), bool(sys_flag & SYSFLAG_STORE_HOST_V6)]
+    (size, magic, body_crc, queue_id, flag, queue_offset, physical, _, born_ts, born_host, store_ts,
+     store_host, reconsume, prepared, body_len) = fixed_struct.unpack_from(record, 0)
+    topic_struct = TOPIC_LENGTH_STRUCTS.get(magic)
+    if topic_struct is None:
         raise CorruptFileError(f"{where}: wrong magic code {magic & 0xFFFFFFFF:#010x}")
-    if total != len(record):
-        raise CorruptFileError(f"{where}: TOTALSIZE {total}, but {len(record)} bytes given")
+    if size != total:
+        raise CorruptFileError(f"{where}: TOTALSIZE {size}, but {total} bytes given")
     if physical != offset:
         raise CorruptFileError(f"{where}: the record says it is at offset {physical} (misplaced or corrupt)")
-    born_size = IPV6_HOST_SIZE if sys_flag & SYSFLAG_BORN_HOST_V6 else IPV4_HOST_SIZE
-    store_size = IPV6_HOST_SIZE if sys_flag & SYSFLAG_STORE_HOST_V6 else IPV4_HOST_SIZE
-    topic_struct = TOPIC_LENGTH_STRUCTS[magic]
-    fixed = (HEAD_SIZE + born_size + STORE_TIMESTAMP_STRUCT.size + store_size + TAIL_STRUCT.size
-             + topic_struct.size + PROPERTIES_LENGTH_STRUCT.size)
+    fixed = fixed_struct.size + topic_struct.size + PROPERTIES_LENGTH_STRUCT.size
     if total < fixed:
         raise CorruptFileError(f"{where}: TOTALSIZE {total} is smaller than the fixed fields ({fixed} bytes)")
-    position = HEAD_SIZE
-    born_host = bytes(record[position : position + born_size])
-    position += born_size
-    (store_ts,) = STORE_TIMESTAMP_STRUCT.unpack_from(record, position)
-    position += STORE_TIMESTAMP_STRUCT.size
-    store_host = bytes(record[position : position + store_size])
-    position += store_size
-    reconsume, prepared, body_len = TAIL_STRUCT.unpack_from(record, position)
-    position += TAIL_STRUCT.size
     if body_len < 0 or fixed + body_len > total:
         raise CorruptFileError(f"{where}: BODYLEN {body_len} does not fit TOTALSIZE {total}")
-    body = bytes(record[position : position + body_len]) if with_body else None
+    position = fixed_struct.size
+    body = record[position : position + body_len] if with_body else None
     position += body_len
     (topic_len,) = topic_struct.unpack_from(record, position)
     position += topic_struct.size
     if topic_len <= 0 or fixed + body_len + topic_len > total:
         raise CorruptFileError(f"{where}: topic length {topic_len} does not fit TOTALSIZE {total}")
     try:
-        topic = bytes(record[position : position + topic_len]).decode("utf-8")
+        topic = record[position : position + topic_len].decode("utf-8")
     except UnicodeDecodeError:
         raise CorruptFileError(f"{where}: topic is not UTF-8") from None
     position += topic_len
@@ -466,15 +474,16 @@ def decode_message(record, offset: int, *, with_body: bool = False, where: str =
             f"{where}: field lengths (body {body_len}, topic {topic_len}, properties "
             f"{properties_len}) do not add up to TOTALSIZE {total}"
         )
-    properties = parse_properties(bytes(record[position:total]), where=where)
-    tokens = keys_tokens(properties.get(KEYS_PROPERTY))
+    properties = parse_properties(record[position:], where=where)
+    keys_value = properties.get(KEYS_PROPERTY)
+    tokens = keys_tokens(keys_value)
     return StoredMessage(
         commit_log_offset=offset, size=total, magic=magic, body_crc=body_crc, queue_id=queue_id,
         flag=flag, queue_offset=queue_offset, sys_flag=sys_flag, born_timestamp=born_ts,
         born_host_bytes=born_host, store_timestamp=store_ts, store_host_bytes=store_host,
         reconsume_times=reconsume, prepared_transaction_offset=prepared, topic=topic,
         properties=properties, body=body, first_key=tokens[0] if tokens else None,
-        keys=message_keys(None, (properties.get(KEYS_PROPERTY),), (properties.get(UNIQ_KEY_PROPERTY),)),
+        keys=message_keys(None, (keys_value,), (properties.get(UNIQ_KEY_PROPERTY),)),
     )
 
 
