@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import random
 import subprocess
@@ -181,6 +183,16 @@ def test_cli_and_broker_name(rocketmq_dataset):
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert {r["commit_log_offset"] for r in rows} == truth.select(ORDERS, HOT_KEY)
     assert {r["broker"] for r in rows} == {BROKER_NAME} and all(r["verified"] for r in rows)
+    stamps = sorted(m.store_timestamp for m in truth.messages)
+    begin, end = stamps[200] + 1, stamps[900] - 1
+    scan = subprocess.run(
+        [str(Path(sys.executable).with_name("msgindex")), "lookup", str(truth.store_root), "--mode", "rocketmq",
+         "--scan", "--topic", PAYMENTS, "--begin", str(begin), "--end", str(end), "--hash-slot-num",
+         str(HASH_SLOT_NUM), "--index-num", str(INDEX_NUM), "--format", "csv"],
+        capture_output=True, text=True, check=True,
+    )
+    rows = list(csv.DictReader(io.StringIO(scan.stdout)))
+    assert {int(r["commit_log_offset"]) for r in rows} == truth.select(PAYMENTS, begin=begin, end=end)
 
 
 def test_the_index_files_are_the_brokers(rocketmq_dataset, store):
