@@ -199,3 +199,24 @@ def test_the_index_files_are_the_brokers(rocketmq_dataset, store):
     """The broker's files open with msgindex's byte-identical IndexFile at the broker's sizing."""
     for index in store.index_files():
         assert isinstance(index, IndexFile) and index.path.stat().st_size == IndexFile.file_size(HASH_SLOT_NUM, INDEX_NUM)
+
+
+def test_a_store_kept_open_sees_what_the_broker_writes_later(rocketmq_dataset, store, tmp_path):
+    """The broker keeps writing (and rolls a commit-log file: the bodies are 200 KiB of random
+    bytes in 256 KiB files); a store opened before must find the new messages."""
+    import base64
+    import os
+    import time
+
+    files_before = len(store.commit_log.files)
+    specs = [{"topic": ORDERS, "keys": "late-key", "tags": "t", "bodyB64": base64.b64encode(os.urandom(200_000)).decode()}
+             for _ in range(3)]
+    sent = rocketmq_dataset.broker.produce(specs, tmp_path)
+    expected = {int(row["offsetMsgId"][-16:], 16) for row in sent}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(offsets(store.lookup("late-key", topic=ORDERS))) != expected:
+        time.sleep(0.2)  # the broker indexes asynchronously
+    rows = store.lookup("late-key", topic=ORDERS, fetch_values=True).to_pylist()
+    assert {r["commit_log_offset"] for r in rows} == expected
+    assert sorted(r["value"] for r in rows) == sorted(base64.b64decode(s["bodyB64"]) for s in specs)
+    assert len(store.commit_log.files) > files_before

@@ -145,6 +145,7 @@ class RocketMQBrokerStore:
         targets = [(t, k) for t in topics for k in wanted_keys]
         if not targets or max_results == 0 or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
             return []
+        self.commit_log.refresh()
         full_keys = [index_key(t, k) for t, k in targets]
         # numpy's hashing pays off from a few dozen keys; one key is hashed faster in Python
         hashes = (np.fromiter((index_hash(k) for k in full_keys), np.int64, len(full_keys))
@@ -198,6 +199,7 @@ class RocketMQBrokerStore:
         index headers: it starts at the last message of the newest index file that ended before
         `begin_ms` and stops at the first message of the oldest file that began after `end_ms`
         (None: the end of the log)."""
+        self.commit_log.refresh()
         start, stop = self.commit_log.min_offset, None
         for index in self.index_files():
             header = index.header
@@ -243,6 +245,7 @@ class RocketMQBrokerStore:
         """The messages of the commit log from offset `start` (a message or file start) up to
         `stop` that are in the window, topics and partitions. With `stop_is_message` (a stop taken
         from an index header), the log ending before `stop` is a CorruptFileError."""
+        self.commit_log.refresh()
         wanted_topics = None if topics is None else frozenset(topics)
         wanted_partitions = None if partitions is None else frozenset(int(p) for p in partitions)
         pending: list[StoredMessage] = []

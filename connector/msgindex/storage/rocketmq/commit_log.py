@@ -268,10 +268,29 @@ class CommitLog:
         self.window_bytes = window_bytes
         self.open_windows = open_windows
         self.window_overlap = window_overlap
+        # keyed by ((file start, file size), window start)
+        self._windows: OrderedDict[tuple[tuple[int, int], int], memoryview] = OrderedDict()
+        self._maps: dict[tuple[tuple[int, int], int], mmap.mmap] = {}
+        self._version: int | None = None
+        self.files: list[CommitLogFile] = []
+        self._starts: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """List the files again if the directory changed (a running broker adds files and its
+        retention deletes the oldest); windows of files that are gone are unmapped."""
+        try:
+            version = os.stat(self.directory).st_mtime_ns
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{self.directory}: no such commit-log directory") from None
+        if version == self._version:
+            return
         self.files = _list_files(self.directory)
         self._starts = [f.start for f in self.files]
-        self._windows: OrderedDict[tuple[int, int], memoryview] = OrderedDict()
-        self._maps: dict[tuple[int, int], mmap.mmap] = {}
+        self._version = version
+        present = {(f.start, f.size) for f in self.files}
+        for key in [key for key in self._windows if key[0] not in present]:
+            self._release(key)
 
     # ----------------------------------------------------------------- geometry
     @property
@@ -391,12 +410,16 @@ class CommitLog:
         return data
 
     def _window(self, file: CommitLogFile, window_start: int) -> memoryview:
-        key = (file.start, window_start)
+        key = ((file.start, file.size), window_start)
         view = self._windows.get(key)
         if view is not None:
             self._windows.move_to_end(key)
             return view
-        with open(file.path, "rb") as handle:
+        try:
+            handle = open(file.path, "rb")
+        except FileNotFoundError:
+            raise CorruptFileError(f"{file.path}: the commit-log file is gone (deleted by the broker's retention?)") from None
+        with handle:
             size = os.fstat(handle.fileno()).st_size
             if size < file.size:
                 raise CorruptFileError(f"{file.path}: file is {size} bytes now, {file.size} when listed (truncated?)")
@@ -409,7 +432,7 @@ class CommitLog:
             self._release(next(iter(self._windows)))
         return view
 
-    def _release(self, key: tuple[int, int]) -> None:
+    def _release(self, key: tuple[tuple[int, int], int]) -> None:
         view = self._windows.pop(key)
         view.release()
         try:
