@@ -85,3 +85,18 @@ def spark():
     session = build_spark_session(app_name="msgindex-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def rocketmq_dataset(tmp_path_factory: pytest.TempPathFactory):
+    """A real RocketMQ 5.3.3 NameServer + Broker (Maven Central jars) on 127.0.0.1 for the whole
+    test session, with ``tests.rocketmq.dataset.build_specs()`` sent through it and the ground
+    truth of where every message landed (a ``BrokerDataset``); stopped at the session's end."""
+    from tests.rocketmq.harness import environment_ready
+
+    missing = environment_ready()
+    if missing:
+        pytest.skip(f"a RocketMQ broker {missing}")
+    from tests.rocketmq.dataset import produce_dataset
+
+    yield from produce_dataset(tmp_path_factory.mktemp("rocketmq"))

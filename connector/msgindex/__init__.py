@@ -1,7 +1,8 @@
 """msgindex: find Kafka messages by key and time window, exactly, in milliseconds.
 
 Layers (each only uses the ones above it):
-  msgindex.storage   file formats, shards and the store; no Spark, no Kafka
+  msgindex.storage   file formats, shards and the store, and RocketMQ broker stores read in
+                     place (``open_rocketmq``); no Spark, no Kafka
   msgindex.kafka     the local KRaft broker and Kafka helpers
   msgindex.spark     SparkSession builder, the shard-writing sink, the `msgindex` data source
   streaming_jobs     runnable jobs (indexing pipeline, demo, load generators)
@@ -21,6 +22,8 @@ _EXPORTS = {
     "MessageRecord": "msgindex.storage.message",
     "Store": "msgindex.storage.store",
     "open": "msgindex.storage.store",
+    "open_rocketmq": "msgindex.storage.rocketmq.broker_store",
+    "RocketMQBrokerStore": "msgindex.storage.rocketmq.broker_store",
 }
 
 

@@ -2,6 +2,11 @@
 
     msgindex lookup PATH --key K [--key K2 ...] [--topic T] [--begin B] [--end E] [--max N]
     msgindex lookup PATH --scan [--topic T] [--begin B] [--end E] [--max N]
+    msgindex lookup STORE_ROOT --mode rocketmq --key K --topic T [--hash-slot-num S --index-num N]
+
+With ``--mode rocketmq`` PATH is a RocketMQ broker's store root (the directory holding
+``commitlog/`` and ``index/``): every hit of the broker's index is verified against its commit
+log (real topic, keys and store time in ms), with no 64-message cap.
 
 Times are epoch milliseconds or ISO-8601 with a zone. Output: an aligned table (default), JSON
 lines (one object per message) or CSV with a header.
@@ -18,7 +23,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.read_options import parse_time_ms
+from msgindex.spark.read_options import MODE_ROCKETMQ, MODE_STORE, MODES, parse_time_ms
+from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 FORMATS = ("table", "json", "csv")
 TABLE_COLUMN_MAX = 48  # longer cells are cut in table output (json/csv keep everything)
@@ -30,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lookup", help="find messages by key, or scan a time window, in a msgindex store",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="PATH", help="the store root")
+    parser.add_argument("path", metavar="PATH", help="the store root (msgindex's, or a RocketMQ broker's)")
+    parser.add_argument("--mode", choices=MODES, default=MODE_STORE,
+                        help="store: a msgindex store (default); rocketmq: a RocketMQ broker's store root")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--key", action="append", metavar="K", help="a key to find (repeatable)")
     what.add_argument("--scan", action="store_true", help="list every message in the time window")
@@ -41,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--partition", action="append", type=int, metavar="P", help="only this partition (repeatable)")
     parser.add_argument("--max", type=int, metavar="N", help="at most N messages")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    rocketmq = parser.add_argument_group("--mode rocketmq")
+    rocketmq.add_argument("--hash-slot-num", type=int, default=DEFAULT_HASH_SLOT_NUM, metavar="S",
+                          help=f"the broker's maxHashSlotNum (default {DEFAULT_HASH_SLOT_NUM})")
+    rocketmq.add_argument("--index-num", type=int, default=DEFAULT_INDEX_NUM, metavar="N",
+                          help=f"the broker's maxIndexNum (default {DEFAULT_INDEX_NUM})")
+    rocketmq.add_argument("--broker-name", metavar="B", help="the rows' broker (default: the store directory's name)")
     parser.set_defaults(handler=run)
 
 
@@ -52,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
     end = parse_time_ms("--end", args.end) if args.end is not None else None
     if args.max is not None and args.max <= 0:
         raise InvalidOptionError(f"--max {args.max}: must be a positive number")
+    if args.mode == MODE_ROCKETMQ:
+        table = _rocketmq(args, begin, end)
+        write_rows(table, args.format, sys.stdout)
+        return 0
+    if args.broker_name is not None:
+        raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex store names its shards)")
     with msgindex.open(args.path) as store:
         if args.scan:
             table = _scan(store, args, begin, end)
@@ -70,6 +90,31 @@ def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None)
         for topic in (args.topic or [None])
     ]
     return sort_and_limit(tables, args.max)
+
+
+def _rocketmq(args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
+    from msgindex.storage.rocketmq.broker_store import is_broker_store, open_rocketmq, row_schema
+
+    if not is_broker_store(args.path):
+        raise InvalidOptionError(
+            f"{args.path}: --mode rocketmq needs a broker's store root (the directory holding commitlog/ and index/)"
+        )
+    if args.broker is not None:
+        raise InvalidOptionError("--broker selects msgindex shards; a RocketMQ store root is one broker (see --broker-name)")
+    with open_rocketmq(args.path, hash_slot_num=args.hash_slot_num, index_num=args.index_num,
+                       broker_name=args.broker_name) as store:
+        if not args.scan:
+            if not args.topic:
+                raise InvalidOptionError("--mode rocketmq --key needs --topic: RocketMQ hashes topic + '#' + key")
+            return store.lookup(args.key, topic=args.topic, begin_ms=begin, end_ms=end, max_results=args.max,
+                                partitions=args.partition)
+        batches, rows = [], 0
+        for batch in store.scan(begin_ms=begin, end_ms=end, topics=args.topic, partitions=args.partition):
+            batches.append(batch if args.max is None else batch.slice(0, args.max - rows))
+            rows += batches[-1].num_rows
+            if args.max is not None and rows >= args.max:
+                break
+        return pa.Table.from_batches(batches, schema=row_schema(False))
 
 
 def _scan(store, args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
@@ -93,7 +138,8 @@ def _records(table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def write_rows(table: pa.Table, fmt: str, out) -> None:
-    """Write result rows (ROW_SCHEMA) to `out` as a table, JSON lines or CSV."""
+    """Write result rows (ROW_SCHEMA, or RocketMQ's verified rows) to `out` as a table, JSON
+    lines or CSV."""
     if fmt == "json":
         for row in _records(table):
             out.write(json.dumps(row, ensure_ascii=False) + "\n")

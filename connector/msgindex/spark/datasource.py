@@ -16,8 +16,9 @@ Columns (stable names; the store's ``ROW_SCHEMA``)::
     the shard's metadata log)
     + value binary, headers array<struct<key string, value binary>>   (with fetchValues=true)
 
-With ``.option("mode", "rocketmq")`` the path is a RocketMQ broker's index directory and the rows
-are its raw entries (``msgindex.spark.rocketmq_reader.ROCKETMQ_ENTRY_SCHEMA``).
+With ``.option("mode", "rocketmq")`` the path is a RocketMQ broker's store root (verified rows,
+exact to the millisecond, uncapped) or its bare index directory (raw entries): see
+``msgindex.spark.rocketmq_reader``.
 
 Options: see ``msgindex.spark.read_options``; accepted filters: see ``msgindex.spark.pushdown``.
 
@@ -50,7 +51,13 @@ from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark import pushdown
 from msgindex.spark.kafka_values import VALUE_FIELDS, fetch_values
 from msgindex.spark.read_options import MODE_ROCKETMQ, ReadOptions
-from msgindex.spark.rocketmq_reader import ROCKETMQ_ENTRY_SCHEMA, RocketMQIndexDirectory
+from msgindex.spark.rocketmq_reader import (
+    PushdownVerifiedRocketMQReader,
+    RocketMQReader,
+    VerifiedRocketMQReader,
+    check_rocketmq_path,
+    rocketmq_arrow_schema,
+)
 from msgindex.storage.message import ROW_SCHEMA
 
 SOURCE_NAME = "msgindex"
@@ -66,7 +73,7 @@ PER_SHARD_LOOKUP_KEYS = 10_000
 def output_arrow_schema(options: ReadOptions) -> pa.Schema:
     """The Arrow schema of every batch a read yields (the declared Spark schema, in Arrow)."""
     if options.mode == MODE_ROCKETMQ:
-        return ROCKETMQ_ENTRY_SCHEMA
+        return rocketmq_arrow_schema(options)
     if options.fetch_values:
         return pa.schema(list(ROW_SCHEMA) + list(VALUE_FIELDS))
     return ROW_SCHEMA
@@ -94,6 +101,10 @@ class MsgIndexDataSource(DataSource):
         return spark_schema(self.parsed)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if self.parsed.verified_rocketmq:
+            if _pushdown_disabled_for_this_plan():
+                return VerifiedRocketMQReader(self.parsed)
+            return PushdownVerifiedRocketMQReader(self.parsed)
         if self.parsed.mode == MODE_ROCKETMQ:
             return RocketMQReader(self.parsed)
         if _pushdown_disabled_for_this_plan():
@@ -103,7 +114,7 @@ class MsgIndexDataSource(DataSource):
 
 def _check_path(options: ReadOptions) -> None:
     if options.mode == MODE_ROCKETMQ:
-        RocketMQIndexDirectory(options.path, options.hash_slot_num, options.index_num).files()
+        check_rocketmq_path(options)
         return
     from msgindex.storage.store import open_store
 
@@ -266,31 +277,6 @@ class PushdownMsgIndexReader(MsgIndexReader):
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
         self.query, rejected = pushdown.push(self.query, filters)
         return rejected
-
-
-class RocketMQReader(DataSourceReader):
-    """Raw entries of a directory of RocketMQ broker IndexFiles, one partition per file. With a
-    key (and topic) only the entries whose hash matches are returned, marked unverified: a
-    RocketMQ index holds no key strings, so hash collisions cannot be told apart."""
-
-    def __init__(self, options: ReadOptions) -> None:
-        self.options = options
-
-    def _directory(self) -> RocketMQIndexDirectory:
-        return RocketMQIndexDirectory(self.options.path, self.options.hash_slot_num, self.options.index_num)
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(path.name) for path in self._directory().files()]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        options = self.options
-        if partition.value is None:
-            return
-        yield from self._directory().read_file(
-            partition.value, keys=options.keys, topics=options.topics,
-            begin_ms=options.begin_ms, end_ms=options.end_ms,
-        )
-
 
 
 def declared_arrow_schema(schema: StructType) -> pa.Schema:

@@ -8,9 +8,12 @@ runs.
 Option reference (names are case-insensitive):
 
 ============================  ==========================================================
-``path``                      the store root (or the RocketMQ index directory); required
-``mode``                      ``store`` (default): a msgindex store; ``rocketmq``: a directory of
-                              RocketMQ broker IndexFiles, read as raw, unverified entries
+``path``                      the store root (or, in rocketmq mode, a RocketMQ broker's store root
+                              or index directory); required
+``mode``                      ``store`` (default): a msgindex store; ``rocketmq``: a RocketMQ
+                              broker's store root (the directory holding ``commitlog/`` and
+                              ``index/``), every index hit verified against the commit log; or a
+                              bare directory of broker IndexFiles, read as raw, unverified entries
 ``key``                       one key, verbatim (may contain any character, commas included)
 ``keys``                      several keys as a JSON array of strings: ``["a", "b,c"]``
 ``topic``                     one topic, or several separated by commas (Kafka topic names
@@ -22,9 +25,12 @@ Option reference (names are case-insensitive):
 ``brokers``                   comma-separated shard (broker) names to read
 ``partitions``                comma-separated Kafka partition numbers
 ``fetchValues``               ``true``: add each found message's Kafka ``value`` and ``headers``
+                              (rocketmq mode: the body, decompressed, and its ``properties``)
 ``kafka.bootstrap.servers``   the Kafka cluster that fetchValues reads from
 ``hashSlotNum`` / ``indexNum``  (rocketmq mode) the sizing the IndexFiles were written with;
                               RocketMQ's defaults 5,000,000 / 20,000,000
+``brokerName``                (rocketmq mode, store root) the rows' ``broker``; default: the
+                              store directory's name
 ============================  ==========================================================
 
 ``key``/``keys`` options select messages *indexed under* a key, i.e. the key is among the
@@ -41,6 +47,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from msgindex.errors import InvalidOptionError
+from msgindex.storage.rocketmq.broker_store import is_broker_store
 
 MODE_STORE = "store"
 MODE_ROCKETMQ = "rocketmq"
@@ -52,7 +59,7 @@ ROCKETMQ_INDEX_NUM = 20_000_000
 
 KNOWN_OPTIONS = frozenset({
     "path", "mode", "key", "keys", "topic", "begin", "end", "maxnum", "brokers", "partitions",
-    "fetchvalues", "kafka.bootstrap.servers", "hashslotnum", "indexnum",
+    "fetchvalues", "kafka.bootstrap.servers", "hashslotnum", "indexnum", "brokername",
 })
 
 _EPOCH_MS = re.compile(r"^-?\d+$")
@@ -135,6 +142,14 @@ def parse_names(option: str, value: str) -> tuple[str, ...]:
     return names
 
 
+def parse_name(option: str, value: str) -> str:
+    """One non-empty name, taken verbatim (surrounding spaces stripped)."""
+    name = value.strip()
+    if not name:
+        raise InvalidOptionError(f"option '{option}' = {value!r} is empty")
+    return name
+
+
 def parse_partitions(option: str, value: str) -> tuple[int, ...]:
     """A comma-separated list of Kafka partition numbers (>= 0)."""
     try:
@@ -165,6 +180,13 @@ class ReadOptions:
     bootstrap_servers: str | None = None
     hash_slot_num: int = ROCKETMQ_HASH_SLOT_NUM
     index_num: int = ROCKETMQ_INDEX_NUM
+    broker_name: str | None = None
+    broker_store: bool = False  # rocketmq mode: the path is a broker's store root (not bare index files)
+
+    @property
+    def verified_rocketmq(self) -> bool:
+        """True for rocketmq mode on a broker's store root: verified rows, not raw entries."""
+        return self.mode == MODE_ROCKETMQ and self.broker_store
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -207,6 +229,8 @@ class ReadOptions:
             if "hashslotnum" in given else ROCKETMQ_HASH_SLOT_NUM,
             index_num=parse_positive_int("indexNum", given["indexnum"])
             if "indexnum" in given else ROCKETMQ_INDEX_NUM,
+            broker_name=parse_name("brokerName", given["brokername"]) if "brokername" in given else None,
+            broker_store=mode == MODE_ROCKETMQ and is_broker_store(path),
         )
         parsed._check_combinations(given)
         return parsed
@@ -216,18 +240,29 @@ class ReadOptions:
             raise InvalidOptionError(
                 f"option 'begin' = {given['begin']!r} is after option 'end' = {given['end']!r}"
             )
-        if self.fetch_values and not self.bootstrap_servers:
+        if self.fetch_values and self.mode == MODE_STORE and not self.bootstrap_servers:
             raise InvalidOptionError(
                 "option 'fetchValues' = 'true' needs option 'kafka.bootstrap.servers'"
             )
-        if self.fetch_values and self.mode == MODE_ROCKETMQ:
-            raise InvalidOptionError("option 'fetchValues' is not available with option 'mode' = 'rocketmq'")
+        if self.fetch_values and self.mode == MODE_ROCKETMQ and not self.broker_store:
+            raise InvalidOptionError(
+                f"option 'fetchValues' in mode 'rocketmq' needs a broker's store root (holding "
+                f"commitlog/ and index/); {self.path!r} is not one"
+            )
+        if self.broker_name is not None and not self.verified_rocketmq:
+            raise InvalidOptionError(
+                f"option 'brokerName' = {given['brokername']!r} names the broker of a RocketMQ store "
+                f"root: it needs option 'mode' = 'rocketmq' and a path holding commitlog/ and index/"
+            )
         if self.max_num is not None and self.keys is None:
             raise InvalidOptionError(
                 f"option 'maxNum' = {given['maxnum']!r} limits key lookups and needs 'key' or "
                 f"'keys'; limit a scan with DataFrame.limit()"
             )
-        if self.mode == MODE_ROCKETMQ and self.keys is not None and self.topics is None:
+        # A store root can verify a key by scanning when no topic (from this option or a pushed
+        # filter) gives the hash; raw index entries cannot, and a global maxNum needs the lookup.
+        if (self.mode == MODE_ROCKETMQ and self.keys is not None and self.topics is None
+                and (not self.broker_store or self.max_num is not None)):
             raise InvalidOptionError(
                 "option 'key'/'keys' in mode 'rocketmq' needs option 'topic': RocketMQ hashes "
                 "topic + '#' + key"

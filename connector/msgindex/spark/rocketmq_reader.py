@@ -1,29 +1,44 @@
-"""A RocketMQ broker's index directory (``store/index/``) read as raw entries.
+"""``spark.read.format("msgindex").option("mode", "rocketmq")``: a RocketMQ broker's files.
 
-A RocketMQ IndexFile maps hash(``topic#key``) to a commit-log offset and keeps no key strings,
-so nothing found in it can be verified: every row carries ``verified = false``, and a key lookup
-returns every entry whose hash equals the key's (hash collisions included). Times are the file's
-beginTimestamp plus whole seconds, as RocketMQ stores them.
+Two kinds of path:
+
+* a broker's **store root** (the directory holding ``commitlog/`` and ``index/``): rows of
+  ``msgindex.storage.rocketmq.broker_store.row_schema`` — every index hit verified against the
+  commit log (real topic, keys and store time in milliseconds), no hash collisions, no 64-message
+  cap. Key lookups are one input partition; time scans one partition per commit-log file piece
+  that the index headers say the window needs. Filters on broker, topic, partition, key and
+  timestamp are pushed down exactly (``msgindex.spark.pushdown``); ``key`` is the message's first
+  ``KEYS`` token, ``keys`` every key it is found under.
+* a bare directory of broker IndexFiles (``store/index/``): raw entries
+  (``ROCKETMQ_ENTRY_SCHEMA``). An IndexFile holds no key strings, so nothing found in it can be
+  verified: every row carries ``verified = false``, and a key lookup returns every entry whose
+  hash equals the key's (hash collisions included). Times are the file's beginTimestamp plus
+  whole seconds, as RocketMQ stores them.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from itertools import compress
-from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
-from msgindex.errors import InvalidOptionError, StoreNotFoundError
-from msgindex.storage.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile, parse_index_file_name
+from msgindex.spark import pushdown
+from msgindex.spark.read_options import ReadOptions
+from msgindex.storage.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.message import index_key
+from msgindex.storage.rocketmq.broker_store import RocketMQBrokerStore, open_rocketmq, row_schema
+from msgindex.storage.rocketmq.index_files import IndexFileSet
 
 MICROS_PER_MS = 1000
 BATCH_ENTRIES = 1 << 20
+BATCH_ROWS = 65_536
 
-# the rows of ``spark.read.format("msgindex").option("mode", "rocketmq")``
+# the rows of mode "rocketmq" on a bare index directory
 ROCKETMQ_ENTRY_SCHEMA = pa.schema([
     pa.field("file", pa.string(), nullable=False),          # index file name (yyyyMMddHHmmssSSS)
     pa.field("entry", pa.int32(), nullable=False),          # entry number inside the file
@@ -36,39 +51,119 @@ ROCKETMQ_ENTRY_SCHEMA = pa.schema([
 ])
 
 
+def rocketmq_arrow_schema(options: ReadOptions) -> pa.Schema:
+    """The rows of a rocketmq-mode read: verified rows on a store root, raw entries otherwise."""
+    return row_schema(options.fetch_values) if options.verified_rocketmq else ROCKETMQ_ENTRY_SCHEMA
+
+
+def check_rocketmq_path(options: ReadOptions) -> None:
+    """Fail at load() on a path that is neither a store root nor an index directory, or whose
+    index files do not have the options' sizing."""
+    if options.verified_rocketmq:
+        with _open_store(options) as store:
+            store.index_set.paths(allow_empty=True)
+    else:
+        RocketMQIndexDirectory(options.path, options.hash_slot_num, options.index_num).files()
+
+
+def _open_store(options: ReadOptions) -> RocketMQBrokerStore:
+    return open_rocketmq(options.path, hash_slot_num=options.hash_slot_num, index_num=options.index_num,
+                         broker_name=options.broker_name)
+
+
+# ------------------------------------------------------------------------------ verified rows
+@dataclass(frozen=True)
+class RocketMQLookup(InputPartition):
+    """The key lookup of a read, in one task (a lookup takes milliseconds, a task far more)."""
+
+
+@dataclass(frozen=True)
+class RocketMQLogPiece(InputPartition):
+    """Commit-log offsets [start, stop) of one file (``broker_store.ScanPiece``)."""
+
+    start: int
+    stop: int | None
+    stop_is_message: bool
+
+
+class VerifiedRocketMQReader(DataSourceReader):
+    """Verified rows of a broker's store root, with the options' query only (what runs when
+    filter pushdown is off)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.query = pushdown.IndexQuery.from_options(options)
+        self.arrow_schema = row_schema(options.fetch_values)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        query = self.query
+        with _open_store(self.options) as store:
+            if query.is_empty or (query.brokers is not None and store.broker_name not in query.brokers):
+                return []
+            if query.is_lookup and query.topics is not None:
+                return [RocketMQLookup()]
+            # no topic to hash with (a pushed key filter alone): a scan, filtered by key
+            return [RocketMQLogPiece(*piece) for piece in store.scan_ranges(query.begin_ms, query.end_ms)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, (RocketMQLookup, RocketMQLogPiece)):
+            return  # Spark's stand-in partition when partitions() found nothing to read
+        query, fetch = self.query, self.options.fetch_values
+        partitions = None if query.partitions is None else sorted(query.partitions)
+        with _open_store(self.options) as store:
+            if isinstance(partition, RocketMQLookup):
+                # the primary-key filter comes before the limit: maxNum counts returned rows
+                table = store.lookup(list(query.keys_to_look_up), topic=sorted(query.topics),
+                                     begin_ms=query.begin_ms, end_ms=query.end_ms, partitions=partitions,
+                                     fetch_values=fetch)
+                table = self._keep_wanted_keys(table)
+                if query.max_results is not None:
+                    table = table.slice(0, query.max_results)
+                batches = table.to_batches(BATCH_ROWS)
+            else:
+                batches = (self._keep_wanted_keys(batch) for batch in store.scan_range(
+                    partition.start, partition.stop, begin_ms=query.begin_ms, end_ms=query.end_ms,
+                    topics=None if query.topics is None else sorted(query.topics),
+                    partitions=partitions, fetch_values=fetch, stop_is_message=partition.stop_is_message))
+            for batch in batches:
+                if batch.num_rows:
+                    yield batch
+
+    def _keep_wanted_keys(self, rows):
+        """`rows` whose ``key`` is one of the pushed ``key`` values and whose ``keys`` hold one of
+        the option keys (the lookup already ensures the latter; a scan does not)."""
+        query = self.query
+        if query.primary_keys is not None:
+            rows = rows.filter(pc.is_in(rows["key"], pa.array(sorted(query.primary_keys), pa.string())))
+        if query.lookup_keys is not None:
+            wanted = set(query.lookup_keys)
+            rows = rows.filter(pa.array([bool(wanted.intersection(keys)) for keys in rows["keys"].to_pylist()]))
+        return rows
+
+
+class PushdownVerifiedRocketMQReader(VerifiedRocketMQReader):
+    """VerifiedRocketMQReader that also takes the filters answered exactly (``pushdown``)."""
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        self.query, rejected = pushdown.push(self.query, filters)
+        return rejected
+
+
+# ------------------------------------------------------------------------------ raw entries
 class RocketMQIndexDirectory:
     """The IndexFiles of one directory, all of one sizing (RocketMQ's hashSlotNum/indexNum)."""
 
-    def __init__(self, path: str | os.PathLike, hash_slot_num: int, index_num: int) -> None:
-        self.path = Path(path)
-        self.hash_slot_num = hash_slot_num
-        self.index_num = index_num
+    def __init__(self, path: str, hash_slot_num: int, index_num: int) -> None:
+        self.files_set = IndexFileSet(path, hash_slot_num, index_num)
 
-    def files(self) -> list[Path]:
-        """The index files, oldest first; a missing directory, no index files or a file of another
-        size than the sizing gives are errors naming the option at fault."""
-        if not self.path.is_dir():
-            raise StoreNotFoundError(f"option 'path' = {str(self.path)!r}: no such directory")
-        files = sorted(p for p in self.path.iterdir()
-                       if p.is_file() and parse_index_file_name(p.name) is not None)
-        if not files:
-            raise StoreNotFoundError(
-                f"option 'path' = {str(self.path)!r}: no RocketMQ index files (named yyyyMMddHHmmssSSS) in it"
-            )
-        expected = IndexFile.file_size(self.hash_slot_num, self.index_num)
-        for file in files:
-            if file.stat().st_size != expected:
-                raise InvalidOptionError(
-                    f"{file}: {file.stat().st_size} bytes, but options 'hashSlotNum' = "
-                    f"{self.hash_slot_num} and 'indexNum' = {self.index_num} make {expected}; "
-                    f"give the sizing the broker used"
-                )
-        return files
+    def files(self):
+        """The index files, oldest first (errors name the option at fault)."""
+        return self.files_set.paths()
 
     def read_file(self, name: str, *, keys: Iterable[str] | None = None, topics: Iterable[str] | None = None,
                   begin_ms: int | None = None, end_ms: int | None = None) -> Iterator[pa.RecordBatch]:
         """Entries of file `name`: all of them, or those of `keys` in `topics`; in the window."""
-        with IndexFile.open(self.path / name, self.hash_slot_num, self.index_num, read_only=True) as index:
+        with self.files_set.open(self.files_set.directory / name) as index:
             if keys is None:
                 end = FIRST_INDEX + index.entry_count
                 for start in range(FIRST_INDEX, end, BATCH_ENTRIES):  # a full file is 20M entries
@@ -78,6 +173,29 @@ class RocketMQIndexDirectory:
                 full_keys = [index_key(topic, key) for topic in (topics or ()) for key in keys]
                 numbers, matched = _matching_entries(index, full_keys)
                 yield from _entry_batch(index, name, numbers, matched, begin_ms, end_ms)
+
+
+class RocketMQReader(DataSourceReader):
+    """Raw entries of a directory of RocketMQ broker IndexFiles, one partition per file. With a
+    key (and topic) only the entries whose hash matches are returned, marked unverified."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def _directory(self) -> RocketMQIndexDirectory:
+        return RocketMQIndexDirectory(self.options.path, self.options.hash_slot_num, self.options.index_num)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(path.name) for path in self._directory().files()]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        options = self.options
+        if partition.value is None:
+            return
+        yield from self._directory().read_file(
+            partition.value, keys=options.keys, topics=options.topics,
+            begin_ms=options.begin_ms, end_ms=options.end_ms,
+        )
 
 
 def _entry_batch(index: IndexFile, name: str, numbers: np.ndarray, lookup_keys: list[str] | None,
