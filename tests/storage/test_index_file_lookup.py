@@ -175,3 +175,51 @@ def test_empty_and_missing(tmp_path: Path) -> None:
         for arrays in (f.candidate_arrays(np.zeros(0, np.int64)), f.candidate_arrays(np.arange(20))):
             assert all(a.size == 0 and a.dtype == np.int64 for a in arrays)
         assert f.candidates_many([]) == []
+
+
+def rocketmq_select(f: IndexFile, key: str, max_num: int, begin: int, end: int) -> list[int]:
+    """RocketMQ's selectPhyOffset transcribed step by step (FACTS.md), Java long arithmetic."""
+    entries, slots = f.entry_array(), f.slot_array()
+    count, begin_ts = f.index_count, f.begin_timestamp
+    key_hash = index_hash(key)
+    cur = int(slots[key_hash % f.hash_slot_num])
+    found: list[int] = []
+    if cur <= 0 or cur > count or count <= 1:
+        return found
+    idle = 0
+    while len(found) < max_num and cur < f.index_num and idle <= count:  # idle: where the JVM spins
+        idle += 1
+        row = entries[cur]
+        diff = int(row["time_diff"])
+        if diff < 0:
+            break
+        t = (begin_ts + diff * 1000 + 2**63) % 2**64 - 2**63
+        if int(row["key_hash"]) == key_hash and begin <= t <= end:
+            found.append(int(row["phy_offset"]))
+            idle = 0
+        prev = int(row["prev_index"])
+        if prev <= 0 or prev > count or prev == cur or t < begin:
+            break
+        cur = prev
+    return found
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(puts=st.lists(st.tuples(st.sampled_from(["hot", "a", "Aa", "BB", ""]), st.integers(0, 10**6), st.one_of(
+           st.integers(T0 - 3000, T0 + 90_000),
+           st.sampled_from([-(2**63), -(2**63) + 5_000_000, 2**63 - 1, 0, -1])))),  # diffs that wrap
+       slots=st.integers(1, 5), inherited=st.sampled_from([0, T0 - 5000, 2**63 - 10**9, -(2**62)]),
+       windows=st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)), max_size=4),
+       max_num=st.sampled_from([0, 1, 2, 64, 1000]))
+def test_select_phy_offsets_is_rocketmqs_walk(tmp_path_factory, puts, slots, inherited, windows, max_num) -> None:
+    path = tmp_path_factory.mktemp("sel") / "f"
+    with IndexFile.create(path, slots, 250, end_timestamp=inherited) as f:
+        if puts:  # the first put's timestamp becomes begin: sometimes near Long.MAX_VALUE (wrapping)
+            f.put_key(puts[0][0], puts[0][1], inherited if inherited > 2**62 else puts[0][2])
+        if len(puts) > 1:
+            f.put_keys(*zip(*puts[1:]))
+        rng = random.Random(len(puts))
+        windows = windows + [(T0 + rng.randint(-5000, 90_000), T0 + rng.randint(0, 100_000)), (-(2**63), 2**63 - 1)]
+        for key in ["hot", "a", "Aa", "", "missing"]:
+            for begin, end in windows:
+                assert f.select_phy_offsets(key, max_num, begin, end) == rocketmq_select(f, key, max_num, begin, end)

@@ -433,23 +433,54 @@ class IndexFile:
         key_hash = index_hash(key)
         begin_ts, count = _WALK_HEADER_STRUCT.unpack_from(mm, 0)
         cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + key_hash % self.hash_slot_num * SLOT_SIZE)[0]
+        # a walk never goes past indexCount, nor past the file (a full file's count is index_num)
+        last = min(count, self.index_num - 1)
         found: list[int] = []
-        if cur <= INVALID_INDEX or cur > count or count <= FIRST_INDEX:
+        if cur <= INVALID_INDEX or cur > last or count <= FIRST_INDEX or max_num <= 0:
             return found
+        if begin_ts > _NO_WRAP_BEGIN_MAX:
+            return self._select_wrapping(key_hash, cur, last, begin_ts, count, max_num, begin, end)
+        # begin_ts + diff * 1000 cannot wrap here, so the time tests become tests on diff (the hot
+        # loop then does no arithmetic): in [begin, end] <=> diff in [low, high]; diff < low is
+        # RocketMQ's early stop (older than begin) and diff < 0 its other stop
+        low = max(-((begin_ts - begin) // TIME_DIFF_UNIT_MS), 0)
+        high = (end - begin_ts) // TIME_DIFF_UNIT_MS
+        base, unpack_entry = self._entries_offset, ENTRY_STRUCT.unpack_from
         idle_steps = 0
-        index_num, entries_offset, unpack_entry = self.index_num, self._entries_offset, ENTRY_STRUCT.unpack_from
-        while len(found) < max_num and cur < index_num and idle_steps <= count:
+        while idle_steps <= count:
             idle_steps += 1
-            stored_hash, phy, diff, prev = unpack_entry(mm, entries_offset + cur * ENTRY_SIZE)
+            stored_hash, phy, diff, prev = unpack_entry(mm, base + cur * ENTRY_SIZE)
+            if diff < low:
+                break
+            if stored_hash == key_hash and diff <= high:
+                found.append(phy)
+                if len(found) >= max_num:
+                    break
+                idle_steps = 0
+            if prev <= INVALID_INDEX or prev > last or prev == cur:
+                break
+            cur = prev
+        return found
+
+    def _select_wrapping(self, key_hash: int, cur: int, last: int, begin_ts: int, count: int,
+                         max_num: int, begin: int, end: int) -> list[int]:
+        """``select_phy_offsets``' walk where beginTimestamp + timeDiff can overflow a Java long
+        (a beginTimestamp within 2**41 of Long.MAX_VALUE): stamps computed and wrapped as the JVM does."""
+        mm, base, unpack_entry = self._mm, self._entries_offset, ENTRY_STRUCT.unpack_from
+        found: list[int] = []
+        idle_steps = 0
+        while idle_steps <= count:
+            idle_steps += 1
+            stored_hash, phy, diff, prev = unpack_entry(mm, base + cur * ENTRY_SIZE)
             if diff < 0:
                 break
-            stamp = begin_ts + diff * TIME_DIFF_UNIT_MS
-            if stamp > _INT64_MAX or stamp < _INT64_MIN:  # Java's long addition wraps
-                stamp = _wrap64(stamp)
+            stamp = _stamp(begin_ts, diff)
             if stored_hash == key_hash and begin <= stamp <= end:
                 found.append(phy)
+                if len(found) >= max_num:
+                    break
                 idle_steps = 0
-            if prev <= INVALID_INDEX or prev > count or prev == cur or stamp < begin:
+            if prev <= INVALID_INDEX or prev > last or prev == cur or stamp < begin:
                 break
             cur = prev
         return found
@@ -732,6 +763,8 @@ class IndexFile:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# beginTimestamp + timeDiff * 1000 (timeDiff in [0, Integer.MAX_VALUE]) fits a Java long up to here
+_NO_WRAP_BEGIN_MAX = _INT64_MAX - INT32_MAX * TIME_DIFF_UNIT_MS
 
 
 _scratch = threading.local()
