@@ -211,11 +211,11 @@ def test_hot_chains_match_rocketmqs_own_walk(runs: list[Run], tmp_path: Path) ->
     copy = tmp_path / run.java.name
     copy.write_bytes(run.java.read_bytes())
     with IndexFile.open(copy, sc.slots, sc.num) as f:
-        assert hash_run.write(f, f.index_count)
+        assert hash_run.write(f, 1, f.index_count)
     checked = 0
     for path in (run.java, copy):
         with IndexFile.open(path, sc.slots, sc.num, read_only=True) as f:
-            assert (f._hash_run() is not None) == (path == copy)
+            assert bool(f._hash_runs().runs) == (path == copy)
             for q, on_java in zip(sc.queries, run.java_on_java):
                 if q[1] == 10_000:
                     assert [c[1] for c in f.candidates(q[0])] == on_java

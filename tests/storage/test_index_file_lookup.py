@@ -74,20 +74,22 @@ puts_st = st.lists(
 
 
 @SETTINGS
-@given(puts=puts_st, more=puts_st, slots=st.integers(1, 6), covered_at=st.floats(0, 1),
+@given(puts=puts_st, more=puts_st, slots=st.integers(1, 6), run_ends=st.lists(st.floats(0, 1), max_size=3),
        limit=st.one_of(st.none(), st.integers(1, 260)), min_chain=st.integers(1, 4),
-       run=st.booleans(), tuning=st.sampled_from(sorted(TUNINGS)))
+       tuning=st.sampled_from(sorted(TUNINGS)))
 def test_every_lookup_path_answers_like_the_plain_walk(tmp_path_factory, monkeypatch, puts, more, slots,
-                                                       covered_at, limit, min_chain, run, tuning) -> None:
+                                                       run_ends, limit, min_chain, tuning) -> None:
     tune(monkeypatch, tuning)
     path = tmp_path_factory.mktemp("lk") / "f"
     with IndexFile.create(path, slots, 250) as f:
         if puts:
             f.put_keys(*zip(*puts))
-        if run:  # a run over a prefix, then entries it does not cover (a file sealed mid-way)
-            covered = 1 + int(covered_at * f.entry_count)
-            hash_run.write(f, covered, min_chain=min_chain, block_rows=3)
-            f.forget_hash_run()
+        # a chain of runs over a prefix, then entries they do not cover (a file sealed part-way)
+        start = 1
+        for end in sorted(1 + int(at * f.entry_count) for at in run_ends):
+            hash_run.write(f, start, end, min_chain=min_chain, block_rows=3)
+            start = end
+        f.forget_hash_runs()
         if more:
             f.put_keys(*zip(*more))
         assert_lookups_match_the_walk(f, QUERY_HASHES, limit)

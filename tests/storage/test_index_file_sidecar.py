@@ -18,7 +18,7 @@ import pytest
 from msgindex import IndexFile
 from msgindex.storage import hash_run
 from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
-from msgindex.storage.hash_run import HEADER_SIZE, HashRun, sidecar_path
+from msgindex.storage.hash_run import HEADER_SIZE, HashRun, run_path
 from msgindex.storage.index_file import reference_candidates
 from msgindex.storage.java_hash import index_hash
 from msgindex.storage.shard import index_entries
@@ -69,11 +69,12 @@ def test_a_run_answers_hot_slots_exactly(tmp_path: Path, monkeypatch) -> None:
     calls = run_hits(monkeypatch)
     with IndexFile.open(path, SLOTS, NUM) as f:
         without = lookups(f)
-        assert hash_run.write(f, f.index_count, block_rows=100)
-        f.forget_hash_run()
-        assert sidecar_path(path) == tmp_path / "20231114221320123.hashrun"
-        run = f._hash_run()
-        assert run.covered_count == f.index_count and run.entry_rows > 1000
+        assert hash_run.write(f, 1, f.index_count, block_rows=100)
+        f.forget_hash_runs()
+        assert run_path(path) == tmp_path / "20231114221320123.hashrun"
+        assert run_path(path, 77) == tmp_path / "20231114221320123.77.hashrun"
+        (run,) = f._hash_runs().runs
+        assert (run.start_count, run.end_count) == (1, f.index_count) and run.entry_rows > 1000
         # every slot of a 3000-entry, 13-slot file has a long chain: all are in the run
         assert sorted(run.slots.tolist()) == list(range(SLOTS))
         assert lookups(f) == without and calls and all(calls)
@@ -85,12 +86,59 @@ def test_entries_past_the_run_are_walked_or_scanned(tmp_path: Path, monkeypatch)
     path = tmp_path / "f"
     hot_file(path)
     with IndexFile.open(path, SLOTS, NUM) as f:
-        hash_run.write(f, 1200)  # sealed part-way, as a shard seals a file's committed prefix
-        f.forget_hash_run()
+        hash_run.write(f, 1, 1200)  # sealed part-way, as a shard seals a file's committed prefix
+        f.forget_hash_runs()
         calls = run_hits(monkeypatch)
         for limit in (None, 600, 1200, 2500):
             lookups(f, limit)
         assert calls and all(calls)
+
+
+def test_a_chain_of_tail_runs_answers_like_the_walk(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "f"
+    hot_file(path)
+    ranges = [(1, 500), (500, 1700), (1700, 2400)]  # a growing file sealed stretch by stretch
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        expected = lookups(f)
+        for start, end in ranges:
+            assert hash_run.write(f, start, end, min_chain=8)
+        f.forget_hash_runs()
+        assert [(r.start_count, r.end_count) for r in f._hash_runs().runs] == ranges
+        assert hash_run.chain_ranges(path) == ranges and hash_run.covered_count_of(path) == 2400
+        calls = run_hits(monkeypatch)
+        for limit in (None, 300, 1000, 2000, 2900):
+            lookups(f, limit)
+        assert len(calls) >= 3 and all(calls)
+        # a missing link ends the chain: the runs after it are not found
+        run_path(path, 500).unlink()
+        f.forget_hash_runs()
+        assert [(r.start_count, r.end_count) for r in f._hash_runs().runs] == [(1, 500)]
+        assert lookups(f) == expected
+        assert hash_run.remove_runs(path) == 2 and not list(tmp_path.glob("*.hashrun"))
+
+
+def test_seal_committed_extends_the_chain_then_merges_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hash_run, "MIN_SEAL_ENTRIES", 100)
+    monkeypatch.setattr(hash_run, "TAIL_ENTRIES", 300)
+    monkeypatch.setattr(hash_run, "MAX_RUNS", 3)
+    path = tmp_path / "20231114221320123"
+    hot_file(path)
+    name = path.name
+    steps = [
+        ({name: 50}, 0, []),  # too few committed entries for a run
+        ({"20231114221320999": 3000}, 0, []),  # nothing committed of this file
+        ({name: 1000}, 1, [(1, 1000)]),
+        ({name: 1200}, 0, [(1, 1000)]),  # a short uncovered tail: scanned at lookup time
+        ({name: 1400}, 1, [(1, 1000), (1000, 1400)]),
+        ({name: 1800}, 1, [(1, 1000), (1000, 1400), (1400, 1800)]),
+        ({name: 2200}, 1, [(1, 2200)]),  # MAX_RUNS reached: merged into one
+    ]
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        for committed, written, chain in steps:
+            assert hash_run.seal_committed([f], committed) == written
+            assert hash_run.chain_ranges(path) == chain
+            lookups(f)
+        assert sorted(p.name for p in tmp_path.glob("*.hashrun")) == [name + ".hashrun"]
 
 
 @pytest.mark.parametrize("damage", ["header", "directory", "column", "block table", "truncated", "extended", "empty"])
@@ -99,16 +147,16 @@ def test_a_damaged_run_is_ignored(tmp_path: Path, monkeypatch, damage: str) -> N
     hot_file(path)
     with IndexFile.open(path, SLOTS, NUM) as f:
         expected = lookups(f)
-        hash_run.write(f, f.index_count, block_rows=64)
-    side = sidecar_path(path)
+        hash_run.write(f, 1, f.index_count, block_rows=64)
+    side = run_path(path)
     data = bytearray(side.read_bytes())
-    slot_rows = struct.unpack_from("<i", data, 28)[0]
+    slot_rows = struct.unpack_from("<i", data, 32)[0]
     if damage == "header":
         data[20] ^= 1
     elif damage == "directory":
         data[HEADER_SIZE + 4] ^= 0x10
     elif damage == "column":
-        data[HEADER_SIZE + 8 * slot_rows + 8 * 700 + 3] ^= 0x40  # a phyOffset of row 700
+        data[HEADER_SIZE + 12 * slot_rows + 8 * 700 + 3] ^= 0x40  # a phyOffset of row 700
     elif damage == "block table":
         data[-2] ^= 1
     elif damage == "truncated":
@@ -118,16 +166,16 @@ def test_a_damaged_run_is_ignored(tmp_path: Path, monkeypatch, damage: str) -> N
     else:
         data = bytearray()
     side.write_bytes(bytes(data))
-    hash_run._verified_by_sidecar.clear()
+    hash_run._verified_by_run.clear()
     calls = run_hits(monkeypatch)
     with IndexFile.open(path, SLOTS, NUM, read_only=True) as f:
         assert lookups(f) == expected
-        run = f._hash_run()
+        runs = f._hash_runs()
         if damage == "column":  # found when a lookup reads that block; the run is dropped then
-            assert run is not None and False in calls
-            assert run.slot_tops(np.arange(SLOTS)).tolist() == [0] * SLOTS
+            assert runs.runs and False in calls
+            assert runs.tops(np.arange(SLOTS)).tolist() == [[0] * SLOTS]
         else:
-            assert run is None and not calls
+            assert not runs.runs and not calls
 
 
 def test_a_stale_or_foreign_run_is_ignored(tmp_path: Path, monkeypatch) -> None:
@@ -135,20 +183,20 @@ def test_a_stale_or_foreign_run_is_ignored(tmp_path: Path, monkeypatch) -> None:
     hot_file(a, seed=1)
     hot_file(b, seed=2)
     with IndexFile.open(a, SLOTS, NUM) as f:
-        hash_run.write(f, f.index_count)
+        hash_run.write(f, 1, f.index_count)
     # the same name now holds other entries (re-created): the fingerprint differs
-    sidecar_path(a).rename(sidecar_path(b))
+    run_path(a).rename(run_path(b))
     calls = run_hits(monkeypatch)
     with IndexFile.open(b, SLOTS, NUM, read_only=True) as f:
-        assert f._hash_run() is None
+        assert not f._hash_runs().runs
         lookups(f)
     # other sizing
     with IndexFile.create(tmp_path / "c", SLOTS + 1, NUM) as c:
         c.put_keys([HOT] * 10, range(10), [T0] * 10)
-        hash_run.write(c, c.index_count, min_chain=2)
-    sidecar_path(tmp_path / "c").rename(sidecar_path(a))
+        hash_run.write(c, 1, c.index_count, min_chain=2)
+    run_path(tmp_path / "c").rename(run_path(a))
     with IndexFile.open(a, SLOTS, NUM, read_only=True) as f:
-        assert f._hash_run() is None
+        assert not f._hash_runs().runs
     assert not calls
 
 
@@ -158,14 +206,15 @@ def test_rolling_back_below_a_run_deletes_it(tmp_path: Path) -> None:
     with IndexFile.open(path, SLOTS, NUM) as f:
         header = f.header
         f.put_keys([HOT] * 500, range(500), [T0] * 500)
-        hash_run.write(f, f.index_count)  # wrongly over entries about to be undone
+        hash_run.write(f, 1, 700)
+        hash_run.write(f, 700, f.index_count)  # wrongly over entries about to be undone
         assert f.rollback_to(header.index_count, header)
-        assert not sidecar_path(path).exists() and f._hash_run() is None
+        assert run_path(path).exists() and not run_path(path, 700).exists()
+        assert [(r.start_count, r.end_count) for r in f._hash_runs().runs] == [(1, 700)]
         f.put_keys(["t#other"] * 500, range(500), [T0] * 500)
         lookups(f)
-        hash_run.write(f, 800)  # a run below the count survives a rollback above it
-        f.rollback_to(header.index_count, header)
-        assert sidecar_path(path).exists()
+        f.rollback_to(header.index_count, header)  # a run below the count survives a rollback above it
+        assert run_path(path).exists()
 
 
 def test_unclean_chains_are_left_out_of_the_run(tmp_path: Path) -> None:
@@ -175,9 +224,9 @@ def test_unclean_chains_are_left_out_of_the_run(tmp_path: Path) -> None:
         hot_slot = index_hash(HOT) % SLOTS
         chain = [c[0] for c in reference_candidates(f, HOT)]
         f._entries["prev_index"][chain[100]] = chain[300]  # skips part of the chain (a broken file)
-        hash_run.write(f, f.index_count)
-        f.forget_hash_run()
-        run = f._hash_run()
+        hash_run.write(f, 1, f.index_count)
+        f.forget_hash_runs()
+        (run,) = f._hash_runs().runs
         assert hot_slot not in run.slots.tolist() and run.slots.size == SLOTS - 1
         lookups(f)
 
@@ -186,25 +235,25 @@ def test_negative_key_hashes_get_no_run(tmp_path: Path) -> None:
     path = tmp_path / "f"
     hot_file(path, n=200)
     with IndexFile.open(path, SLOTS, NUM) as f:
-        assert hash_run.write(f, f.index_count)
+        assert hash_run.write(f, 1, f.index_count)
         f._entries["key_hash"][5] = -7  # no RocketMQ or msgindex file has one
-        assert not hash_run.write(f, f.index_count) and not sidecar_path(path).exists()
+        assert not hash_run.write(f, 1, f.index_count) and not run_path(path).exists()
         with pytest.raises(ValueError):
-            hash_run.build(f, f.index_count + 1)  # never over entries the file does not hold
+            hash_run.build(f, 1, f.index_count + 1)  # never over entries the file does not hold
 
 
 def test_verified_blocks_are_remembered_per_sidecar(tmp_path: Path) -> None:
     path = tmp_path / "f"
     hot_file(path)
     with IndexFile.open(path, SLOTS, NUM) as f:
-        hash_run.write(f, f.index_count, block_rows=50)
-    hash_run._verified_by_sidecar.clear()
+        hash_run.write(f, 1, f.index_count, block_rows=50)
+    hash_run._verified_by_run.clear()
     with IndexFile.open(path, SLOTS, NUM, read_only=True) as f:
         f.candidates(HOT)
-        verified = set(f._hash_run()._verified)
+        verified = set(f._hash_runs().runs[0]._verified)
         assert verified
     with IndexFile.open(path, SLOTS, NUM, read_only=True) as g:
-        assert g._hash_run()._verified == verified  # the same sidecar: not verified twice
+        assert g._hash_runs().runs[0]._verified == verified  # the same run file: not verified twice
 
 
 # --- in a shard ----------------------------------------------------------------------------------
@@ -264,6 +313,6 @@ def test_a_shard_seals_full_files_over_committed_entries_only(shard_store) -> No
 def test_retention_drops_a_run_with_its_file(shard_store) -> None:
     with shard_store.writer("b") as writer:
         oldest = writer.index_file_paths()[0]
-        assert sidecar_path(oldest).exists()
+        assert run_path(oldest).exists()
         writer.drop_oldest(1, 0)
-        assert not oldest.exists() and not sidecar_path(oldest).exists()
+        assert not oldest.exists() and not list(oldest.parent.glob(oldest.name + "*"))

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
 from msgindex.storage import hash_run
-from msgindex.storage.hash_run import HashRun
+from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
 
@@ -75,7 +75,6 @@ _PROBE_HOPS = 32  # steps a walk takes before it judges how dense its chain is
 _SCAN_DENSITY = 256
 _MIN_SCAN_WINDOW = 4096
 _MAX_SCAN_WINDOW = 1 << 16  # rows per scanned window (1.3 MB): stays in L2 cache while verified
-_NOT_LOADED = object()  # IndexFile._run before the first lookup looked for a hash run
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ class IndexFile:
         self._entries_offset = HEADER_SIZE + self.hash_slot_num * SLOT_SIZE
         self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
         self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
-        self._run: HashRun | None | object = _NOT_LOADED
+        self._runs: RunSet | None = None  # loaded at the first lookup
 
     # ----------------------------------------------------------------- creating and opening
     @staticmethod
@@ -397,9 +396,9 @@ class IndexFile:
             undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
         self._write_header(header)
         if hash_run.covered_count_of(self.path) > index_count:
-            # a run over entries that are gone (it should only ever cover committed ones)
-            self.forget_hash_run()
-            hash_run.sidecar_path(self.path).unlink(missing_ok=True)
+            # runs over entries that are gone (they should only ever cover committed ones)
+            self.forget_hash_runs()
+            hash_run.remove_runs(self.path, ending_after=index_count)
         return changed
 
     def _written_end(self, start: int) -> int:
@@ -496,12 +495,11 @@ class IndexFile:
         hash run or from verified scans instead of one Python step per entry (see
         ``candidate_arrays``)."""
         key_hash = index_hash(key_or_hash) if isinstance(key_or_hash, str) else int(key_or_hash)
-        begin_ts, limit, run = self._lookup_setup(limit_index_count)
+        begin_ts, limit, runs = self._lookup_setup(limit_index_count)
         slot = key_hash % self.hash_slot_num
         head = _SLOT_STRUCT.unpack_from(self._mm, self._slots_offset + slot * SLOT_SIZE)[0]
-        top = run.slot_top(slot) if run is not None else 0
         found: list[tuple[int, int, int]] = []
-        for entries, phys, diffs in self._chain_pieces(key_hash, slot, head, limit, top, run):
+        for entries, phys, diffs in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot)):
             if isinstance(entries, list):
                 found += [(e, p, _stamp(begin_ts, d)) for e, p, d in zip(entries, phys, diffs)]
             else:
@@ -533,10 +531,10 @@ class IndexFile:
         one entry in ``_SCAN_DENSITY`` of the file's, like a hot key's) switches to scanning
         windows of the keyHash column below it with numpy, each window checked to hold exactly the
         chain's entries the walk would visit (else the walk goes on one step at a time). A chain
-        that reaches the newest entry a sealed file's hash run holds of its slot takes the rest
-        from the run (a binary search) -- see ``hash_run``."""
+        that reaches the newest entry one of the file's hash runs holds of its slot takes the hits
+        down to that run's range from it (a binary search) and goes on below -- see ``hash_run``."""
         hashes = np.asarray(hashes, dtype=np.int64).reshape(-1)
-        begin_ts, limit, run = self._lookup_setup(limit_index_count)
+        begin_ts, limit, runs = self._lookup_setup(limit_index_count)
         pieces: list[tuple[int | np.ndarray, Sequence[int] | np.ndarray, Sequence[int] | np.ndarray,
                            Sequence[int] | np.ndarray]] = []
         if hashes.size < _VECTOR_MIN_KEYS:
@@ -544,38 +542,35 @@ class IndexFile:
             for k, key_hash in enumerate(hashes.tolist()):
                 slot = key_hash % self.hash_slot_num
                 head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
-                top = run.slot_top(slot) if run is not None else 0
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, top, run)]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot))]
         else:
-            self._walk_lock_step(hashes, limit, run, pieces)
+            self._walk_lock_step(hashes, limit, runs, pieces)
         return _assemble(pieces, begin_ts)
 
-    def _lookup_setup(self, limit_index_count: int | None) -> tuple[int, int, HashRun | None]:
-        """(beginTimestamp, the limit, the hash run if it may answer now) for one lookup."""
+    def _lookup_setup(self, limit_index_count: int | None) -> tuple[int, int, RunSet]:
+        """(beginTimestamp, the limit, the hash runs that may answer now) for one lookup."""
         begin_ts, count = self._walk_header()
-        run = self._hash_run()
-        if run is not None and run.covered_count > count:  # rolled back below it: not ours any more
-            run = None
-        return begin_ts, count if limit_index_count is None else int(limit_index_count), run
+        runs = self._hash_runs()
+        if runs.covered_count > count:  # rolled back below them: not this file's entries any more
+            runs = _NO_RUNS
+        return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
 
-    def _walk_lock_step(self, hashes: np.ndarray, limit: int, run: HashRun | None, pieces: list) -> None:
+    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list) -> None:
         """The chains of all `hashes` a numpy step at a time; hands the last few walks, and those
-        that reach their slot's run, to ``_chain_pieces``. Appends (who, entries, phys, diffs)."""
+        that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys, diffs)."""
         slots = hashes % self.hash_slot_num
         cur = self._slots[slots].astype(np.int64)
         who = np.arange(hashes.size)
-        tops = run.slot_tops(slots) if run is not None else np.zeros(hashes.size, np.int64)
-        covered = run.covered_count if run is not None else FIRST_INDEX
-        at_run: list[tuple[np.ndarray, np.ndarray]] = []
+        tops = runs.tops(slots)  # (runs, keys)
+        at_top: list[tuple[np.ndarray, np.ndarray]] = []
         for _ in range(_VECTOR_STEPS):
             alive = (cur > INVALID_INDEX) & (cur < self.index_num)
-            in_run = alive & (cur < covered) & (tops > 0)
-            if in_run.any():
-                reached = in_run & (cur == tops)
-                at_run.append((who[reached], cur[reached]))
-                alive &= ~reached
-                tops = np.where(in_run, 0, tops)  # left the run's chain elsewhere: walk on
-            who, cur, tops = who[alive], cur[alive], tops[alive]
+            if tops.shape[0]:
+                reached = alive & (tops == cur).any(axis=0)
+                if reached.any():
+                    at_top.append((who[reached], cur[reached]))
+                    alive &= ~reached
+            who, cur, tops = who[alive], cur[alive], tops[:, alive]
             if who.size < _VECTOR_MIN_KEYS:
                 break
             rows = self._entries[cur]
@@ -584,48 +579,44 @@ class IndexFile:
                 pieces.append((who[hit], cur[hit], rows["phy_offset"][hit], rows["time_diff"][hit]))
             prev = rows["prev_index"].astype(np.int64)
             cur = np.where(prev < cur, prev, INVALID_INDEX)  # a chain only points backwards
-        else:
-            alive = (cur > INVALID_INDEX) & (cur < self.index_num)
-            who, cur, tops = who[alive], cur[alive], tops[alive]
-        for k, start, top in zip(who.tolist(), cur.tolist(), tops.tolist()):
-            key_hash = int(hashes[k])
-            pieces += [(k, *piece) for piece in
-                       self._chain_pieces(key_hash, key_hash % self.hash_slot_num, start, limit, top, run)]
-        for keys, starts in at_run:
+        at_top.append((who, cur))  # the walks still going (those that ended find nothing more)
+        for keys, starts in at_top:
             for k, start in zip(keys.tolist(), starts.tolist()):
                 key_hash = int(hashes[k])
-                pieces += [(k, *piece) for piece in
-                           self._chain_pieces(key_hash, key_hash % self.hash_slot_num, start, limit, start, run)]
+                slot = key_hash % self.hash_slot_num
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot))]
 
-    def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int, top: int,
-                      run: HashRun | None) -> list[tuple]:
+    def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
+                      jumps: dict[int, tuple[HashRun, int]]) -> list[tuple]:
         """The hits of one chain from entry `cur` on, newest first, as pieces (entries,
-        phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and the run.
-        `top` is the newest entry `run` holds of the slot (0: none)."""
+        phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and runs.
+        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it)."""
         pieces: list[tuple] = []
         entries: list[int] = []
         phys: list[int] = []
         diffs: list[int] = []
-        covered = run.covered_count if top else FIRST_INDEX
         index_num, mm, base, unpack_entry = self.index_num, self._mm, self._entries_offset, ENTRY_STRUCT.unpack_from
         hops, probe_from, scans = 0, cur, True
         while INVALID_INDEX < cur < index_num:
-            if cur < covered:
-                if cur == top:
-                    hits = run.hits(key_hash, limit)
-                    if hits is not None:  # else the run failed its checksum: walk on
-                        if entries:
-                            pieces.append((entries, phys, diffs))
-                        pieces.append((hits.entries, hits.phy_offsets, hits.time_diffs))
-                        return pieces
-                covered = FIRST_INDEX
+            if cur in jumps:
+                run, after = jumps[cur]
+                hits = run.hits(key_hash, limit)
+                if hits is not None:  # else the run failed its checksum: walk on
+                    if entries:
+                        pieces.append((entries, phys, diffs))
+                        entries, phys, diffs = [], [], []
+                    pieces.append((hits.entries, hits.phy_offsets, hits.time_diffs))
+                    cur, hops, probe_from = after, 0, after
+                    continue
+                jumps = {top: jump for top, jump in jumps.items() if jump[0] is not run}
             if hops >= _PROBE_HOPS and scans:
                 if probe_from - cur <= hops * _SCAN_DENSITY:  # dense: scanning costs less than walking
                     if entries:
                         pieces.append((entries, phys, diffs))
                         entries, phys, diffs = [], [], []
-                    cur, scans = self._scan_chain(key_hash, slot, cur, max(covered, FIRST_INDEX), limit,
-                                                  2 * (probe_from - cur), pieces)
+                    # scan down to just above the next run's top: the walk then jumps over that run
+                    floor = max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1
+                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces)
                     hops, probe_from = 0, cur
                     continue
                 hops, probe_from = 0, cur
@@ -698,17 +689,17 @@ class IndexFile:
         found = (hit + low, rows["phy_offset"][hit], rows["time_diff"][hit])
         return found, int(member.size), after
 
-    def _hash_run(self) -> HashRun | None:
-        """The file's hash run if one may be used (loaded once per open file), else None."""
-        if self._run is _NOT_LOADED:
-            self._run = HashRun.load(self)
-        return self._run
+    def _hash_runs(self) -> RunSet:
+        """The file's usable hash runs (looked for once per open file)."""
+        if self._runs is None:
+            self._runs = RunSet.load(self)
+        return self._runs
 
-    def forget_hash_run(self) -> None:
-        """Load the hash run afresh at the next lookup (after it was written or removed)."""
-        run, self._run = self._run, _NOT_LOADED
-        if isinstance(run, HashRun):
-            run.close()
+    def forget_hash_runs(self) -> None:
+        """Look for the hash runs afresh at the next lookup (after some were written or removed)."""
+        runs, self._runs = self._runs, None
+        if runs is not None:
+            runs.close()
 
     def slot_array(self) -> np.ndarray:
         """Read-only big-endian int32 view of all slots (values are entry indexes, 0 = empty)."""
@@ -733,7 +724,7 @@ class IndexFile:
         """Unmap. Views handed out by slot_array/entry_array keep the mapping alive until dropped."""
         if self._mm is None:
             return
-        self.forget_hash_run()
+        self.forget_hash_runs()
         mm, self._mm = self._mm, None
         del self._slots, self._entries
         try:
@@ -768,6 +759,7 @@ _NO_WRAP_BEGIN_MAX = _INT64_MAX - INT32_MAX * TIME_DIFF_UNIT_MS
 
 
 _scratch = threading.local()
+_NO_RUNS = RunSet([])
 
 
 def _scan_scratch(rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
+from msgindex.storage import hash_run
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -43,7 +44,6 @@ from msgindex.storage.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from msgindex.storage import hash_run
 from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
@@ -230,7 +230,7 @@ class ShardWriter(_Committed):
         for index_file in doomed:
             index_file.close()
             Path(index_file.path).unlink(missing_ok=True)
-            hash_run.sidecar_path(index_file.path).unlink(missing_ok=True)
+            hash_run.remove_runs(index_file.path)
         self._delete_segments_below(self._checkpoint.log_start_seq)
         fsync_directory(self.directory / INDEX_DIR)
 
