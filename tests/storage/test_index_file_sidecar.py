@@ -316,3 +316,15 @@ def test_retention_drops_a_run_with_its_file(shard_store) -> None:
         assert run_path(oldest).exists()
         writer.drop_oldest(1, 0)
         assert not oldest.exists() and not list(oldest.parent.glob(oldest.name + "*"))
+
+
+def test_a_run_that_cannot_be_written_does_not_fail_the_append(shard_store, monkeypatch, caplog) -> None:
+    def disk_full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hash_run, "write_atomically", disk_full)
+    with shard_store.writer("b") as writer:
+        before = writer.committed_batch_id
+        writer.append(before + 1, make_batch(random.Random(3), 500, 30))  # rolls, tries to seal
+        assert writer.committed_batch_id == before + 1
+    assert "hash run not written" in caplog.text

@@ -397,12 +397,15 @@ def seal_committed(index_files: Iterable[IndexFile], committed_counts: Mapping[s
         covered = ranges[-1][1] if ranges else _FIRST_INDEX
         if ranges and committed - covered < TAIL_ENTRIES:
             continue
-        if len(ranges) >= MAX_RUNS:  # merge: one run over everything, then drop the others
-            written += write(index_file, _FIRST_INDEX, committed)
-            for start, _ in ranges[1:]:
-                run_path(index_file.path, start).unlink(missing_ok=True)
-        else:
-            written += write(index_file, covered, committed)
+        try:
+            if len(ranges) >= MAX_RUNS:  # merge: one run over everything, then drop the others
+                written += write(index_file, _FIRST_INDEX, committed)
+                for start, _ in ranges[1:]:
+                    run_path(index_file.path, start).unlink(missing_ok=True)
+            else:
+                written += write(index_file, covered, committed)
+        except OSError as error:  # e.g. a full disk: runs are never needed, the shard's commit is
+            log.warning("%s: hash run not written (%s); lookups walk or scan instead", index_file.path, error)
         index_file.forget_hash_runs()
     return written
 
