@@ -10,8 +10,12 @@ Layout (big-endian, as RocketMQ's broker writes it)::
 indexCount starts at 1 (entry 0 is never written: 0 means "no entry"), so a file holds indexNum - 1
 entries. Every rule of RocketMQ's ``putKey`` is reproduced (see ``put_key``) so that the same calls
 give the same bytes; ``select_phy_offsets`` answers like RocketMQ's ``selectPhyOffset``.
-msgindex's own reads use ``candidates``: every entry of the key's chain with the key's hash, with no
-early stop on time (a shard's timestamps are not monotonic), bounded by a reader's committed count.
+msgindex's own reads use ``candidates`` / ``candidate_arrays``: every entry of the key's chain with
+the key's hash, with no early stop on time (a shard's timestamps are not monotonic), bounded by a
+reader's committed count. They answer exactly what the plain walk (``reference_candidates``)
+answers, but never walk a long chain one Python step per entry: dense chains (hot keys) are
+scanned with numpy in verified windows, and a file's hash runs (``hash_run``: derived sidecars,
+never required) answer whole stretches of a chain by binary search.
 
 The mapped bytes are the single source of truth, header included: a writer writes the header right
 after each put (as RocketMQ does), so readers in other processes always see what is on disk.
@@ -530,7 +534,9 @@ class IndexFile:
         `hashes`, entry index, phyOffset, approximate store time ms). Each key's hits appear
         newest first (keys' hits may interleave); callers that only need the offsets skip
         building a Python tuple per hit. Identical to ``reference_candidates`` for every key, on
-        any bytes (corrupt files included).
+        any bytes (corrupt files included), as long as the entries a hash run covers are those it
+        was built from (runs only ever cover committed entries, which never change; a sampled
+        fingerprint catches a run left from other bytes).
 
         How: the chains of all keys are walked in lock-step with numpy (one gather per step)
         while many keys are still walking; the few left walk on one by one (a plain Python step
