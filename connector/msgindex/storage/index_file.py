@@ -186,6 +186,7 @@ class IndexFile:
                             writable=not read_only)
         self._slots_offset = HEADER_SIZE
         self._entries_offset = HEADER_SIZE + self.hash_slot_num * SLOT_SIZE
+        self._last_entry = self.index_num - 1  # the highest entry index the file has room for
         self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
         self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
         self._runs: RunSet | None = None  # loaded at the first lookup
@@ -439,11 +440,12 @@ class IndexFile:
         mm = self._mm
         if mm is None:
             self._buffer()  # raises: closed
+        # (a hot path: every name below is a local or a literal-like constant, no builtin calls)
         key_hash = index_hash(key)
         begin_ts, count = _WALK_HEADER_STRUCT.unpack_from(mm, 0)
         cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + key_hash % self.hash_slot_num * SLOT_SIZE)[0]
         # a walk never goes past indexCount, nor past the file (a full file's count is index_num)
-        last = min(count, self.index_num - 1)
+        last = self._last_entry if count > self._last_entry else count
         found: list[int] = []
         if cur <= INVALID_INDEX or cur > last or count <= FIRST_INDEX or max_num <= 0:
             return found
@@ -452,22 +454,25 @@ class IndexFile:
         # begin_ts + diff * 1000 cannot wrap here, so the time tests become tests on diff (the hot
         # loop then does no arithmetic): in [begin, end] <=> diff in [low, high]; diff < low is
         # RocketMQ's early stop (older than begin) and diff < 0 its other stop
-        low = max(-((begin_ts - begin) // TIME_DIFF_UNIT_MS), 0)
+        low = -((begin_ts - begin) // TIME_DIFF_UNIT_MS)
+        if low < 0:
+            low = 0
         high = (end - begin_ts) // TIME_DIFF_UNIT_MS
-        base, unpack_entry = self._entries_offset, _HASH_DIFF_PREV_STRUCT.unpack_from
+        base, entry_size, no_entry = self._entries_offset, ENTRY_SIZE, INVALID_INDEX
+        unpack_entry, unpack_phy = _HASH_DIFF_PREV_STRUCT.unpack_from, _PHY_STRUCT.unpack_from
         idle_steps = 0
         while idle_steps <= count:
             idle_steps += 1
-            at = base + cur * ENTRY_SIZE
+            at = base + cur * entry_size
             stored_hash, diff, prev = unpack_entry(mm, at)
             if diff < low:
                 break
             if stored_hash == key_hash and diff <= high:
-                found.append(_PHY_STRUCT.unpack_from(mm, at + 4)[0])
+                found.append(unpack_phy(mm, at + 4)[0])
                 if len(found) >= max_num:
                     break
                 idle_steps = 0
-            if prev <= INVALID_INDEX or prev > last or prev == cur:
+            if prev <= no_entry or prev > last or prev == cur:
                 break
             cur = prev
         return found
