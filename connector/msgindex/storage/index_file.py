@@ -820,9 +820,10 @@ def _stamp(begin_timestamp: int, time_diff: int) -> int:
     return stamp if _INT64_MIN <= stamp <= _INT64_MAX else _wrap64(stamp)
 
 
-def _stamps(begin_timestamp: int, time_diffs: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``_stamp`` of many diffs (int64 arithmetic wraps like Java's long), in one new array."""
-    stamps = np.array(time_diffs, dtype=np.int64)
+def _stamps(begin_timestamp: int, time_diffs: Sequence[int] | np.ndarray, *, reuse: bool = False) -> np.ndarray:
+    """``_stamp`` of many diffs (int64 arithmetic wraps like Java's long), in a new array, or in
+    `time_diffs` itself when `reuse` says it is an int64 array nobody else holds."""
+    stamps = time_diffs if reuse else np.array(time_diffs, dtype=np.int64)
     stamps *= TIME_DIFF_UNIT_MS
     with np.errstate(over="ignore"):
         stamps += np.int64(begin_timestamp)
@@ -845,7 +846,7 @@ def _assemble(pieces: list[tuple], begin_timestamp: int) -> tuple[np.ndarray, np
         return _as_int64(whos[0]), _as_int64(entry), _as_int64(phy), _stamps(begin_timestamp, diff)
     columns = [whos] + [[piece[i] for piece in pieces] for i in (1, 2, 3)]
     who, entry, phy, diff = (np.concatenate(column, dtype=np.int64, casting="same_kind") for column in columns)
-    return who, entry, phy, _stamps(begin_timestamp, diff)
+    return who, entry, phy, _stamps(begin_timestamp, diff, reuse=True)
 
 
 def _check_int64(name: str, value: int) -> None:
