@@ -21,7 +21,7 @@ from msgindex import IndexFile
 from msgindex.storage import hash_run
 from msgindex.storage import index_file as index_file_module
 from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
-from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.java_hash import index_hash
 
 T0 = 1_700_000_000_000
 SETTINGS = settings(max_examples=80, deadline=None,
