@@ -16,12 +16,15 @@ import pytest
 
 from msgindex import IndexFile
 from msgindex.errors import ToolMissingError
-from msgindex.storage.index_file import index_file_name
+from msgindex.storage import hash_run
+from msgindex.storage.index_file import index_file_name, reference_candidates
+from msgindex.storage.java_hash import index_hashes
 from tests.interop.rocketmq_harness import Script, harness_classpath, parse_query
 
 T0 = 1_700_000_000_000
 WIDE = (-(2**62), 2**62)
 MIN_VALUE_KEYS = ["polygenelubricants", "GydZG_", "DESIGNING WORKHOUSES"]
+SCENARIOS = 63
 
 
 @dataclass
@@ -79,7 +82,22 @@ def scenarios() -> list[Scenario]:
            for _ in range(60)]
     out.append(make_scenario(rng, 101, 3000, 3500))  # fills up, long chains
     out.append(make_scenario(rng, 5003, 4000, 3999))  # exactly full
+    out.append(hot_key_scenario(rng))
     return out
+
+
+def hot_key_scenario(rng: random.Random) -> Scenario:
+    """A hot key with 40% of 6,000 entries over 7 slots: chains msgindex scans (and answers from a
+    hash run) instead of walking; RocketMQ walks them all for a large maxNum."""
+    base = T0 + 1000
+    puts = [("topic#HOT" if rng.random() < 0.4 else f"topic#k{rng.randint(0, 300)}", i, base + 7 * i)
+            for i in range(6000)]
+    scenario = Scenario(7, 6500, 0, 0, puts, [0, 2500, 6000])
+    for key in ["topic#HOT", "topic#k1", "topic#k17", "never-put"]:
+        scenario.queries.append((key, 10_000, *WIDE))
+        scenario.queries.append((key, 64, base + 20_000, base + 30_000))
+    scenario.queries += [("topic#HOT", 64, *WIDE)] * (25 - len(scenario.queries))
+    return scenario
 
 
 @dataclass
@@ -132,7 +150,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
 
 
 def test_put_key_files_are_byte_identical_to_rocketmq(runs: list[Run]) -> None:
-    assert len(runs) == 62
+    assert len(runs) == SCENARIOS
     for i, run in enumerate(runs):
         assert run.put_results == run.java_put_results, f"scenario {i}"
         assert run.one.read_bytes() == run.java.read_bytes(), f"scenario {i}: put_key bytes differ"
@@ -166,7 +184,7 @@ def test_queries_agree_both_ways(runs: list[Run]) -> None:
                 assert own_file.select_phy_offsets(*q) == on_java, f"scenario {i} query {q} on msgindex's file"
                 compared += 1
                 nonempty += bool(on_java)
-    assert compared == 62 * 25 and nonempty > compared // 8
+    assert compared == SCENARIOS * 25 and nonempty > compared // 8
 
 
 def test_candidates_on_rocketmq_files_find_every_hash_match(runs: list[Run]) -> None:
@@ -177,8 +195,32 @@ def test_candidates_on_rocketmq_files_find_every_hash_match(runs: list[Run]) -> 
             many = f.candidates_many(keys)
             for key, from_many in zip(keys, many):
                 walk = f.candidates(key)
-                assert from_many == walk
+                assert from_many == walk == reference_candidates(f, key)
                 # with no lower time bound RocketMQ's walk has no early stop: same entries
                 # (unless begin + diff overflows a Java long, as with a begin of Long.MAX_VALUE)
                 if abs(f.begin_timestamp) < 2**61:
                     assert [c[1] for c in walk] == f.select_phy_offsets(key, 10**6, *WIDE)
+
+
+def test_hot_chains_match_rocketmqs_own_walk(runs: list[Run], tmp_path: Path) -> None:
+    """The hot-key scenario: RocketMQ's selectPhyOffset (maxNum 10,000, every time) walked each
+    whole chain in the JVM; msgindex's scans, and its hash run over a copy of RocketMQ's file,
+    find exactly those entries."""
+    run = runs[-1]
+    sc = run.scenario
+    copy = tmp_path / run.java.name
+    copy.write_bytes(run.java.read_bytes())
+    with IndexFile.open(copy, sc.slots, sc.num) as f:
+        assert hash_run.write(f, 1, f.index_count)
+    checked = 0
+    for path in (run.java, copy):
+        with IndexFile.open(path, sc.slots, sc.num, read_only=True) as f:
+            assert bool(f._hash_runs().runs) == (path == copy)
+            for q, on_java in zip(sc.queries, run.java_on_java):
+                if q[1] == 10_000:
+                    assert [c[1] for c in f.candidates(q[0])] == on_java
+                    who, _, phys, _ = f.candidate_arrays(index_hashes([q[0], "topic#k2"]).astype("int64"))
+                    assert phys[who == 0].tolist() == on_java
+                    checked += 1
+                    assert q[0] != "topic#HOT" or len(on_java) > 2000
+    assert checked == 8

@@ -126,3 +126,31 @@ def test_rejects_non_strings_naming_the_position() -> None:
         java_string_hashes(["a", b"b"])
     with pytest.raises(TypeError, match="null"):
         java_string_hashes(pa.array(["a", None]))
+
+
+# Around the scalar path's limits: its base-31 numerals (one digit per UTF-16 unit), the numpy
+# path past _SHORT_KEY_UNITS units, and the byte values whose high base-31 digit is largest.
+edge_text = st.lists(
+    st.sampled_from(["\x00", "\x1e", "\x1f", "\xff", "\u0100", "\uffff", "\ud800", "\udfff", "\U0001F600", "a", "#"]),
+    min_size=java_hash._SHORT_KEY_UNITS - 3,
+    max_size=java_hash._SHORT_KEY_UNITS + 3,
+).map("".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(edge_text, edge_text.map(lambda t: t.encode("latin-1", "replace").decode("ascii", "replace"))))
+def test_scalar_matches_the_definition_at_the_length_limits(text: str) -> None:
+    assert java_string_hash(text) == reference_hash(text)
+
+
+def test_scalar_path_is_safe_under_the_lowest_int_digit_limit() -> None:
+    # int() refuses numerals longer than sys.get_int_max_str_digits(); 640 is the lowest setting
+    import sys
+
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        for key in ["x" * java_hash._SHORT_KEY_UNITS, "\U0001F600" * (java_hash._SHORT_KEY_UNITS // 2), "é" * 300]:
+            assert java_string_hash(key) == reference_hash(key)
+    finally:
+        sys.set_int_max_str_digits(old)

@@ -10,8 +10,12 @@ Layout (big-endian, as RocketMQ's broker writes it)::
 indexCount starts at 1 (entry 0 is never written: 0 means "no entry"), so a file holds indexNum - 1
 entries. Every rule of RocketMQ's ``putKey`` is reproduced (see ``put_key``) so that the same calls
 give the same bytes; ``select_phy_offsets`` answers like RocketMQ's ``selectPhyOffset``.
-msgindex's own reads use ``candidates``: every entry of the key's chain with the key's hash, with no
-early stop on time (a shard's timestamps are not monotonic), bounded by a reader's committed count.
+msgindex's own reads use ``candidates`` / ``candidate_arrays``: every entry of the key's chain with
+the key's hash, with no early stop on time (a shard's timestamps are not monotonic), bounded by a
+reader's committed count. They answer exactly what the plain walk (``reference_candidates``)
+answers, but never walk a long chain one Python step per entry: dense chains (hot keys) are
+scanned with numpy in verified windows, and a file's hash runs (``hash_run``: derived sidecars,
+never required) answer whole stretches of a chain by binary search.
 
 The mapped bytes are the single source of truth, header included: a writer writes the header right
 after each put (as RocketMQ does), so readers in other processes always see what is on disk.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
@@ -33,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
+from msgindex.storage import hash_run
+from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
 
@@ -57,9 +64,27 @@ NAME_FORMAT = "%Y%m%d%H%M%S"  # + 3 digits of milliseconds: RocketMQ's yyyyMMddH
 NAME_LENGTH = 17
 
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE == ENTRY_STRUCT.size and HEADER_STRUCT.size == HEADER_SIZE
+# Walks unpack only the fields each step needs (fewer int objects per step), the rest on a hit.
+_HASH_PREV_STRUCT = struct.Struct(">i12xi")  # keyHash, prevIndex
+_HASH_DIFF_PREV_STRUCT = struct.Struct(">i8xii")  # keyHash, timeDiff, prevIndex
+_PHY_DIFF_STRUCT = struct.Struct(">qi")  # phyOffset, timeDiff: at entry + 4
+_PHY_STRUCT = struct.Struct(">q")  # phyOffset: at entry + 4
+assert _HASH_PREV_STRUCT.size == _HASH_DIFF_PREV_STRUCT.size == ENTRY_SIZE == 4 + _PHY_DIFF_STRUCT.size + 4
 
 
 _ZERO_RUN_ENTRIES = 4096  # rollback: an all-zero run this long ends the written entries
+
+# Chain lookups (candidates / candidate_arrays); figures measured in bench/bench_index_file.py.
+# Fewer walks than this go one Python step per entry (~0.5 us) rather than a numpy step for all
+# of them (~10 us): both for few keys and for the last walks of a lock-step walk.
+_VECTOR_MIN_KEYS = 8
+_VECTOR_STEPS = 64  # lock-step steps before the walks still going continue one by one
+_PROBE_HOPS = 32  # steps a walk takes before it judges how dense its chain is
+# A chain with at least one entry per _SCAN_DENSITY entries of the file is scanned, not walked:
+# a verified scan costs ~3 ns per file entry, a walk step ~0.5-1 us.
+_SCAN_DENSITY = 256
+_MIN_SCAN_WINDOW = 4096
+_MAX_SCAN_WINDOW = 1 << 16  # rows per scanned window (1.3 MB): stays in L2 cache while verified
 
 
 @dataclass(frozen=True)
@@ -161,8 +186,10 @@ class IndexFile:
                             writable=not read_only)
         self._slots_offset = HEADER_SIZE
         self._entries_offset = HEADER_SIZE + self.hash_slot_num * SLOT_SIZE
+        self._last_entry = self.index_num - 1  # the highest entry index the file has room for
         self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
         self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
+        self._runs: RunSet | None = None  # loaded at the first lookup
 
     # ----------------------------------------------------------------- creating and opening
     @staticmethod
@@ -379,6 +406,10 @@ class IndexFile:
             self._slots[unique_slots] = undone["prev_index"][first]
             undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
         self._write_header(header)
+        if hash_run.covered_count_of(self.path) > index_count:
+            # runs over entries that are gone (they should only ever cover committed ones)
+            self.forget_hash_runs()
+            hash_run.remove_runs(self.path, ending_after=index_count)
         return changed
 
     def _written_end(self, start: int) -> int:
@@ -406,27 +437,65 @@ class IndexFile:
         `max_num` results, an invalid prev, or an entry older than `begin` (the early stop).
         A cyclic chain (corrupt file) gives what the JVM gives while results keep coming; where
         the JVM would spin forever (indexCount steps without a result) the walk ends."""
-        mm = self._buffer()
-        begin_ts, count = self._walk_header()
+        mm = self._mm
+        if mm is None:
+            self._buffer()  # raises: closed
+        # (a hot path: every name below is a local or a literal-like constant, no builtin calls)
         key_hash = index_hash(key)
-        cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE)[0]
+        begin_ts, count = _WALK_HEADER_STRUCT.unpack_from(mm, 0)
+        cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + key_hash % self.hash_slot_num * SLOT_SIZE)[0]
+        # a walk never goes past indexCount, nor past the file (a full file's count is index_num)
+        last = self._last_entry if count > self._last_entry else count
         found: list[int] = []
-        if cur <= INVALID_INDEX or cur > count or count <= FIRST_INDEX:
+        if cur <= INVALID_INDEX or cur > last or count <= FIRST_INDEX or max_num <= 0:
             return found
+        if begin_ts > _NO_WRAP_BEGIN_MAX:
+            return self._select_wrapping(key_hash, cur, last, begin_ts, count, max_num, begin, end)
+        # begin_ts + diff * 1000 cannot wrap here, so the time tests become tests on diff (the hot
+        # loop then does no arithmetic): in [begin, end] <=> diff in [low, high]; diff < low is
+        # RocketMQ's early stop (older than begin) and diff < 0 its other stop
+        low = -((begin_ts - begin) // TIME_DIFF_UNIT_MS)
+        if low < 0:
+            low = 0
+        high = (end - begin_ts) // TIME_DIFF_UNIT_MS
+        base, entry_size, no_entry = self._entries_offset, ENTRY_SIZE, INVALID_INDEX
+        unpack_entry, unpack_phy = _HASH_DIFF_PREV_STRUCT.unpack_from, _PHY_STRUCT.unpack_from
         idle_steps = 0
-        entries_offset, unpack_entry = self._entries_offset, ENTRY_STRUCT.unpack_from
-        while len(found) < max_num and cur < self.index_num and idle_steps <= count:
+        while idle_steps <= count:
             idle_steps += 1
-            stored_hash, phy, diff, prev = unpack_entry(mm, entries_offset + cur * ENTRY_SIZE)
+            at = base + cur * entry_size
+            stored_hash, diff, prev = unpack_entry(mm, at)
+            if diff < low:
+                break
+            if stored_hash == key_hash and diff <= high:
+                found.append(unpack_phy(mm, at + 4)[0])
+                if len(found) >= max_num:
+                    break
+                idle_steps = 0
+            if prev <= no_entry or prev > last or prev == cur:
+                break
+            cur = prev
+        return found
+
+    def _select_wrapping(self, key_hash: int, cur: int, last: int, begin_ts: int, count: int,
+                         max_num: int, begin: int, end: int) -> list[int]:
+        """``select_phy_offsets``' walk where beginTimestamp + timeDiff can overflow a Java long
+        (a beginTimestamp within 2**41 of Long.MAX_VALUE): stamps computed and wrapped as the JVM does."""
+        mm, base, unpack_entry = self._mm, self._entries_offset, ENTRY_STRUCT.unpack_from
+        found: list[int] = []
+        idle_steps = 0
+        while idle_steps <= count:
+            idle_steps += 1
+            stored_hash, phy, diff, prev = unpack_entry(mm, base + cur * ENTRY_SIZE)
             if diff < 0:
                 break
-            stamp = begin_ts + diff * TIME_DIFF_UNIT_MS
-            if not _INT64_MIN <= stamp <= _INT64_MAX:  # Java's long addition wraps
-                stamp = _wrap64(stamp)
+            stamp = _stamp(begin_ts, diff)
             if stored_hash == key_hash and begin <= stamp <= end:
                 found.append(phy)
+                if len(found) >= max_num:
+                    break
                 idle_steps = 0
-            if prev <= INVALID_INDEX or prev > count or prev == cur or stamp < begin:
+            if prev <= INVALID_INDEX or prev > last or prev == cur or stamp < begin:
                 break
             cur = prev
         return found
@@ -435,61 +504,222 @@ class IndexFile:
         """(entry index, phyOffset, approximate store time ms) of every entry in the key's chain
         whose hash equals the key's, newest first, with no time-based early stop.
 
-        Entries at or past `limit_index_count` (a reader's committed count) are skipped but their
-        prevIndex is followed. A chain only points backwards; a prev that does not is corruption
-        and ends the walk, so this never loops."""
-        mm = self._buffer()
+        Entries at or past `limit_index_count` (a reader's committed count; default the header's
+        indexCount) are skipped but their prevIndex is followed. A chain only points backwards; a
+        prev that does not is corruption and ends the walk, so this never loops. The answer is
+        exactly ``reference_candidates``' (the plain walk); long chains get it from the file's
+        hash run or from verified scans instead of one Python step per entry (see
+        ``candidate_arrays``)."""
         key_hash = index_hash(key_or_hash) if isinstance(key_or_hash, str) else int(key_or_hash)
-        begin_ts, count = self._walk_header()
-        limit = count if limit_index_count is None else limit_index_count
-        cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE)[0]
-        found = []
-        entries_offset, unpack_entry = self._entries_offset, ENTRY_STRUCT.unpack_from
-        while INVALID_INDEX < cur < self.index_num:
-            stored_hash, phy, diff, prev = unpack_entry(mm, entries_offset + cur * ENTRY_SIZE)
-            if cur < limit and stored_hash == key_hash:
-                found.append((cur, phy, begin_ts + diff * TIME_DIFF_UNIT_MS))
-            if prev >= cur:
-                break
-            cur = prev
+        begin_ts, limit, runs = self._lookup_setup(limit_index_count)
+        slot = key_hash % self.hash_slot_num
+        head = _SLOT_STRUCT.unpack_from(self._mm, self._slots_offset + slot * SLOT_SIZE)[0]
+        found: list[tuple[int, int, int]] = []
+        for entries, phys, diffs in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot)):
+            if isinstance(entries, list):
+                found += [(e, p, _stamp(begin_ts, d)) for e, p, d in zip(entries, phys, diffs)]
+            else:
+                found += zip(entries.tolist(), phys.tolist(), _stamps(begin_ts, diffs).tolist())
         return found
 
     def candidates_many(self, keys: Sequence[str] | pa.Array | np.ndarray, *,
                         limit_index_count: int | None = None) -> list[list[tuple[int, int, int]]]:
-        """``candidates`` for many keys at once: all chains are walked in lock-step with numpy."""
+        """``candidates`` for many keys at once (see ``candidate_arrays``)."""
         hashes = index_hashes(keys) if len(keys) else np.zeros(0, np.int32)
         results: list[list[tuple[int, int, int]]] = [[] for _ in range(hashes.size)]
         hits = self.candidate_arrays(hashes, limit_index_count=limit_index_count)
-        # hits come step by step along the chains, so each key's list ends up newest first
+        # each key's hits come newest first (see candidate_arrays)
         for k, index, phy, stamp in zip(*(column.tolist() for column in hits)):
             results[k].append((index, phy, stamp))
         return results
 
     def candidate_arrays(self, hashes: np.ndarray, *, limit_index_count: int | None = None,
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``candidates_many`` of precomputed key hashes as flat int64 arrays (position in
-        `hashes`, entry index, phyOffset, approximate store time ms), in chain-walk step order:
-        callers that only need the offsets skip building a Python tuple per hit."""
-        hashes = np.asarray(hashes, dtype=np.int64)
-        h = self.header
-        limit = h.index_count if limit_index_count is None else limit_index_count
+        """``candidates`` of many precomputed key hashes as flat int64 arrays: (position in
+        `hashes`, entry index, phyOffset, approximate store time ms). Each key's hits appear
+        newest first (keys' hits may interleave); callers that only need the offsets skip
+        building a Python tuple per hit. Identical to ``reference_candidates`` for every key, on
+        any bytes (corrupt files included), as long as the entries a hash run covers are those it
+        was built from (runs only ever cover committed entries, which never change; a sampled
+        fingerprint catches a run left from other bytes).
+
+        How: the chains of all keys are walked in lock-step with numpy (one gather per step)
+        while many keys are still walking; the few left walk on one by one (a plain Python step
+        per entry costs less than a numpy step then). A walk that finds its chain dense (at least
+        one entry in ``_SCAN_DENSITY`` of the file's, like a hot key's) switches to scanning
+        windows of the keyHash column below it with numpy, each window checked to hold exactly the
+        chain's entries the walk would visit (else the walk goes on one step at a time). A chain
+        that reaches the newest entry one of the file's hash runs holds of its slot takes the hits
+        down to that run's range from it (a binary search) and goes on below -- see ``hash_run``."""
+        hashes = np.asarray(hashes, dtype=np.int64).reshape(-1)
+        begin_ts, limit, runs = self._lookup_setup(limit_index_count)
+        pieces: list[tuple[int | np.ndarray, Sequence[int] | np.ndarray, Sequence[int] | np.ndarray,
+                           Sequence[int] | np.ndarray]] = []
+        if hashes.size < _VECTOR_MIN_KEYS:
+            mm, slots_offset = self._mm, self._slots_offset
+            for k, key_hash in enumerate(hashes.tolist()):
+                slot = key_hash % self.hash_slot_num
+                head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot))]
+        else:
+            self._walk_lock_step(hashes, limit, runs, pieces)
+        return _assemble(pieces, begin_ts)
+
+    def _lookup_setup(self, limit_index_count: int | None) -> tuple[int, int, RunSet]:
+        """(beginTimestamp, the limit, the hash runs that may answer now) for one lookup."""
+        begin_ts, count = self._walk_header()
+        runs = self._hash_runs()
+        if runs.covered_count > count:  # rolled back below them: not this file's entries any more
+            runs = _NO_RUNS
+        return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
+
+    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list) -> None:
+        """The chains of all `hashes` a numpy step at a time; hands the last few walks, and those
+        that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys, diffs)."""
+        slots = hashes % self.hash_slot_num
+        cur = self._slots[slots].astype(np.int64)
         who = np.arange(hashes.size)
-        cur = self._slots[hashes % self.hash_slot_num].astype(np.int64)
-        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        while True:
+        tops = runs.tops(slots)  # (runs, keys)
+        at_top: list[tuple[np.ndarray, np.ndarray]] = []
+        for _ in range(_VECTOR_STEPS):
             alive = (cur > INVALID_INDEX) & (cur < self.index_num)
-            who, cur = who[alive], cur[alive]
-            if who.size == 0:
+            if tops.shape[0]:
+                reached = alive & (tops == cur).any(axis=0)
+                if reached.any():
+                    at_top.append((who[reached], cur[reached]))
+                    alive &= ~reached
+            who, cur, tops = who[alive], cur[alive], tops[:, alive]
+            if who.size < _VECTOR_MIN_KEYS:
                 break
             rows = self._entries[cur]
             hit = (cur < limit) & (rows["key_hash"] == hashes[who])
-            stamps = h.begin_timestamp + rows["time_diff"][hit].astype(np.int64) * TIME_DIFF_UNIT_MS
-            steps.append((who[hit], cur[hit], rows["phy_offset"][hit].astype(np.int64), stamps))
+            if hit.any():
+                pieces.append((who[hit], cur[hit], rows["phy_offset"][hit], rows["time_diff"][hit]))
             prev = rows["prev_index"].astype(np.int64)
             cur = np.where(prev < cur, prev, INVALID_INDEX)  # a chain only points backwards
-        if not steps:
-            return tuple(np.zeros(0, np.int64) for _ in range(4))
-        return tuple(np.concatenate(column).astype(np.int64, copy=False) for column in zip(*steps))
+        at_top.append((who, cur))  # the walks still going (those that ended find nothing more)
+        for keys, starts in at_top:
+            for k, start in zip(keys.tolist(), starts.tolist()):
+                key_hash = int(hashes[k])
+                slot = key_hash % self.hash_slot_num
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot))]
+
+    def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
+                      jumps: dict[int, tuple[HashRun, int]]) -> list[tuple]:
+        """The hits of one chain from entry `cur` on, newest first, as pieces (entries,
+        phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and runs.
+        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it)."""
+        pieces: list[tuple] = []
+        entries: list[int] = []
+        phys: list[int] = []
+        diffs: list[int] = []
+        index_num, mm, base, unpack_entry = self.index_num, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
+        hops, probe_from, scans = 0, cur, True
+        while INVALID_INDEX < cur < index_num:
+            if cur in jumps:
+                run, after = jumps[cur]
+                hits = run.hits(key_hash, limit)
+                if hits is not None:  # else the run failed its checksum: walk on
+                    if entries:
+                        pieces.append((entries, phys, diffs))
+                        entries, phys, diffs = [], [], []
+                    pieces.append((hits.entries, hits.phy_offsets, hits.time_diffs))
+                    cur, hops, probe_from = after, 0, after
+                    continue
+                jumps = {top: jump for top, jump in jumps.items() if jump[0] is not run}
+            if hops >= _PROBE_HOPS and scans:
+                if probe_from - cur <= hops * _SCAN_DENSITY:  # dense: scanning costs less than walking
+                    if entries:
+                        pieces.append((entries, phys, diffs))
+                        entries, phys, diffs = [], [], []
+                    # scan down to just above the next run's top: the walk then jumps over that run
+                    floor = max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1
+                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces)
+                    hops, probe_from = 0, cur
+                    continue
+                hops, probe_from = 0, cur
+            at = base + cur * ENTRY_SIZE
+            stored_hash, prev = unpack_entry(mm, at)
+            if cur < limit and stored_hash == key_hash:
+                phy, diff = _PHY_DIFF_STRUCT.unpack_from(mm, at + 4)
+                entries.append(cur)
+                phys.append(phy)
+                diffs.append(diff)
+            if prev >= cur:
+                break
+            cur = prev
+            hops += 1
+        if entries:
+            pieces.append((entries, phys, diffs))
+        return pieces
+
+    def _scan_chain(self, key_hash: int, slot: int, cur: int, floor: int, limit: int, window: int,
+                    pieces: list) -> tuple[int, bool]:
+        """Scan windows of entries below `cur` (down to `floor`) for the chain's entries while
+        the chain stays dense there; append the hits to `pieces`. Returns (where the walk goes
+        on, whether scanning may be tried again): a window whose entries are not exactly what
+        the walk would visit ends the scanning for this chain, the walk then goes on from there."""
+        window = max(window, _MIN_SCAN_WINDOW)
+        while floor <= cur < self.index_num and cur > INVALID_INDEX:
+            low = max(floor, cur - window + 1)
+            scanned = self._scan_window(key_hash, slot, low, cur, limit)
+            if scanned is None:
+                return cur, False
+            hits, members, cur = scanned
+            if hits[0].size:
+                pieces.append(hits)
+            if members * _SCAN_DENSITY < window:
+                break  # the chain thinned out: walking is cheaper again
+            window = min(2 * window, _MAX_SCAN_WINDOW)
+        return cur, True
+
+    def _scan_window(self, key_hash: int, slot: int, low: int, high: int, limit: int,
+                     ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, int] | None:
+        """The walk from entry `high` through entries [low, high], done by a scan: the entries of
+        `slot` there must form exactly the chain the walk follows (`high` the newest, each one's
+        prev the one before it, the oldest one's prev leaving the window or ending the walk), so
+        that the walk would visit exactly them. Returns ((entries, phyOffsets, time diffs) of the
+        hits newest first, how many entries the chain has in the window, where the walk goes on:
+        0 when it ends), or None when the window is not that (corruption)."""
+        rows = self._entries[low : high + 1]
+        stored, scratch, is_member = _scan_scratch(rows.size)
+        np.copyto(stored, rows["key_hash"], casting="unsafe")  # big-endian to native: same values
+        n_slots = np.int32(self.hash_slot_num)
+        # stored % n_slots, but ~8x faster: numpy divides by a scalar with libdivide, while its
+        # remainder divides element by element
+        np.floor_divide(stored, n_slots, out=scratch)
+        np.multiply(scratch, n_slots, out=scratch)
+        np.subtract(stored, scratch, out=scratch)
+        np.equal(scratch, slot, out=is_member)
+        member = np.flatnonzero(is_member)
+        if member.size == 0 or member[-1] != high - low:
+            return None
+        prev = rows["prev_index"][member].astype(np.int64)
+        entry = member + low
+        if not np.array_equal(prev[1:], entry[:-1]):
+            return None
+        oldest, oldest_prev = int(entry[0]), int(prev[0])
+        if oldest_prev >= oldest:
+            after = INVALID_INDEX  # the walk stops there
+        elif oldest_prev < low:
+            after = oldest_prev
+        else:
+            return None
+        hit = member[(stored[member] == key_hash) & (entry < limit)][::-1]
+        found = (hit + low, rows["phy_offset"][hit], rows["time_diff"][hit])
+        return found, int(member.size), after
+
+    def _hash_runs(self) -> RunSet:
+        """The file's usable hash runs (looked for once per open file)."""
+        if self._runs is None:
+            self._runs = RunSet.load(self)
+        return self._runs
+
+    def forget_hash_runs(self) -> None:
+        """Look for the hash runs afresh at the next lookup (after some were written or removed)."""
+        runs, self._runs = self._runs, None
+        if runs is not None:
+            runs.close()
 
     def slot_array(self) -> np.ndarray:
         """Read-only big-endian int32 view of all slots (values are entry indexes, 0 = empty)."""
@@ -514,6 +744,7 @@ class IndexFile:
         """Unmap. Views handed out by slot_array/entry_array keep the mapping alive until dropped."""
         if self._mm is None:
             return
+        self.forget_hash_runs()
         mm, self._mm = self._mm, None
         del self._slots, self._entries
         try:
@@ -543,6 +774,79 @@ class IndexFile:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# beginTimestamp + timeDiff * 1000 (timeDiff in [0, Integer.MAX_VALUE]) fits a Java long up to here
+_NO_WRAP_BEGIN_MAX = _INT64_MAX - INT32_MAX * TIME_DIFF_UNIT_MS
+
+
+_scratch = threading.local()
+_NO_RUNS = RunSet([])
+
+
+def _scan_scratch(rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reused per-thread buffers for a scanned window (stored hashes, a temporary, a mask): fresh
+    arrays of this size come from mmap and cost a page fault per 4 KiB on every window."""
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None or buffers[0].size < rows:
+        size = max(rows, _MAX_SCAN_WINDOW)
+        buffers = _scratch.buffers = (np.empty(size, np.int32), np.empty(size, np.int32), np.empty(size, bool))
+    return tuple(buffer[:rows] for buffer in buffers)
+
+
+def reference_candidates(index_file: IndexFile, key_or_hash: str | int, *,
+                         limit_index_count: int | None = None) -> list[tuple[int, int, int]]:
+    """The plain chain walk, one entry per step: what ``IndexFile.candidates`` and
+    ``candidate_arrays`` must answer (their test oracle). Entries at or past the limit (default:
+    the header's indexCount) are skipped but followed; a prev that does not point backwards ends
+    the walk; times are beginTimestamp + timeDiff s in Java long arithmetic."""
+    mm = index_file._buffer()
+    key_hash = index_hash(key_or_hash) if isinstance(key_or_hash, str) else int(key_or_hash)
+    begin_ts, count = index_file._walk_header()
+    limit = count if limit_index_count is None else limit_index_count
+    cur = _SLOT_STRUCT.unpack_from(mm, index_file._slots_offset + (key_hash % index_file.hash_slot_num) * SLOT_SIZE)[0]
+    found = []
+    while INVALID_INDEX < cur < index_file.index_num:
+        stored_hash, phy, diff, prev = ENTRY_STRUCT.unpack_from(mm, index_file._entries_offset + cur * ENTRY_SIZE)
+        if cur < limit and stored_hash == key_hash:
+            found.append((cur, phy, _stamp(begin_ts, diff)))
+        if prev >= cur:
+            break
+        cur = prev
+    return found
+
+
+def _stamp(begin_timestamp: int, time_diff: int) -> int:
+    """An entry's approximate store time (ms): beginTimestamp + timeDiff s, as a Java long."""
+    stamp = begin_timestamp + time_diff * TIME_DIFF_UNIT_MS
+    return stamp if _INT64_MIN <= stamp <= _INT64_MAX else _wrap64(stamp)
+
+
+def _stamps(begin_timestamp: int, time_diffs: Sequence[int] | np.ndarray, *, reuse: bool = False) -> np.ndarray:
+    """``_stamp`` of many diffs (int64 arithmetic wraps like Java's long), in a new array, or in
+    `time_diffs` itself when `reuse` says it is an int64 array nobody else holds."""
+    stamps = time_diffs if reuse else np.array(time_diffs, dtype=np.int64)
+    stamps *= TIME_DIFF_UNIT_MS
+    with np.errstate(over="ignore"):
+        stamps += np.int64(begin_timestamp)
+    return stamps
+
+
+def _as_int64(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`values` as an int64 array (no copy when they already are one, in native byte order)."""
+    return np.asarray(values, dtype=np.int64)
+
+
+def _assemble(pieces: list[tuple], begin_timestamp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Flat int64 (who, entry, phyOffset, approximate ms) arrays of lookup pieces, in order."""
+    if not pieces:
+        return tuple(np.zeros(0, np.int64) for _ in range(4))
+    whos = [np.full(len(piece[1]), piece[0], np.int64) if isinstance(piece[0], int) else piece[0]
+            for piece in pieces]
+    if len(pieces) == 1:  # a single key's chain, often one run or scan slice: no concatenation
+        _, entry, phy, diff = pieces[0]
+        return _as_int64(whos[0]), _as_int64(entry), _as_int64(phy), _stamps(begin_timestamp, diff)
+    columns = [whos] + [[piece[i] for piece in pieces] for i in (1, 2, 3)]
+    who, entry, phy, diff = (np.concatenate(column, dtype=np.int64, casting="same_kind") for column in columns)
+    return who, entry, phy, _stamps(begin_timestamp, diff, reuse=True)
 
 
 def _check_int64(name: str, value: int) -> None:

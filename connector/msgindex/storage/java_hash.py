@@ -11,6 +11,16 @@ so over one flat buffer of units ``u``::
     hash(u[a:b]) = 31**(b-1) * (G(b) - G(a))     (mod 2**32)
 
 which turns millions of Horner recurrences into a handful of whole-array operations.
+
+The scalar form (one key per call: lookups) avoids a per-unit Python loop another way. A byte
+``b`` is ``31 * (b // 31) + b % 31``, two base-31 digits (``b // 31 <= 8``), so over a key's bytes::
+
+    sum_i b[i] * 31**(n-1-i) = int(low digits, 31) + 31 * int(high digits, 31)
+
+(exact, not wrapped), where each digit string is one ``bytes.translate`` of the key: two C-level
+passes and two C-level parses instead of one Python multiplication per unit (3-4x faster on
+typical keys). A UTF-16 unit is ``256 * high byte + low byte``, so non-ASCII keys take four
+parses over the two byte planes of their UTF-16 encoding.
 """
 
 from __future__ import annotations
@@ -18,7 +28,6 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from operator import mul
 
 import numpy as np
 import pyarrow as pa
@@ -37,16 +46,18 @@ _CHUNK_UNITS = 1 << 18
 _BLOCK_KEYS = 1 << 14
 
 # Keys up to this many units are hashed without numpy (its per-call overhead dominates there).
+# int() refuses numerals longer than sys.get_int_max_str_digits() (at least 640, default 4300)
+# in non-power-of-two bases, and its cost grows quadratically: keep well below both.
 _SHORT_KEY_UNITS = 256
-_SHORT_POWERS = [pow(_MULTIPLIER, k, 1 << 32) for k in range(_SHORT_KEY_UNITS)]
+# Base-31 digit of each byte value (low: b % 31) and of its quotient (high: b // 31 <= 8).
+_BASE31_DIGITS = b"0123456789abcdefghijklmnopqrstu"
+_LOW_DIGIT = bytes(_BASE31_DIGITS[b % _MULTIPLIER] for b in range(256))
+_HIGH_DIGIT = bytes(_BASE31_DIGITS[b // _MULTIPLIER] for b in range(256))
+_UTF16_BE = "utf-16-be"
+_SIGN_BIT = 1 << 31
 
 _powers: np.ndarray = np.ones(1, dtype=np.uint32)
 _inverse_powers: np.ndarray = np.ones(1, dtype=np.uint32)
-
-
-def _to_int32(value: int) -> int:
-    value &= _MASK32
-    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def utf16_units(text: str) -> np.ndarray:
@@ -56,17 +67,35 @@ def utf16_units(text: str) -> np.ndarray:
 
 def java_string_hash(text: str) -> int:
     """``text.hashCode()`` as Java computes it: a signed 32-bit int."""
+    value = _unsigned_hash(text)
+    return value - (1 << 32) if value >= _SIGN_BIT else value
+
+
+def _unsigned_hash(text: str) -> int:
+    """``hashCode()`` as an unsigned 32-bit value (the bits Java's int holds)."""
+    if text.__class__ is str and 0 < len(text) <= _SHORT_KEY_UNITS and text.isascii():
+        # the hot path of every lookup: _byte_polynomial inlined (one byte per unit)
+        data = text.encode()
+        return (int(data.translate(_LOW_DIGIT), _MULTIPLIER)
+                + _MULTIPLIER * int(data.translate(_HIGH_DIGIT), _MULTIPLIER)) & _MASK32
     if not isinstance(text, str):
         raise TypeError(f"index keys are str, not {type(text).__name__}: {text!r:.80}")
+    if not text:
+        return 0
+    if len(text) <= _SHORT_KEY_UNITS and not text.isascii():
+        units = text.encode(_UTF16_BE, _UTF16_ERRORS)
+        if len(units) <= 2 * _SHORT_KEY_UNITS:  # astral characters take two units
+            return ((_byte_polynomial(units[0::2]) << 8) + _byte_polynomial(units[1::2])) & _MASK32
     units = text.encode("ascii") if text.isascii() else _unit_array(text)
-    if len(units) <= _SHORT_KEY_UNITS:
-        # sum of unit[i] * 31**(n-1-i) in C (map/sum); exact in Python ints, reduced once at the end.
-        return _to_int32(sum(map(mul, reversed(units), _SHORT_POWERS)))
     powers, _ = _power_tables(len(units))
-    # Same sum in numpy, every product and the sum wrapping in uint32 like Java's int.
+    # The same sum in numpy, every product and the sum wrapping in uint32 like Java's int.
     as_numpy = np.frombuffer(units, np.uint8 if isinstance(units, bytes) else np.uint16)
-    return _to_int32(int(np.sum(np.multiply(as_numpy, powers[len(units) - 1 :: -1], dtype=np.uint32),
-                                dtype=np.uint32)))
+    return int(np.sum(np.multiply(as_numpy, powers[len(units) - 1 :: -1], dtype=np.uint32), dtype=np.uint32))
+
+
+def _byte_polynomial(data: bytes) -> int:
+    """``sum(data[i] * 31**(len(data)-1-i))`` exactly, for non-empty `data` (module docstring)."""
+    return int(data.translate(_LOW_DIGIT), _MULTIPLIER) + _MULTIPLIER * int(data.translate(_HIGH_DIGIT), _MULTIPLIER)
 
 
 def _unit_array(text: str) -> array:
@@ -84,7 +113,11 @@ def index_hash_from_java_hash(java_hash: int) -> int:
 
 def index_hash(key: str) -> int:
     """RocketMQ's index hash of `key` (a full ``topic#key`` string): in [0, 2**31 - 1]."""
-    return index_hash_from_java_hash(java_string_hash(key))
+    value = _unsigned_hash(key)
+    if value < _SIGN_BIT:
+        return value
+    # a negative int: Math.abs is 2**32 - value, except for Integer.MIN_VALUE (mapped to 0)
+    return (1 << 32) - value if value != _SIGN_BIT else 0
 
 
 def slot_of(key_hash: int, hash_slot_num: int) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
+from msgindex.storage import hash_run
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -229,6 +230,7 @@ class ShardWriter(_Committed):
         for index_file in doomed:
             index_file.close()
             Path(index_file.path).unlink(missing_ok=True)
+            hash_run.remove_runs(index_file.path)
         self._delete_segments_below(self._checkpoint.log_start_seq)
         fsync_directory(self.directory / INDEX_DIR)
 
@@ -293,7 +295,7 @@ class ShardWriter(_Committed):
         listed = {state.name for state in checkpoint.index_files}
         removed = False
         for entry in (self.directory / INDEX_DIR).iterdir():
-            if entry.name not in listed:
+            if entry.name not in listed and not hash_run.is_sidecar_of(entry.name, listed):
                 _remove(entry)  # created by a batch that never committed (or retention's leftovers)
                 removed = True
         if removed:
@@ -325,6 +327,8 @@ class ShardWriter(_Committed):
     def _roll(self, first_timestamp_ms: int) -> None:
         """Create the next hash index file. Like RocketMQ, it inherits the end offset and time of
         the full file before it; its name is data-derived and strictly increasing (see module doc)."""
+        # the full files get their hash runs, over what the last checkpoint committed of them
+        hash_run.seal_committed(self._files, {state.name: state.index_count for state in self._checkpoint.index_files})
         name_ms = min(max(first_timestamp_ms, MIN_NAME_MS), MAX_NAME_MS)
         end_phy_offset = end_timestamp = 0
         if self._files:
