@@ -198,8 +198,9 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"") ->
 
 
 def _narrow(values: np.ndarray, base: int) -> pa.Array:
-    """values - base as int32 when that fits, else int64 (the decoder reads either)."""
-    delta = values.astype(np.int64) - np.int64(base)  # wraps like Java's long for absurd ranges
+    """values - base (which the caller made fit int64) as int32 when that fits, else int64 (the
+    decoder reads either)."""
+    delta = values.astype(np.int64) - np.int64(base)
     if len(delta) and delta.max() <= np.iinfo(np.int32).max and delta.min() >= 0:
         return pa.array(delta.astype(np.int32))
     return pa.array(delta)
@@ -225,6 +226,8 @@ def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
     np.cumsum(counts - lead, out=rest_offsets[1:])
     offsets = c.ints["offset"]
     offset_base = int(offsets.min())
+    if int(offsets.max()) - offset_base > INT64_MAX:  # a delta would not fit: store the offsets as they are
+        offset_base = 0
     arrays = [
         c.topic.cast(TEXT).dictionary_encode(),
         pa.array(c.ints["partition"], pa.int32()),

@@ -336,6 +336,11 @@ class LogSegment:
             if isinstance(checked, bf.BatchProblem):
                 if stop_at_torn and checked.torn:
                     break
+                if not verify and columns[0]:
+                    # An unverified hop may have trusted a damaged header of the batch before.
+                    before = self._check_at(columns[0][-1], end, columns[1][-1], True)
+                    if isinstance(before, bf.BatchProblem):
+                        checked, position = before, columns[0][-1]
                 raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {checked.reason}")
             for column, value in zip(columns, (position, seq, checked.record_count, checked.batch_length,
                                                checked.min_timestamp, checked.max_timestamp)):
