@@ -63,7 +63,7 @@ def expected_row(seq: int, record: MessageRecord, broker: str) -> dict:
 
 def decode(data: bytes) -> bf.DecodedBatch:
     header = bf.checked_batch(data, len(data), "mem", 0)
-    return bf.decode_body(data, header, "mem", 0)
+    return bf.decode_body(data, header, "mem", 0).all()
 
 
 @settings(max_examples=150, deadline=None)

@@ -529,43 +529,25 @@ class ShardReader(_Committed):
         if not len(seqs):
             return empty_rows()
         unique, inverse = np.unique(seqs, return_inverse=True)
-        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
-        parts = []
-        by_seq = np.argsort(inverse, kind="stable")
-        sorted_inverse = inverse[by_seq]
-        for hit in self._log.hits(unique):
-            batch = hit.batch
-            # every (candidate row, wanted key) pair that points into this batch: hit.at is a
-            # contiguous run of `unique`, so its pairs are a contiguous run of by_seq
-            lo, hi = np.searchsorted(sorted_inverse, [hit.at[0], hit.at[-1]], side="left")
-            hi = np.searchsorted(sorted_inverse, hit.at[-1], side="right")
-            pair = by_seq[lo:hi]
-            row = (unique[inverse[pair]] - batch.base_seq).astype(np.int64)
-            key_number = who[pair]
-            keep = np.ones(len(pair), dtype=bool)
-            stamps = batch.timestamp_ms[row]
-            if begin_ms is not None:
-                keep &= stamps >= begin_ms
-            if end_ms is not None:
-                keep &= stamps <= end_ms
-            if wanted_partitions is not None:
-                keep &= np.isin(batch.partition[row].astype(np.int64), wanted_partitions)
-            row, key_number = row[keep], key_number[keep]
-            if not len(row):
-                continue
-            topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
-            lists = batch.keys.take(pa.array(row))
-            parents = pc.list_parent_indices(lists).to_numpy()
-            items = pc.list_flatten(lists)
-            key_hit = pc.equal(items, wanted.keys.take(pa.array(key_number[parents]))).to_numpy(zero_copy_only=False)
-            has_key = np.bincount(parents[key_hit], minlength=len(row)) > 0
-            ok = topic_ok.to_numpy(zero_copy_only=False) & has_key
-            matched = np.unique(row[ok])  # a record found under two wanted keys is one result
-            if len(matched):
-                parts.append(bf.rows(batch, self.broker, matched))
-        if not parts:
+        batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
+        keep = np.ones(len(unique), dtype=bool)
+        if begin_ms is not None:
+            keep &= batch.timestamp_ms >= begin_ms
+        if end_ms is not None:
+            keep &= batch.timestamp_ms <= end_ms
+        if partitions is not None:
+            keep &= np.isin(batch.partition.astype(np.int64), np.array(sorted(set(partitions)), dtype=np.int64))
+        pair = np.flatnonzero(keep[inverse])  # the (candidate, wanted key) pairs still in the running
+        row, key_number = inverse[pair], who[pair]
+        topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
+        lists = batch.keys.take(pa.array(row))
+        parents = pc.list_parent_indices(lists).to_numpy()
+        key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
+        has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
+        matched = np.unique(row[topic_ok.to_numpy(zero_copy_only=False) & has_key])  # once per record
+        if not len(matched):
             return empty_rows()
-        return pa.Table.from_batches(parts)
+        return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
 
 
 @dataclass(frozen=True)

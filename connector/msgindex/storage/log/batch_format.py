@@ -209,8 +209,10 @@ def _narrow(values: np.ndarray, base: int) -> pa.Array:
 def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
     n = len(c)
     key = c.key.cast(TEXT)
-    items = c.items.cast(TEXT)
-    starts, ends = c.list_offsets[:-1], c.list_offsets[1:]
+    first_item = int(c.list_offsets[0])
+    items = c.items.slice(first_item, int(c.list_offsets[-1]) - first_item).cast(TEXT)
+    list_offsets = c.list_offsets - first_item
+    starts, ends = list_offsets[:-1], list_offsets[1:]
     counts = ends - starts
     lead = np.zeros(n, dtype=bool)
     has_items = counts > 0
@@ -220,8 +222,7 @@ def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
         lead = has_items & same
     keep = np.ones(len(items), dtype=bool)
     keep[starts[lead]] = False
-    used = slice(int(c.list_offsets[0]), int(c.list_offsets[-1]))
-    rest_items = items.slice(used.start, used.stop - used.start).filter(pa.array(keep[used]))
+    rest_items = items.filter(pa.array(keep))
     rest_offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(counts - lead, out=rest_offsets[1:])
     offsets = c.ints["offset"]
@@ -251,10 +252,10 @@ STORED_NAMES = ("topic", "partition", "offset", "timestamp", "key", "keys_lead",
 # ---- decoding ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DecodedBatch:
-    """One batch's records as Arrow columns (texts as encode_text bytes), ready to be filtered,
-    verified and rendered without Python code per record."""
+    """Records of one batch (all, or some rows) as Arrow/numpy columns (texts as encode_text
+    bytes), ready to be filtered, verified and rendered without Python code per record."""
 
-    base_seq: int
+    seqs: np.ndarray  # int64
     topic: pa.Array  # binary (dictionary-decoded)
     partition: np.ndarray  # int32
     offset: np.ndarray  # int64
@@ -265,15 +266,39 @@ class DecodedBatch:
     size: np.ndarray  # int32
 
     def __len__(self) -> int:
-        return len(self.partition)
+        return len(self.seqs)
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """A batch's body as stored (decompressed, zero-copy IPC columns). A point read selects the
+    few rows it wants BEFORE the texts and keys are rebuilt, so its cost is the decompression and
+    not the batch's row count; a scan decodes all rows."""
+
+    header: BatchHeader
+    stored: pa.RecordBatch
 
     @property
-    def seqs(self) -> np.ndarray:
-        return np.arange(self.base_seq, self.base_seq + len(self), dtype=np.int64)
+    def base_seq(self) -> int:
+        return self.header.base_seq
+
+    def __len__(self) -> int:
+        return self.stored.num_rows
+
+    def timestamps(self) -> np.ndarray:
+        return self.stored.column(3).to_numpy().astype(np.int64) + self.header.min_timestamp
+
+    def all(self) -> DecodedBatch:
+        return _decoded(self.header, self.stored, np.arange(self.base_seq, self.base_seq + len(self), dtype=np.int64))
+
+    def select(self, rows: np.ndarray) -> DecodedBatch:
+        """Rows `rows` (positions in the batch, in that order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return _decoded(self.header, self.stored.take(pa.array(rows)), self.base_seq + rows)
 
 
-def decode_body(data: bytes, header: BatchHeader, name: object, origin: int) -> DecodedBatch:
-    """Decode the body of the (already checked) batch copied from byte `origin` of `name` into `data`."""
+def decode_body(data: bytes, header: BatchHeader, name: object, origin: int) -> StoredBatch:
+    """The body of the (already checked) batch copied from byte `origin` of `name` into `data`."""
     start = HEADER_SIZE + header.annotation_length
     position = origin
     try:
@@ -285,21 +310,56 @@ def decode_body(data: bytes, header: BatchHeader, name: object, origin: int) -> 
         raise CorruptFileError(f"{name}: invalid batch at byte {position}: body does not decode ({e})") from None
     if stored.num_rows != header.record_count or tuple(stored.schema.names) != STORED_NAMES:
         raise CorruptFileError(f"{name}: invalid batch at byte {position}: body does not match its header")
-    return _decoded(header, stored)
+    return StoredBatch(header, stored)
 
 
-def _plain(array: pa.Array) -> pa.Array:
+def gather(parts: list[tuple[StoredBatch, np.ndarray]]) -> DecodedBatch:
+    """The rows `rows` of each (stored batch, rows), concatenated into one DecodedBatch in that
+    order. Per batch only a take and a few zero-copy conversions run; the keys are rebuilt and
+    everything is checked and rendered once for all batches (a lookup touching hundreds of
+    batches pays the per-call overhead of Arrow once, not hundreds of times)."""
+    if not parts:
+        empty = pa.array([], TEXT)
+        return DecodedBatch(np.zeros(0, np.int64), empty, np.zeros(0, np.int32), np.zeros(0, np.int64),
+                            np.zeros(0, np.int64), empty, pa.array([], ITEMS), np.zeros(0, np.int64),
+                            np.zeros(0, np.int32))
+    columns: list[list] = [[] for _ in range(10)]
+    for stored, rows in parts:
+        rows = np.asarray(rows, dtype=np.int64)
+        taken = stored.stored.take(pa.array(rows))
+        offset_base = int((stored.stored.schema.metadata or {}).get(OFFSET_BASE, b"0"))
+        for column, value in zip(columns, (
+            stored.base_seq + rows,
+            plain(taken.column(0)),
+            taken.column(1).to_numpy(),
+            taken.column(2).to_numpy().astype(np.int64) + offset_base,
+            taken.column(3).to_numpy().astype(np.int64) + stored.header.min_timestamp,
+            plain(taken.column(4)),
+            taken.column(5).to_numpy(zero_copy_only=False),
+            taken.column(6),
+            taken.column(7).to_numpy(),
+            taken.column(8).to_numpy(),
+        )):
+            column.append(value)
+    seqs, topic, partition, offset, stamps, key, lead, rest, commit_log_offset, size = (
+        np.concatenate(c) if isinstance(c[0], np.ndarray) else pa.concat_arrays(c) for c in columns)
+    return DecodedBatch(seqs, topic, partition, offset, stamps, key,
+                        _with_lead(key, lead, rest) if lead.any() else rest, commit_log_offset, size)
+
+
+def plain(array: pa.Array) -> pa.Array:
+    """A stored column without its dictionary encoding."""
     return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
 
 
-def _decoded(header: BatchHeader, stored: pa.RecordBatch) -> DecodedBatch:
+def _decoded(header: BatchHeader, stored: pa.RecordBatch, seqs: np.ndarray) -> DecodedBatch:
     offset_base = int((stored.schema.metadata or {}).get(OFFSET_BASE, b"0"))
-    key = _plain(stored.column(4))
+    key = plain(stored.column(4))
     lead = stored.column(5).to_numpy(zero_copy_only=False)
     rest = stored.column(6)
     return DecodedBatch(
-        header.base_seq,
-        _plain(stored.column(0)),
+        seqs,
+        plain(stored.column(0)),
         stored.column(1).to_numpy(),
         stored.column(2).to_numpy().astype(np.int64) + offset_base,
         stored.column(3).to_numpy().astype(np.int64) + header.min_timestamp,

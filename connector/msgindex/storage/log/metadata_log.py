@@ -104,7 +104,7 @@ class BatchHit:
     """Rows of one decoded batch wanted by a read: `rows` are positions in the batch, `at` the
     positions in the caller's seq array they answer."""
 
-    batch: bf.DecodedBatch
+    batch: bf.StoredBatch
     rows: np.ndarray
     at: np.ndarray
 
@@ -372,25 +372,23 @@ class MetadataLog:
                 i = int(batch_of[part[0]])
                 yield BatchHit(segment.decode(i, directory), mine[part] - directory.base_seqs[i], at[part])
 
+    def gather(self, seqs: np.ndarray) -> bf.DecodedBatch:
+        """The records of sorted unique `seqs`, in that order, as one DecodedBatch: each batch
+        holding some of them decoded once (checksum verified)."""
+        return bf.gather([(hit.batch, hit.rows) for hit in self.hits(seqs)])
+
     def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
         """The records of `seqs`, in the order given."""
         seqs = np.fromiter(seqs, dtype=np.int64)
         unique, inverse = np.unique(seqs, return_inverse=True)
-        found: list[MessageRecord | None] = [None] * len(unique)
-        for hit in self.hits(unique):
-            for position, record in zip(hit.at.tolist(), bf.records(hit.batch, hit.rows)):
-                found[position] = record
+        found = bf.records(self.gather(unique))
         return [found[i] for i in inverse.tolist()]
 
     def read_rows(self, seqs: Iterable[int], broker: str) -> pa.RecordBatch:
         """The records of `seqs` as ROW_SCHEMA rows (checksums verified), in the order given."""
         seqs = np.fromiter(seqs, dtype=np.int64)
         unique, inverse = np.unique(seqs, return_inverse=True)
-        parts = [bf.rows(hit.batch, broker, hit.rows) for hit in self.hits(unique)]
-        if not parts:
-            return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
-        table = pa.Table.from_batches(parts, schema=ROW_SCHEMA).take(pa.array(inverse))
-        return table.combine_chunks().to_batches()[0] if table.num_rows else parts[0].slice(0, 0)
+        return bf.rows(self.gather(unique), broker, inverse)
 
     def first_seq_at_or_after(self, timestamp_ms: int) -> int | None:
         """The first record in seq order whose timestamp is >= timestamp_ms, or None: the first
@@ -403,7 +401,7 @@ class MetadataLog:
             if len(reaching):
                 i = int(reaching[0])
                 batch = segment.decode(i, directory)
-                return batch.base_seq + int(np.argmax(batch.timestamp_ms >= timestamp_ms))
+                return batch.base_seq + int(np.argmax(batch.timestamps() >= timestamp_ms))
         return None
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, *,
@@ -446,9 +444,9 @@ class MetadataLog:
                 batch = segment.decode(i, directory)
                 keep = _window_mask(batch, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
                 if keep is None:
-                    yield bf.rows(batch, broker)
-                elif keep.any():
-                    yield bf.rows(batch, broker, np.flatnonzero(keep))
+                    yield bf.rows(batch.all(), broker)
+                elif keep.any():  # only the rows kept get their texts and keys rebuilt
+                    yield bf.rows(batch.select(np.flatnonzero(keep)), broker)
 
     # ---- annotations ---------------------------------------------------------------------------
     def annotations(self) -> Iterator[tuple[int, bytes]]:
@@ -486,7 +484,7 @@ def _overlaps(low: int, high: int, begin_ms: int | None, end_ms: int | None) -> 
     return (begin_ms is None or high >= begin_ms) and (end_ms is None or low <= end_ms)
 
 
-def _window_mask(batch: bf.DecodedBatch, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,
+def _window_mask(batch: bf.StoredBatch, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,
                  partitions: np.ndarray | None, topics: pa.Array | None) -> np.ndarray | None:
     """Rows of `batch` inside the seq range, the time window and the filters (None: all of them)."""
     keep = None
@@ -496,16 +494,18 @@ def _window_mask(batch: bf.DecodedBatch, start_seq: int, end_seq: int, begin_ms:
         keep = mask if keep is None else keep & mask
 
     if batch.base_seq < start_seq or batch.base_seq + len(batch) > end_seq:
-        seqs = batch.seqs
+        seqs = np.arange(batch.base_seq, batch.base_seq + len(batch))
         narrow((seqs >= start_seq) & (seqs < end_seq))
-    if begin_ms is not None:
-        narrow(batch.timestamp_ms >= begin_ms)
-    if end_ms is not None:
-        narrow(batch.timestamp_ms <= end_ms)
+    if begin_ms is not None or end_ms is not None:
+        stamps = batch.timestamps()
+        if begin_ms is not None:
+            narrow(stamps >= begin_ms)
+        if end_ms is not None:
+            narrow(stamps <= end_ms)
     if partitions is not None:
-        narrow(np.isin(batch.partition.astype(np.int64), partitions))
+        narrow(np.isin(batch.stored.column(1).to_numpy().astype(np.int64), partitions))
     if topics is not None:
-        narrow(pc.is_in(batch.topic, value_set=topics).to_numpy(zero_copy_only=False))
+        narrow(pc.is_in(bf.plain(batch.stored.column(0)), value_set=topics).to_numpy(zero_copy_only=False))
     if keep is not None and keep.all():
         return None
     return keep

@@ -430,7 +430,7 @@ class LogSegment:
                             self.min_timestamp, self.max_timestamp)
 
     # ---- reading ---------------------------------------------------------------------------
-    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedBatch:
+    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.StoredBatch:
         """Batch number `index` of the directory, checksum verified, decoded."""
         directory = self.batches() if directory is None else directory
         position, length = int(directory.positions[index]), int(directory.lengths[index])
@@ -451,7 +451,7 @@ class LogSegment:
             raise IndexError(f"{self.path}: sequence {seq} is not in [{self.base_seq}, {self.next_seq})")
         directory = self.batches()
         i = int(directory.batch_of(np.array([seq]))[0])
-        return bf.records(self.decode(i, directory), np.array([seq - int(directory.base_seqs[i])]))[0]
+        return bf.records(self.decode(i, directory).select(np.array([seq - int(directory.base_seqs[i])])))[0]
 
     def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
         """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
@@ -516,7 +516,7 @@ class LogSegment:
         for path in (self.summary_path, self.time_index_path, self.index_path, self.path):
             path.unlink(missing_ok=True)
 
-    def iter_batches(self, first: int, last: int) -> Iterator[tuple[int, bf.DecodedBatch]]:
+    def iter_batches(self, first: int, last: int) -> Iterator[tuple[int, bf.StoredBatch]]:
         """(batch number, decoded batch) for batches [first, last)."""
         directory = self.batches()
         for i in range(first, last):
