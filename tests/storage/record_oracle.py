@@ -21,6 +21,11 @@ TIME_ENTRY = struct.Struct(">qi")
 NO_TIMESTAMP = -1
 
 
+def wrap64(value: int) -> int:
+    """Two's-complement int64 arithmetic: a delta stored as int64 may have wrapped."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
 def read_batches(data: bytes) -> list[dict]:
     """Every batch of a segment's bytes: header fields, annotation and records (MessageRecords)."""
     batches, position = [], 0
@@ -35,15 +40,17 @@ def read_batches(data: bytes) -> list[dict]:
         raw = pa.decompress(body, raw_length, "zstd") if attributes & 1 else body
         stored = ipc.open_stream(pa.py_buffer(raw)).read_all().to_pylist()
         metadata = ipc.open_stream(pa.py_buffer(raw)).schema.metadata
-        offset_base = int(metadata[b"offset_base"])
+        base = {name: int(metadata[name.encode()]) for name in ("partition", "offset", "commit_log_offset", "size")}
+        base["timestamp"] = low
         records = []
         for row in stored:
             text = lambda raw_text: raw_text.decode("utf-8", "surrogatepass")  # noqa: E731
             key = None if row["key"] is None else text(row["key"])
             rest = tuple(text(k) for k in row["keys_rest"])
+            value = {name: wrap64(row[name] + base[name]) for name in base}  # deltas from the batch minimum
             records.append(MessageRecord(
-                text(row["topic"]), row["partition"], row["offset"] + offset_base, row["timestamp"] + low,
-                key, ((key,) + rest) if row["keys_lead"] else rest, row["commit_log_offset"], row["size"],
+                text(row["topic"]), value["partition"], value["offset"], value["timestamp"],
+                key, ((key,) + rest) if row["keys_lead"] else rest, value["commit_log_offset"], value["size"],
             ))
         assert len(records) == count and min(r.timestamp_ms for r in records) == low
         assert max(r.timestamp_ms for r in records) == high

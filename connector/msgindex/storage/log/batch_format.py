@@ -28,15 +28,19 @@ zstd frame. Why one frame rather than Arrow's per-buffer compression: Arrow's co
 cost per buffer (~15 us each, ~25 buffers), which made decoding one 1,024-row batch cost 350 us
 against 80 us for one frame; bytes are the same (measurements in BENCHMARKS.md). Stored columns:
 
-    topic        dictionary<int32, binary>     encode_text bytes
-    partition    int32
-    offset       int32 | int64                 offset - offset_base (schema metadata)
-    timestamp    int32 | int64                 timestamp_ms - min_timestamp (header)
+    topic        dictionary<int8|int32, binary> encode_text bytes
+    partition    uint8|uint16|uint32|int64     partition - base
+    offset       uint8|uint16|uint32|int64     offset - base
+    timestamp    uint8|uint16|uint32|int64     timestamp_ms - min_timestamp (header)
     key          dictionary<int32, binary>     null: the message has no key
     keys_lead    bool                          keys[0] is the key itself (stored once)
     keys_rest    list<binary>                  the keys after the lead one (all when no lead)
-    commit_log_offset int64                    -1 when the source has none
-    size         int32                         -1 when the source has none
+    commit_log_offset uint8|...|int64          commit_log_offset - base (-1: the source has none)
+    size         uint8|...|int64               size - base (-1: the source has none)
+
+Integers are stored as deltas from the batch's minimum (``base``, in the schema metadata under
+the column's name; the header's min_timestamp for timestamps) in the narrowest unsigned type
+that holds them: fewer bytes to decompress on every read, and zstd compresses them better.
 
 Dictionary-encoded topics and keys, integer deltas and the key stored once bring a batch to the
 size of a zstd Parquet file of the same rows (FACTS.md). Texts stay bytes: a key decoded from
@@ -92,7 +96,6 @@ HEADER_DTYPE = np.dtype(
 )
 assert HEADER_STRUCT.size == HEADER_DTYPE.itemsize == HEADER_SIZE
 
-OFFSET_BASE = b"offset_base"
 TEXT = pa.binary()
 ITEMS = pa.list_(pa.field("item", TEXT, nullable=False))
 
@@ -197,13 +200,28 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"") ->
     return b"".join((BATCH_MAGIC, struct.pack("<I", crc), rest, annotation, body))
 
 
-def _narrow(values: np.ndarray, base: int) -> pa.Array:
-    """values - base (which the caller made fit int64) as int32 when that fits, else int64 (the
-    decoder reads either)."""
-    delta = values.astype(np.int64) - np.int64(base)
-    if len(delta) and delta.max() <= np.iinfo(np.int32).max and delta.min() >= 0:
-        return pa.array(delta.astype(np.int32))
-    return pa.array(delta)
+def _narrow(values: np.ndarray) -> tuple[pa.Array, int]:
+    """(values - base, base) with base the minimum, in the narrowest unsigned type that holds the
+    deltas. A range wider than int64 keeps int64 deltas that wrap: adding the base back in int64
+    arithmetic (which wraps too) restores every value exactly."""
+    values = values.astype(np.int64, copy=False)
+    base = int(values.min())
+    delta = values - np.int64(base)
+    top = int(values.max()) - base
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return pa.array(delta.astype(dtype)), base
+    return pa.array(delta), base
+
+
+def _ints(stored: pa.RecordBatch, index: int, base: int) -> np.ndarray:
+    return stored.column(index).to_numpy().astype(np.int64) + base
+
+
+def _bases(stored: pa.RecordBatch) -> dict[str, int]:
+    metadata = stored.schema.metadata or {}
+    return {name: int(metadata.get(name.encode(), b"0")) for name in ("partition", "offset", "commit_log_offset",
+                                                                       "size")}
 
 
 def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
@@ -225,23 +243,20 @@ def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
     rest_items = items.filter(pa.array(keep))
     rest_offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(counts - lead, out=rest_offsets[1:])
-    offsets = c.ints["offset"]
-    offset_base = int(offsets.min())
-    if int(offsets.max()) - offset_base > INT64_MAX:  # a delta would not fit: store the offsets as they are
-        offset_base = 0
-    arrays = [
-        c.topic.cast(TEXT).dictionary_encode(),
-        pa.array(c.ints["partition"], pa.int32()),
-        _narrow(offsets, offset_base),
-        _narrow(c.ints["timestamp_ms"], min_timestamp),
-        key.dictionary_encode(),
-        pa.array(lead),
-        pa.ListArray.from_arrays(pa.array(rest_offsets), rest_items, type=ITEMS),
-        pa.array(c.ints["commit_log_offset"], pa.int64()),
-        pa.array(c.ints["size"], pa.int32()),
-    ]
+    topic = c.topic.cast(TEXT).dictionary_encode()
+    if len(topic.dictionary) <= 127:  # one byte per record for the few topics a shard has
+        topic = pa.DictionaryArray.from_arrays(topic.indices.cast(pa.int8()), topic.dictionary)
+    partition, partition_base = _narrow(c.ints["partition"])
+    offset, offset_base = _narrow(c.ints["offset"])
+    timestamp, _ = _narrow(c.ints["timestamp_ms"])  # its base is the header's min_timestamp
+    commit_log_offset, commit_log_offset_base = _narrow(c.ints["commit_log_offset"])
+    size, size_base = _narrow(c.ints["size"])
+    arrays = [topic, partition, offset, timestamp, key.dictionary_encode(), pa.array(lead),
+              pa.ListArray.from_arrays(pa.array(rest_offsets), rest_items, type=ITEMS), commit_log_offset, size]
+    bases = {"partition": partition_base, "offset": offset_base, "commit_log_offset": commit_log_offset_base,
+             "size": size_base}
     schema = pa.schema([pa.field(name, array.type) for name, array in zip(STORED_NAMES, arrays)],
-                       metadata={OFFSET_BASE: str(offset_base).encode()})
+                       metadata={name.encode(): str(base).encode() for name, base in bases.items()})
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -327,18 +342,18 @@ def gather(parts: list[tuple[StoredBatch, np.ndarray]]) -> DecodedBatch:
     for stored, rows in parts:
         rows = np.asarray(rows, dtype=np.int64)
         taken = stored.stored.take(pa.array(rows))
-        offset_base = int((stored.stored.schema.metadata or {}).get(OFFSET_BASE, b"0"))
+        bases = _bases(stored.stored)
         for column, value in zip(columns, (
             stored.base_seq + rows,
             plain(taken.column(0)),
-            taken.column(1).to_numpy(),
-            taken.column(2).to_numpy().astype(np.int64) + offset_base,
-            taken.column(3).to_numpy().astype(np.int64) + stored.header.min_timestamp,
+            _ints(taken, 1, bases["partition"]),
+            _ints(taken, 2, bases["offset"]),
+            _ints(taken, 3, stored.header.min_timestamp),
             plain(taken.column(4)),
             taken.column(5).to_numpy(zero_copy_only=False),
             taken.column(6),
-            taken.column(7).to_numpy(),
-            taken.column(8).to_numpy(),
+            _ints(taken, 7, bases["commit_log_offset"]),
+            _ints(taken, 8, bases["size"]),
         )):
             column.append(value)
     seqs, topic, partition, offset, stamps, key, lead, rest, commit_log_offset, size = (
@@ -353,20 +368,20 @@ def plain(array: pa.Array) -> pa.Array:
 
 
 def _decoded(header: BatchHeader, stored: pa.RecordBatch, seqs: np.ndarray) -> DecodedBatch:
-    offset_base = int((stored.schema.metadata or {}).get(OFFSET_BASE, b"0"))
+    bases = _bases(stored)
     key = plain(stored.column(4))
     lead = stored.column(5).to_numpy(zero_copy_only=False)
     rest = stored.column(6)
     return DecodedBatch(
         seqs,
         plain(stored.column(0)),
-        stored.column(1).to_numpy(),
-        stored.column(2).to_numpy().astype(np.int64) + offset_base,
-        stored.column(3).to_numpy().astype(np.int64) + header.min_timestamp,
+        _ints(stored, 1, bases["partition"]),
+        _ints(stored, 2, bases["offset"]),
+        _ints(stored, 3, header.min_timestamp),
         key,
         _with_lead(key, lead, rest) if lead.any() else rest,
-        stored.column(7).to_numpy(),
-        stored.column(8).to_numpy(),
+        _ints(stored, 7, bases["commit_log_offset"]),
+        _ints(stored, 8, bases["size"]),
     )
 
 
