@@ -10,7 +10,7 @@ import sys
 from msgindex.errors import MsgIndexError
 
 # module names in this package, in the order `msgindex --help` lists them
-SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "kafka"]
+SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "upgrade", "kafka"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -96,9 +96,10 @@ def max_sparse_index_bytes(settings: StoreSettings) -> int:
     return min(TIME_INDEX_ENTRY_BYTES * (settings.segment_bytes // interval + 3), DEFAULT_MAX_INDEX_BYTES)
 
 
-def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None) -> MetadataLog:
+def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None,
+             log_dir: str = LOG_DIR) -> MetadataLog:
     return MetadataLog.open(
-        directory / LOG_DIR,
+        directory / log_dir,
         segment_bytes=settings.segment_bytes,
         index_interval_bytes=settings.index_interval_bytes,
         max_index_bytes=max_sparse_index_bytes(settings),

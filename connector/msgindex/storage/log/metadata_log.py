@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
+from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, UpgradeRequiredError
 from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
@@ -33,6 +33,7 @@ from msgindex.storage.log.segment import (
 )
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord, encode_text
 
+LEGACY_LOG_FORMAT = 1  # row-per-record segments, read only by `msgindex upgrade` (log/v1_records.py)
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default
 DEFAULT_SCAN_PIECE_BYTES = 64 * 1024 * 1024
 # Records per batch: a point read decodes one whole batch, a scan pays a fixed cost per batch, and
@@ -56,6 +57,7 @@ class LogPosition:
     time_index_entries: int = 0
     min_timestamp: int | None = None
     max_timestamp: int | None = None
+    log_format: int = bf.BATCH_VERSION  # positions recorded before format 2 lack it: read as 1
 
     @classmethod
     def initial(cls) -> LogPosition:
@@ -68,7 +70,7 @@ class LogPosition:
     @classmethod
     def from_dict(cls, data: dict) -> LogPosition:
         try:
-            position = cls(**data)
+            position = cls(**{"log_format": LEGACY_LOG_FORMAT, **data})
         except TypeError as e:
             raise CorruptFileError(f"malformed log position {data!r}: {e}") from None
         for name, value in asdict(position).items():
@@ -172,6 +174,11 @@ class MetadataLog:
                 self._dir_dirty = True
 
     def _load(self, committed: LogPosition | None) -> None:
+        if committed is not None and committed.log_format != bf.BATCH_VERSION:
+            raise UpgradeRequiredError(
+                f"{self.directory}: the committed log is in format {committed.log_format}; this msgindex reads "
+                f"format {bf.BATCH_VERSION}: run `msgindex upgrade` on the store"
+            )
         bases = self._bases_on_disk()
         if committed is None:
             if bases:

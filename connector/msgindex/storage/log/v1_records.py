@@ -1,4 +1,6 @@
-"""The metadata-log record: one message's metadata, length-prefixed and checksummed.
+"""Format 1 of the metadata log (before record batches): one message's metadata per record,
+length-prefixed and checksummed. Kept read-only, for `msgindex upgrade` (storage/upgrade.py) to
+convert old stores; nothing writes it any more.
 
 Layout (little-endian, so that numpy reads header fields without byte swapping)::
 
@@ -38,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.message import (
     NO_VALUE,
     ROW_SCHEMA,
@@ -294,3 +297,42 @@ def header_columns(buf, positions: Sequence[int] | np.ndarray) -> np.ndarray:
     """The fixed headers of the records at `positions` as a numpy structured array."""
     windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
     return windows[np.asarray(positions, dtype=np.int64)].view(HEADER_DTYPE).reshape(len(positions))
+
+
+def log_columns(buf, positions: np.ndarray, headers: np.ndarray) -> LogColumns:
+    """The (already validated) records at `positions` as the format-2 writer's LogColumns, texts
+    kept as their exact on-disk bytes (no decoding, so lone surrogates survive the upgrade)."""
+    starts = np.asarray(positions, dtype=np.int64)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    topic_len = headers["topic_len"].astype(np.int64)
+    key_len = headers["key_len"].astype(np.int64)
+    keys_count = headers["keys_count"].astype(np.int64)
+    topic_at = starts + HEADER_SIZE
+    key_at = topic_at + topic_len
+    lengths_at = key_at + key_len
+    texts_at = lengths_at + KEY_LENGTH_SIZE * keys_count
+
+    def binary(values: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+        mask = None if valid is None else pa.array(valid).buffers()[1]
+        return pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(offsets) - 1,
+            [mask, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(np.ascontiguousarray(values))])
+
+    topic = binary(*_gather(data, topic_at, topic_len))
+    has_key = (headers["attributes"] & ATTR_HAS_KEY).astype(bool)
+    key = binary(*_gather(data, key_at, key_len), valid=has_key if not has_key.all() else None)
+    raw_lengths, _ = _gather(data, lengths_at, KEY_LENGTH_SIZE * keys_count)
+    item_lengths = raw_lengths.view("<u4").astype(np.int64)
+    rows = len(starts)
+    record_of_item = np.repeat(np.arange(rows), keys_count)
+    list_offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(keys_count, out=list_offsets[1:])
+    item_offsets = np.zeros(len(item_lengths) + 1, dtype=np.int64)
+    np.cumsum(item_lengths, out=item_offsets[1:])
+    first_item_offset = item_offsets[list_offsets[:-1]]
+    item_at = texts_at[record_of_item] + (item_offsets[:-1] - first_item_offset[record_of_item])
+    items = binary(*_gather(data, item_at, item_lengths))
+    ints = {name: np.ascontiguousarray(headers[name]).astype(dtype) for name, dtype in (
+        ("partition", np.int32), ("offset", np.int64), ("timestamp_ms", np.int64),
+        ("commit_log_offset", np.int64), ("size", np.int32))}
+    return LogColumns(topic, key, list_offsets, items, ints)
