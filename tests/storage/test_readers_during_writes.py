@@ -2,7 +2,7 @@
 segments and hash index files: no exception, no torn row, no missing committed row.
 
 One writer process appends batches of random size through ``Store.writer(...)`` (kept open for
-seven appends, then closed and reopened: both lifecycles; tiny sizing: a log segment rolls every
+three appends, then closed and reopened: both lifecycles; tiny sizing: a log segment rolls every
 few batches, a hash index file every ~1,500 keys) and after each commit publishes how many records
 it has committed. Reader processes loop
 ``msgindex.open(path).lookup(...)`` and ``.scan()``; every answer must be exactly the records of
@@ -56,7 +56,7 @@ WRITER = COMMON + textwrap.dedent("""
         written += count
         batch_id += 1
         write_atomically(root / "progress", str(written).encode())
-        if batch_id % 7 == 0:  # also the close/reopen lifecycle: indexes trimmed on close, regrown on open
+        if batch_id % 3 == 0:  # also the close/reopen lifecycle: indexes trimmed on close, regrown on open
             writer.close()
             writer = store.writer("b0")
     writer.close()
