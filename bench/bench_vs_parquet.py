@@ -9,7 +9,7 @@ Rows: `--records` messages over 4 topics x 8 partitions, Zipf(1.2) keys (the hot
   batches of `--append-rows`; queried with ``Store.lookup`` / ``Store.scan`` (Arrow results).
 * Parquet: the rows with their keys exploded (one row per (message, key), ``first_key`` marking
   the message's first key, so a time scan returns each message once), sorted by the exploded key,
-  zstd; queried with DuckDB (``.to_arrow_table()`` results), which prunes row groups by key statistics.
+  zstd; queried with DuckDB (``.to_arrow_table()`` results, 2 threads), which prunes row groups by key statistics.
 
 Measured: random key p50/p99 (keys drawn uniformly from the distinct keys), the hottest key,
 1,000 random keys in one call, a 1% time window; bytes of everything but the hash index files vs
@@ -139,14 +139,14 @@ def main() -> None:
         source = f"read_parquet('{work / 'rows.parquet'}')"
 
         def duck_key(key):
-            return db.execute(f"SELECT * FROM {source} WHERE lookup_key = ?", [key]).fetch_arrow_table()
+            return db.sql(f"SELECT * FROM {source} WHERE lookup_key = ?", params=[key]).to_arrow_table()
 
         def duck_keys(keys):
-            return db.execute(f"SELECT * FROM {source} WHERE lookup_key IN (SELECT unnest(?))", [keys]).fetch_arrow_table()
+            return db.sql(f"SELECT * FROM {source} WHERE lookup_key IN (SELECT unnest(?))", params=[keys]).to_arrow_table()
 
         def duck_window(begin, end):
-            return db.execute(f"SELECT * FROM {source} WHERE first_key AND timestamp_ms BETWEEN ? AND ?",
-                              [begin, end]).to_arrow_table()
+            return db.sql(f"SELECT * FROM {source} WHERE first_key AND timestamp_ms BETWEEN ? AND ?",
+                          params=[begin, end]).to_arrow_table()
 
         with open_store(work / "store") as store:
             def mi_window(begin, end):

@@ -12,7 +12,9 @@ writer appending in another process.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -369,6 +371,7 @@ class MetadataLog:
         bases = np.array([s.base_seq for s in self._segments], dtype=np.int64)
         owner = np.searchsorted(bases, seqs, side="right") - 1
         cuts = np.flatnonzero(np.diff(owner)) + 1
+        wanted = []  # (segment, its directory, batch number, rows in the batch, positions in seqs)
         for at in np.split(np.arange(len(seqs)), cuts):
             segment = self._segments[int(owner[at[0]])]
             directory = segment.batches()
@@ -377,7 +380,10 @@ class MetadataLog:
             batch_cuts = np.flatnonzero(np.diff(batch_of)) + 1
             for part in np.split(np.arange(len(mine)), batch_cuts):
                 i = int(batch_of[part[0]])
-                yield BatchHit(segment.decode(i, directory), mine[part] - directory.base_seqs[i], at[part])
+                wanted.append((segment, directory, i, mine[part] - directory.base_seqs[i], at[part]))
+        decoded = _decode_all([(segment, directory, i) for segment, directory, i, _, _ in wanted])
+        for (_, _, _, rows, at), batch in zip(wanted, decoded):
+            yield BatchHit(batch, rows, at)
 
     def gather(self, seqs: np.ndarray) -> bf.DecodedBatch:
         """The records of sorted unique `seqs`, in that order, as one DecodedBatch: each batch
@@ -516,3 +522,19 @@ def _window_mask(batch: bf.StoredBatch, start_seq: int, end_seq: int, begin_ms: 
     if keep is not None and keep.all():
         return None
     return keep
+
+
+# Decoding a batch (pread, CRC, zstd, Arrow IPC) runs outside the GIL, so a read touching many
+# batches decodes them on every core, as DuckDB scans Parquet on every core.
+PARALLEL_DECODE_MIN_BATCHES = 8
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _decode_all(wanted: list[tuple[LogSegment, object, int]]) -> Iterable[bf.StoredBatch]:
+    """The batches `wanted`, decoded, in order (on a thread pool when there are many)."""
+    global _POOL
+    if len(wanted) < PARALLEL_DECODE_MIN_BATCHES or (os.cpu_count() or 1) < 2:
+        return (segment.decode(i, directory) for segment, directory, i in wanted)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=os.cpu_count(), thread_name_prefix="msgindex-decode")
+    return _POOL.map(lambda item: item[0].decode(item[2], item[1]), wanted)
