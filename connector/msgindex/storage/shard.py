@@ -529,7 +529,7 @@ class ShardReader(_Committed):
         the batch at once."""
         if not len(seqs):
             return empty_rows()
-        unique, inverse = np.unique(seqs, return_inverse=True)
+        unique, inverse = _unique_with_inverse(seqs)
         batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
         keep = np.ones(len(unique), dtype=bool)
         if begin_ms is not None:
@@ -545,7 +545,9 @@ class ShardReader(_Committed):
         parents = pc.list_parent_indices(lists).to_numpy()
         key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
         has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
-        matched = np.unique(row[topic_ok.to_numpy(zero_copy_only=False) & has_key])  # once per record
+        # once per record (found under two wanted keys, it is still one result)
+        matched = np.flatnonzero(np.bincount(row[topic_ok.to_numpy(zero_copy_only=False) & has_key],
+                                             minlength=len(unique)))
         if not len(matched):
             return empty_rows()
         return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
@@ -566,6 +568,19 @@ class _WantedKeys:
         index_keys = [index_key(t, k) for t, k in pairs]
         return cls(_hashes(index_keys), pa.array([encode_text(t) for t, _ in pairs], bf.TEXT),
                    pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
+
+
+def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for non-negative ints; a hot key's hundreds of
+    thousands of candidate seqs go through a bitmap over their range (linear) instead of a sort."""
+    if len(values) < 65_536:
+        return np.unique(values, return_inverse=True)
+    low = int(values.min())
+    present = np.zeros(int(values.max()) - low + 1, dtype=bool)
+    present[values - low] = True
+    unique = np.flatnonzero(present) + low
+    rank = np.cumsum(present) - 1  # rank[v - low] = position of v in unique
+    return unique, rank[values - low]
 
 
 def _hashes(keys: list[str]) -> np.ndarray:
