@@ -33,7 +33,7 @@ from msgindex.storage.log.segment import (
     SegmentState,
     parse_segment_name,
 )
-from msgindex.storage.message import ROW_SCHEMA, MessageRecord, encode_text
+from msgindex.storage.message import MessageRecord, encode_text
 
 LEGACY_LOG_FORMAT = 1  # row-per-record segments, read only by `msgindex upgrade` (log/v1_records.py)
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default
