@@ -234,6 +234,9 @@ class LogSegment:
         inconsistent with the log."""
         counts = (None, None) if state is None else (state.offset_index_entries, state.time_index_entries)
         try:
+            for path in (self.index_path, self.time_index_path):
+                if not path.is_file():  # a writer would create an empty one: rebuild it instead
+                    raise CorruptFileError(f"{path}: sparse index file is missing")
             for attribute, cls, path, entries in (("offset_index", OffsetIndex, self.index_path, counts[0]),
                                                   ("time_index", TimeIndex, self.time_index_path, counts[1])):
                 if self.writable:
@@ -261,11 +264,22 @@ class LogSegment:
         count = self.next_seq - self.base_seq
         self.offset_index.sanity_check(count)
         self.time_index.sanity_check(count)
+        position, since = 0, 0
         if self.offset_index.entries:
             seq, position = self.offset_index.entry(self.offset_index.entries - 1)
             header = self._check_at(position, self.size, None, False) if position < self.size else None
             if not isinstance(header, bf.BatchHeader) or header.last_seq != seq:
                 raise CorruptFileError(f"{self.index_path}: last entry ({seq}, {position}) is not a batch's last seq")
+        # Hop over the batches after the last entry (about one index interval): none may lack the
+        # entry the rule gives it (a truncated index file passes every other check).
+        while position < self.size:
+            header = self._check_at(position, self.size, None, False)
+            if not isinstance(header, bf.BatchHeader):
+                raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {header.reason}")
+            if since > self.index_interval_bytes and since != 0 and position != 0:
+                raise CorruptFileError(f"{self.index_path}: lacks the entry due at batch {header.base_seq}")
+            since += header.batch_length
+            position += header.batch_length
         if self.sealed and self.max_timestamp is not None and self.max_timestamp > NO_TIMESTAMP and (
             self.time_index.last_entry()[0] != self.max_timestamp
         ):
