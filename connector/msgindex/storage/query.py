@@ -81,8 +81,11 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
     return pa.Table.from_batches([batch], schema=ROW_SCHEMA)
 
 
+_EMPTY_ROWS = ROW_SCHEMA.empty_table()  # building one costs ~0.1 ms; Arrow tables are immutable
+
+
 def empty_rows() -> pa.Table:
-    return ROW_SCHEMA.empty_table()
+    return _EMPTY_ROWS
 
 
 def sort_and_limit(tables: list[pa.Table], max_results: int | None) -> pa.Table:

@@ -583,9 +583,12 @@ def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return unique, rank[values - low]
 
 
+SCALAR_HASH_MAX_KEYS = 16
+
+
 def _hashes(keys: list[str]) -> np.ndarray:
-    if len(keys) == 1:  # the vectorized hash's set-up costs ten times one scalar hash
-        return np.array([index_hash(keys[0])], dtype=np.int64)
+    if len(keys) <= SCALAR_HASH_MAX_KEYS:  # the vectorized hash's set-up costs more than a few scalar hashes
+        return np.array([index_hash(key) for key in keys], dtype=np.int64)
     return index_hashes(keys)
 
 
