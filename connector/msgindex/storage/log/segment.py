@@ -31,7 +31,6 @@ A missing or corrupt index is rebuilt (in memory for a reader).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -529,10 +528,3 @@ class LogSegment:
         segment (whose missing indexes are rebuilt) or strays the next writer removes."""
         for path in (self.summary_path, self.time_index_path, self.index_path, self.path):
             path.unlink(missing_ok=True)
-
-    def iter_batches(self, first: int, last: int) -> Iterator[tuple[int, bf.StoredBatch]]:
-        """(batch number, decoded batch) for batches [first, last)."""
-        directory = self.batches()
-        for i in range(first, last):
-            yield i, self.decode(i, directory)
-
