@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from msgindex.errors import InvalidAppendError
-from msgindex.storage.log.record_encoder import records_from_table
+from msgindex.storage.log.columns import records_from_table
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import AppendResult, ShardWriter
 from msgindex.storage.store import StoreSettings

@@ -34,6 +34,10 @@ class StoreNotFoundError(MsgIndexError):
     """A path given as an index store is missing or is not a msgindex store."""
 
 
+class UpgradeRequiredError(MsgIndexError):
+    """A store (or shard) was written in an older on-disk format: `msgindex upgrade PATH` converts it."""
+
+
 class InvalidOptionError(MsgIndexError, ValueError):
     """A user-supplied option or argument is unknown, malformed or contradicts another."""
 

@@ -136,10 +136,17 @@ def kafka(tmp_path_factory):
     # A real segment's indexes, written by the metadata log (non-monotonic timestamps).
     rng = random.Random(3)
     log_dir = s.path("log")
-    with MetadataLog.open(log_dir, segment_bytes=300_000, index_interval_bytes=300, writable=True) as log:
+    # Small batches (100 records) and segments, so that there are many batches and several segments.
+    with MetadataLog.open(log_dir, segment_bytes=30_000, index_interval_bytes=300, writable=True,
+                          batch_records=100) as log:
         log.append([MessageRecord("orders", i % 4, i, 1_700_000_000_000 + i * 10 + rng.randint(-900, 900),
                                   f"k{i}", (f"k{i}",)) for i in range(12000)])
         segments = log.segments()
+        # Kafka's rule: an offset entry maps a batch's LAST seq to the batch's start position
+        data["batch_ends"] = {
+            info.base_seq: {int(p): int(b + c - 1) for p, b, c in zip(
+                *(getattr(log.segment(info.base_seq).batches(), name) for name in ("positions", "base_seqs", "counts")))}
+            for info in segments}
     data["segments"] = segments
     for info in segments:
         stem = info.path.with_suffix("")
@@ -229,6 +236,8 @@ def test_kafka_reads_metadata_log_segment_indexes(kafka):
             assert count == index.entries > 0
             assert kafka_entries == [index.entry(n) for n in range(index.entries)]
             assert kafka_lookups == {t: index.lookup(t) for t in kafka_lookups}
+            if kind == "offset":  # every entry points at a batch, keyed by that batch's last seq
+                assert all(data["batch_ends"][info.base_seq][position] == seq for seq, position in kafka_entries)
         # The sealed segment's time index ends with its max timestamp (Kafka's roll entry).
         if not info.active:
             assert kafka_entries[-1][0] == info.max_timestamp

@@ -1,110 +1,92 @@
-"""Test oracle: the original one-record-at-a-time writer of the metadata log, kept only to prove
-that the batch encoder (``record_encoder``) and the vectorized index rule (``LogSegment``) write
-byte-identical files. Deliberately plain: struct packing per record and Kafka's LogSegment
-index rule applied record by record, straight from the format's docstrings.
+"""Test oracle: a scalar, reference-faithful reader of the metadata log (format 2), written straight
+from ``batch_format``'s layout table, one batch and one record at a time, plus Kafka's
+LogSegment.append index rule applied batch by batch. The vectorized reader (batch directory,
+searchsorted, Arrow kernels) and the writer's index files must agree with it exactly.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass, field
+from pathlib import Path
 
-from msgindex.storage.log import record_format as rf
-from msgindex.storage.message import MessageRecord, encode_text
+import pyarrow as pa
+import pyarrow.ipc as ipc
 
-_LENGTH_CRC = struct.Struct("<II")
-_HEADER_AFTER_CRC = struct.Struct("<BBHiqqqqiIII")
+from msgindex.storage.message import MessageRecord
+
+HEADER = struct.Struct("<4sIIBBHqiIqqII")
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
 NO_TIMESTAMP = -1
 
 
-def encode_record(seq: int, record: MessageRecord) -> bytes:
-    """The bytes of one record (the original per-record encoder)."""
-    topic = encode_text(record.topic)
-    key = b"" if record.key is None else encode_text(record.key)
-    texts = [encode_text(k) for k in record.keys]
-    keys_bytes = sum(map(len, texts))
-    length = rf.HEADER_REST + len(topic) + len(key) + rf.KEY_LENGTH_SIZE * len(texts) + keys_bytes
-    rest = b"".join([
-        _HEADER_AFTER_CRC.pack(
-            rf.RECORD_MAGIC, rf.ATTR_HAS_KEY if record.key is not None else 0, len(topic), record.partition, seq,
-            record.timestamp_ms, record.offset, record.commit_log_offset, record.size,
-            len(key), len(texts), keys_bytes,
-        ),
-        topic, key, struct.pack(f"<{len(texts)}I", *map(len, texts)), *texts,
-    ])
-    return _LENGTH_CRC.pack(length, zlib.crc32(rest)) + rest
+def wrap64(value: int) -> int:
+    """Two's-complement int64 arithmetic: a delta stored as int64 may have wrapped."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-@dataclass
-class OracleSegment:
-    """One segment as the original writer built it: record by record."""
-
-    base_seq: int
-    index_interval_bytes: int
-    log: bytearray = field(default_factory=bytearray)
-    offset_entries: list[tuple[int, int]] = field(default_factory=list)
-    time_entries: list[tuple[int, int]] = field(default_factory=list)
-    bytes_since_entry: int = 0
-    max_so_far: int = NO_TIMESTAMP
-    max_so_far_seq: int = 0
-
-    def __post_init__(self) -> None:
-        self.max_so_far_seq = self.base_seq
-        self.next_seq = self.base_seq
-
-    def maybe_append_time(self, timestamp: int, seq: int) -> None:
-        if timestamp > (self.time_entries[-1][0] if self.time_entries else NO_TIMESTAMP):
-            self.time_entries.append((timestamp, seq - self.base_seq))
-
-    def append(self, data: bytes, timestamp: int) -> None:
-        seq = self.next_seq
-        if timestamp > self.max_so_far:
-            self.max_so_far, self.max_so_far_seq = timestamp, seq
-        if self.bytes_since_entry > self.index_interval_bytes:
-            self.offset_entries.append((seq - self.base_seq, len(self.log)))
-            self.maybe_append_time(self.max_so_far, self.max_so_far_seq)
-            self.bytes_since_entry = 0
-        self.bytes_since_entry += len(data)
-        self.log += data
-        self.next_seq += 1
-
-    def files(self, sealed: bool) -> dict[str, bytes]:
-        """The segment's files after close (indexes trimmed; a sealed one has its roll entry)."""
-        if sealed:
-            self.maybe_append_time(self.max_so_far, self.max_so_far_seq)
-        name = f"{self.base_seq:020d}"
-        return {
-            f"{name}.log": bytes(self.log),
-            f"{name}.index": b"".join(OFFSET_ENTRY.pack(*e) for e in self.offset_entries),
-            f"{name}.timeindex": b"".join(TIME_ENTRY.pack(*e) for e in self.time_entries),
-        }
+def read_batches(data: bytes) -> list[dict]:
+    """Every batch of a segment's bytes: header fields, annotation and records (MessageRecords)."""
+    batches, position = [], 0
+    while position < len(data):
+        (magic, crc, length, version, attributes, _reserved, base_seq, count, annotation_length,
+         low, high, body_length, raw_length) = HEADER.unpack_from(data, position)
+        assert magic == b"MXB2" and version == 2, position
+        assert length == HEADER.size + annotation_length + body_length
+        assert zlib.crc32(data[position + 8 : position + length]) == crc
+        annotation = data[position + HEADER.size : position + HEADER.size + annotation_length]
+        body = data[position + HEADER.size + annotation_length : position + length]
+        raw = pa.decompress(body, raw_length, "zstd") if attributes & 1 else body
+        stored = ipc.open_stream(pa.py_buffer(raw)).read_all().to_pylist()
+        metadata = ipc.open_stream(pa.py_buffer(raw)).schema.metadata
+        base = {name: int(metadata[name.encode()]) for name in ("partition", "offset", "commit_log_offset", "size")}
+        base["timestamp"] = low
+        records = []
+        for row in stored:
+            text = lambda raw_text: raw_text.decode("utf-8", "surrogatepass")  # noqa: E731
+            key = None if row["key"] is None else text(row["key"])
+            rest = tuple(text(k) for k in row["keys_rest"])
+            value = {name: wrap64(row[name] + base[name]) for name in base}  # deltas from the batch minimum
+            records.append(MessageRecord(
+                text(row["topic"]), value["partition"], value["offset"], value["timestamp"],
+                key, ((key,) + rest) if row["keys_lead"] else rest, value["commit_log_offset"], value["size"],
+            ))
+        assert len(records) == count and min(r.timestamp_ms for r in records) == low
+        assert max(r.timestamp_ms for r in records) == high
+        batches.append({"position": position, "length": length, "base_seq": base_seq, "count": count,
+                        "annotation": annotation, "records": records, "max_timestamp": high})
+        position += length
+    return batches
 
 
-def oracle_log_files(batches: list[list[MessageRecord]], *, segment_bytes: int, index_interval_bytes: int,
-                     max_index_bytes: int) -> dict[str, bytes]:
-    """The .log/.index/.timeindex files of a log that got `batches` appended and was closed,
-    with the original roll rule: a record goes to a new segment when it would overflow a
-    non-empty segment or when either sparse index might overflow."""
-    max_offset_entries = max_index_bytes // OFFSET_ENTRY.size
-    max_time_entries = max_index_bytes // TIME_ENTRY.size
-    segments = [OracleSegment(0, index_interval_bytes)]
-    seq = 0
-    for batch in batches:
-        for record in batch:
-            data = encode_record(seq, record)
-            active = segments[-1]
-            # The original checks room per batch part: at most one entry per record in each index.
-            full = (len(active.offset_entries) >= max_offset_entries
-                    or len(active.time_entries) >= max_time_entries - 1)
-            if active.log and (len(active.log) + len(data) > segment_bytes or full):
-                segments.append(OracleSegment(seq, index_interval_bytes))
-                active = segments[-1]
-            active.append(data, record.timestamp_ms)
-            seq += 1
-    files: dict[str, bytes] = {}
-    for i, segment in enumerate(segments):
-        files.update(segment.files(sealed=i < len(segments) - 1))
-    return files
+def read_log(directory: Path) -> list[MessageRecord]:
+    """Every record of a log directory, segment by segment, checking that seqs are consecutive."""
+    records: list[MessageRecord] = []
+    for path in sorted(Path(directory).glob("*.log")):
+        assert int(path.stem) == len(records) or not records, path
+        expected = int(path.stem)
+        for batch in read_batches(path.read_bytes()):
+            assert batch["base_seq"] == expected
+            expected += batch["count"]
+            records.extend(batch["records"])
+    return records
+
+
+def index_files(data: bytes, base_seq: int, index_interval_bytes: int, sealed: bool) -> tuple[bytes, bytes]:
+    """The .index and .timeindex bytes Kafka's rule gives for a segment's bytes (trimmed)."""
+    offsets, times = [], []
+    since, max_so_far, max_seq = 0, NO_TIMESTAMP, base_seq
+    for batch in read_batches(data):
+        last_seq = batch["base_seq"] + batch["count"] - 1
+        if batch["max_timestamp"] > max_so_far:
+            max_so_far, max_seq = batch["max_timestamp"], last_seq
+        if since > index_interval_bytes:
+            offsets.append((last_seq - base_seq, batch["position"]))
+            if max_so_far > (times[-1][0] if times else NO_TIMESTAMP):
+                times.append((max_so_far, max_seq - base_seq))
+            since = 0
+        since += batch["length"]
+    if sealed and max_so_far > (times[-1][0] if times else NO_TIMESTAMP):
+        times.append((max_so_far, max_seq - base_seq))
+    return (b"".join(OFFSET_ENTRY.pack(*e) for e in offsets), b"".join(TIME_ENTRY.pack(*e) for e in times))

@@ -19,12 +19,14 @@ from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
-from msgindex.storage.log.record_encoder import encode_records
+from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord
 
-SEGMENT = 20_000
+SEGMENT = 3_000
 INTERVAL = 500
 INDEX = 4096
+BATCH = 40  # records per batch: small, so that 3,000 records make many batches and segments
 
 
 def make_records(count: int, seed: int = 0, start: int = 0) -> list[MessageRecord]:
@@ -41,9 +43,14 @@ def make_records(count: int, seed: int = 0, start: int = 0) -> list[MessageRecor
 
 
 def open_log(path: Path, *, writable: bool = True, committed: LogPosition | None = None,
-             segment_bytes: int = SEGMENT, max_index_bytes: int = INDEX) -> MetadataLog:
+             segment_bytes: int = SEGMENT, max_index_bytes: int = INDEX, batch_records: int = BATCH) -> MetadataLog:
     return MetadataLog.open(path, segment_bytes=segment_bytes, index_interval_bytes=INTERVAL,
-                            max_index_bytes=max_index_bytes, writable=writable, committed=committed)
+                            max_index_bytes=max_index_bytes, writable=writable, committed=committed,
+                            batch_records=batch_records)
+
+
+def encode_records(first_seq: int, records: list[MessageRecord]) -> bytes:
+    return bf.encode_batch(first_seq, LogColumns.of(records))
 
 
 def snapshot(path: Path) -> dict[str, bytes]:
@@ -88,6 +95,7 @@ def test_segments_roll_and_are_named_by_base_seq(full_log, records):
     for info in infos:
         assert info.path.name == f"{info.base_seq:020d}.log"
         assert info.size_bytes <= SEGMENT and info.size_bytes == info.path.stat().st_size
+        assert info.base_seq % BATCH == 0  # segments roll between batches
         expected = [r.timestamp_ms for r in records[info.base_seq : info.next_seq]]
         assert (info.min_timestamp, info.max_timestamp) == (min(expected), max(expected))
     names = {p.name for p in full_log.directory.iterdir()}
@@ -135,7 +143,7 @@ def test_scan_filters_and_pieces(full_log, records):
     rows = rows_of(full_log, topics=["topic-1"], partitions=[2, 3])
     assert [r["seq"] for r in rows] == [i for i, r in enumerate(records)
                                         if r.topic == "topic-1" and r.partition in (2, 3)]
-    pieces = full_log.scan_ranges(piece_bytes=3000)
+    pieces = full_log.scan_ranges(piece_bytes=1000)
     assert len(pieces) > len(full_log.segments())
     assert [a for a, _ in pieces[1:]] == [b for _, b in pieces[:-1]] and pieces[0][0] == 0
 
@@ -187,8 +195,9 @@ def test_reopen_with_committed_position_after_killed_writer(tmp_path, records):
     with open_log(path, committed=LogPosition.from_dict(committed)) as again:
         assert again.next_seq == 1234 and again.read_many(range(1234)) == records[:1234]
         again.append(records[1234:])
-    with open_log(tmp_path / "straight") as straight:
-        straight.append(records)
+    with open_log(tmp_path / "straight") as straight:  # batches follow append calls: the same calls
+        straight.append(records[:1234])
+        straight.append(records[1234:])
     assert snapshot(path) == snapshot(tmp_path / "straight")
 
 
@@ -314,30 +323,35 @@ def test_bad_log_files_give_clear_errors(tmp_path, records):
     with pytest.raises(CorruptFileError, match=str(sealed)):
         open_log(path, writable=False, committed=committed)
     sealed.write_bytes(random.Random(3).randbytes(5000))  # garbage
-    with pytest.raises(CorruptFileError, match=f"{sealed}: invalid record at byte 0"):
+    with pytest.raises(CorruptFileError, match=f"{sealed}: invalid batch at byte 0"):
         open_log(path, committed=committed)
     os.unlink(infos[1].path)
     with pytest.raises(CorruptFileError, match="starts at"):
         open_log(path, writable=False)
 
 
-@pytest.mark.parametrize("field", [0, 2, 5, 17, 26, 60, 66, 80])  # length, crc, seq, timestamp, counts, texts
-def test_corrupt_record_detected_on_read(tmp_path, field):
-    records = make_records(50)
+@pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 60, 90, -1])  # header fields, body
+def test_corrupt_batch_detected_on_read(tmp_path, field):
+    records = make_records(120)
     path = tmp_path / "log"
-    with open_log(path) as log:
+    with open_log(path, segment_bytes=1 << 20) as log:
         log.append(records)
         committed = log.position()
         victim = log.segments()[0].path
     data = bytearray(victim.read_bytes())
-    start = len(encode_records(0, records[:30]))
-    data[start + field] ^= 0xFF  # inside record 30
+    start = len(encode_records(0, records[:BATCH]))  # the second batch: records 40..79
+    length = len(encode_records(BATCH, records[BATCH : 2 * BATCH]))
+    data[start + field % length] ^= 0xFF
     victim.write_bytes(bytes(data))
     with open_log(path, writable=False, committed=committed) as reader:
-        with pytest.raises(CorruptFileError, match=f"{victim}: invalid record at byte"):
-            list(reader.scan_range(0, 50, "b"))
+        with pytest.raises(CorruptFileError, match=f"{victim}: invalid batch at byte {start}"):
+            list(reader.scan_range(0, 120, "b"))
         with pytest.raises(CorruptFileError, match=str(victim)):
-            reader.read_rows([30], "b")
+            reader.read_rows([50], "b")
+        if field % length >= bf.HEADER_SIZE:  # a damaged body harms its batch only
+            assert reader.read_many([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
+    with pytest.raises(CorruptFileError, match=f"{victim}: invalid batch at byte {start}"):
+        open_log(path)  # recovery: a bad batch followed by more batches is not a torn tail
 
 
 def test_retention_deletes_only_the_oldest(full_log, records):

@@ -21,7 +21,7 @@ def test_create_and_reopen_keeps_manifest_settings(tmp_path):
     with open_store(root, create=True, settings=TINY) as store:
         assert store.settings == TINY and store.brokers() == []
     manifest = json.loads((root / MANIFEST_FILE).read_text())
-    assert manifest["version"] == 1 and manifest["settings"]["index_num"] == TINY.index_num
+    assert manifest["version"] == 2 and manifest["settings"]["index_num"] == TINY.index_num
     reopened = msgindex.open(root)
     assert isinstance(reopened, Store) and reopened.settings == TINY
     # an existing store keeps its own settings whatever the caller passes

@@ -1,9 +1,9 @@
 """What a shard's hash index needs of an appended batch, as columns, and the index entries made of it.
 
 Appends are the indexing pipeline's hot path (an Arrow table per micro-batch and broker), so the
-entries are computed by Arrow and numpy kernels, never by Python code per record. MessageRecord
-input is brought into the same columns once, so both inputs share one code path and give the same
-bytes on disk.
+entries are computed by Arrow and numpy kernels, never by Python code per record. Both inputs
+(Arrow, MessageRecords) are validated and brought into columns ONCE, as the log's ``LogColumns``,
+which the log encodes and from which these columns are taken without copying texts.
 
 Texts travel as ``large_string``. Python keys may hold lone surrogates (``decode_key_bytes``),
 which Arrow strings cannot: such a batch travels as ``large_binary`` in ``encode_text``'s
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.message import KEY_SEPARATOR, MessageRecord, decode_text, encode_text
 
 IndexKeys: TypeAlias = "pa.Array | list[str]"
@@ -47,27 +47,23 @@ class AppendColumns:
     parents: np.ndarray  # int64, one per item
 
     @classmethod
-    def of(cls, records: pa.Table | pa.RecordBatch | Sequence[MessageRecord]) -> AppendColumns:
-        if isinstance(records, (pa.Table, pa.RecordBatch)):
-            return cls.from_arrow(records)
-        return cls.from_records(records)
+    def of(cls, records: pa.Table | pa.RecordBatch | Sequence[MessageRecord] | LogColumns) -> AppendColumns:
+        return cls.from_log_columns(LogColumns.of(records))
 
     @classmethod
-    def from_arrow(cls, table: pa.Table | pa.RecordBatch) -> AppendColumns:
-        """Columns of an APPEND_SCHEMA table (zero-copy where Arrow allows)."""
-        keys = _column(table, "keys")
-        parents = pc.list_parent_indices(keys).to_numpy().astype(np.int64, copy=False)
-        timestamps = _column(table, "timestamp_ms").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        return cls(_text(_column(table, "topic")), timestamps, _text(pc.list_flatten(keys)), parents)
-
-    @classmethod
-    def from_records(cls, records: Sequence[MessageRecord]) -> AppendColumns:
-        """Columns of MessageRecords, one comprehension per field."""
-        keys = [r.keys for r in records]
-        counts = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-        topic, items = _python_texts([r.topic for r in records], list(chain.from_iterable(keys)))
-        timestamps = np.array([r.timestamp_ms for r in records], dtype=np.int64)
-        return cls(topic, timestamps, items, np.repeat(np.arange(len(keys), dtype=np.int64), counts))
+    def from_log_columns(cls, columns: LogColumns) -> AppendColumns:
+        """The columns of a validated batch: its encoded texts are read as TEXT where they are
+        UTF-8 (zero-copy cast), else the whole batch stays RAW_TEXT."""
+        counts = np.diff(columns.list_offsets)
+        used = slice(int(columns.list_offsets[0]), int(columns.list_offsets[-1]))
+        items = columns.items.slice(used.start, used.stop - used.start)
+        topic = columns.topic
+        try:
+            topic, items = topic.cast(TEXT), items.cast(TEXT)
+        except pa.ArrowInvalid:
+            topic, items = topic.cast(RAW_TEXT), items.cast(RAW_TEXT)
+        parents = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return cls(topic, columns.timestamps.astype(np.int64, copy=False), items, parents)
 
     def topics(self) -> set[str]:
         return set(_python_strs(pc.unique(self.topic)))
@@ -108,26 +104,6 @@ class AppendColumns:
         repeat = np.ones(pairs.size, dtype=bool)
         repeat[first] = False
         return repeat
-
-
-def _column(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
-    array = table.column(name)
-    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-
-
-def _text(array: pa.Array) -> pa.Array:
-    """An Arrow string column (plain, large, view or dictionary) as TEXT."""
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    return array if array.type == TEXT else array.cast(TEXT)
-
-
-def _python_texts(*columns: list[str]) -> tuple[pa.Array, ...]:
-    """The columns as TEXT arrays, or all as RAW_TEXT when any text holds a lone surrogate."""
-    try:
-        return tuple(pa.array(column, TEXT) for column in columns)
-    except (UnicodeEncodeError, pa.ArrowException):
-        return tuple(pa.array([encode_text(text) for text in column], RAW_TEXT) for column in columns)
 
 
 def _python_strs(array: pa.Array) -> list[str]:

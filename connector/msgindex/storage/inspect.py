@@ -27,6 +27,7 @@ from msgindex.storage.index_file import (
     IndexFile,
     check_sizing,
 )
+from msgindex.storage.log.batch_format import BATCH_VERSION
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.shard import INDEX_DIR, LOG_DIR, SHARD_DIR_PREFIX, ShardReader, open_log
 from msgindex.storage.settings import StoreSettings
@@ -155,19 +156,31 @@ def _committed(segment_path: Path) -> LogPosition | None:
 
 def _segment_summary(log: MetadataLog, info: SegmentInfo, *, entries: bool = False) -> dict[str, Any]:
     # MetadataLog lists segments but does not expose their sparse indexes: reach for its segments
-    segment = {s.base_seq: s for s in log._segments}[info.base_seq]
+    segment = log.segment(info.base_seq)
+    batches = segment.batches()
+    records = info.next_seq - info.base_seq
     summary = {
         "file": info.path.name,
+        "log_format": BATCH_VERSION,
         "base_seq": info.base_seq,
         "next_seq": info.next_seq,
-        "records": info.next_seq - info.base_seq,
+        "records": records,
+        "batches": len(batches),
         "log_bytes": info.size_bytes,
+        "bytes_per_record": round(info.size_bytes / records, 2) if records else None,
         "active": info.active,
         "time_range": _time_range(info.min_timestamp, info.max_timestamp),
         "offset_index_entries": segment.offset_index.entries,
         "time_index_entries": segment.time_index.entries,
     }
     if entries:
+        # one line per batch: position, base seq, records, bytes, min and max timestamp (ms)
+        summary["batch_list"] = _listed([
+            [int(batches.positions[i]), int(batches.base_seqs[i]), int(batches.counts[i]), int(batches.lengths[i]),
+             int(batches.min_timestamps[i]), int(batches.max_timestamps[i])] for i in range(len(batches))])
+        annotation = log.last_annotation() if info.active else b""
+        if annotation:
+            summary["last_annotation"] = annotation.decode("utf-8", "backslashreplace")
         summary["offset_index"] = _listed([list(segment.offset_index.entry(n)) for n in range(segment.offset_index.entries)])
         summary["time_index"] = _listed([list(segment.time_index.entry(n)) for n in range(segment.time_index.entries)])
     return summary

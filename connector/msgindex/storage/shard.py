@@ -32,6 +32,7 @@ from typing import Self
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
 from msgindex.storage import hash_run
@@ -47,16 +48,16 @@ from msgindex.storage.checkpoint import (
 from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
-from msgindex.storage.log.record_format import HEADER_SIZE as MIN_RECORD_BYTES
-from msgindex.storage.message import MessageRecord, index_key
+from msgindex.storage.message import MessageRecord, encode_text, index_key
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.query import (
+    RESULT_ORDER,
     KeysArg,
     empty_rows,
     normalize_keys,
-    result_order_key,
-    rows_from_records,
     validate_window,
 )
 
@@ -92,13 +93,14 @@ def validate_broker_name(broker: str) -> None:
 def max_sparse_index_bytes(settings: StoreSettings) -> int:
     """Preallocated size of a segment's sparse indexes: room for every entry a full segment can
     get, at most Kafka's default segment.index.bytes (the log rolls early if an index fills)."""
-    interval = max(settings.index_interval_bytes, MIN_RECORD_BYTES)
+    interval = max(settings.index_interval_bytes, bf.HEADER_SIZE)
     return min(TIME_INDEX_ENTRY_BYTES * (settings.segment_bytes // interval + 3), DEFAULT_MAX_INDEX_BYTES)
 
 
-def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None) -> MetadataLog:
+def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None,
+             log_dir: str = LOG_DIR) -> MetadataLog:
     return MetadataLog.open(
-        directory / LOG_DIR,
+        directory / log_dir,
         segment_bytes=settings.segment_bytes,
         index_interval_bytes=settings.index_interval_bytes,
         max_index_bytes=max_sparse_index_bytes(settings),
@@ -176,14 +178,13 @@ class ShardWriter(_Committed):
         if batch_id <= self.committed_batch_id:
             return AppendResult(batch_id, skipped=True, records=0, keys_indexed=0)
         self._require_open()
-        if not isinstance(records, (pa.Table, pa.RecordBatch)):
-            records = list(records)  # read twice: by the log and for the hash index
         try:
-            seqs = self._log.append(records)  # validates every record before writing any
+            columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
+            seqs = self._log.append(columns)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}, batch {batch_id}: {bad}") from None
         try:
-            batch = AppendColumns.of(records)
+            batch = AppendColumns.from_log_columns(columns)
             keys, phy_offsets, timestamps = batch.index_entries(seqs.start)
             first_touched = max(len(self._files) - 1, 0)
             self._put_keys(keys, phy_offsets, timestamps)
@@ -451,16 +452,15 @@ class ShardReader(_Committed):
         topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
         if self._log is None or not keys or not topics or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
             return empty_rows()
-        wanted = {index_key(t, k): (t, k) for t in topics for k in keys}
-        candidates = self._candidates(wanted, begin_ms, end_ms)
-        matched = self._verified(candidates, wanted, begin_ms, end_ms, partitions)
-        matched.sort(key=lambda hit: result_order_key(self.broker, *hit))
-        if max_results is not None:
-            matched = matched[:max_results]
-        if not matched:
+        wanted = _WantedKeys.of(topics, keys)
+        seqs, who = self._candidates(wanted, begin_ms, end_ms)
+        table = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+        if not table.num_rows:
             return empty_rows()
-        # the records were decoded for verification already: render those, no second read
-        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
+        table = table.sort_by(RESULT_ORDER)
+        if max_results is not None and table.num_rows > max_results:
+            table = table.slice(0, max_results)
+        return table.combine_chunks()
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -506,65 +506,94 @@ class ShardReader(_Committed):
             self._log = None
 
     # --- lookup internals -----------------------------------------------------------------------
-    def _candidates(
-        self, wanted: dict[str, tuple[str, str]], begin_ms: int | None, end_ms: int | None
-    ) -> dict[int, set[str]]:
-        """seq -> the index keys whose hash chains led to it, from every committed file whose true
-        time range meets the window, newest file first. Entries point into the log by seq."""
+    def _candidates(self, wanted: _WantedKeys, begin_ms: int | None,
+                    end_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(seq, wanted-key number) of every committed hash-matching entry, from every committed
+        file whose true time range meets the window: flat arrays, all keys of the call at once.
+        Entries point into the log by seq."""
         low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
-        found: dict[int, set[str]] = {}
-        key_list = list(wanted)
-        hashes = _hashes(key_list)  # once for all files
+        seqs, whos = [], []
         for state, index_file in reversed(self._files):
             if not state.overlaps(begin_ms, end_ms):
                 continue
-            for k, phy_offset in _candidate_offsets(index_file, hashes, state.index_count):
-                if low <= phy_offset < high:
-                    found.setdefault(phy_offset, set()).add(key_list[k])
-        return found
+            who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
+                wanted.hashes, limit_index_count=state.index_count)
+            inside = (phy_offsets >= low) & (phy_offsets < high)
+            seqs.append(phy_offsets[inside])
+            whos.append(who[inside])
+        if not seqs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(seqs), np.concatenate(whos)
 
-    def _verified(
-        self,
-        candidates: dict[int, set[str]],
-        wanted: dict[str, tuple[str, str]],
-        begin_ms: int | None,
-        end_ms: int | None,
-        partitions: Iterable[int] | None,
-    ) -> list[tuple[int, MessageRecord]]:
-        """(seq, record) of the candidates whose log record really is in the topic, carries the
-        key, and lies in the window: hash collisions and second-granularity times end here."""
-        if not candidates:
-            return []
-        partition_set = None if partitions is None else set(partitions)
-        seqs = sorted(candidates)
-        matched = []
-        for seq, record in zip(seqs, self._log.read_many(seqs)):
-            if begin_ms is not None and record.timestamp_ms < begin_ms:
-                continue
-            if end_ms is not None and record.timestamp_ms > end_ms:
-                continue
-            if partition_set is not None and record.partition not in partition_set:
-                continue
-            for ikey in candidates[seq]:
-                topic, key = wanted[ikey]
-                if record.topic == topic and key in record.keys:
-                    matched.append((seq, record))
-                    break
-        return matched
+    def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
+                  end_ms: int | None, partitions: Iterable[int] | None) -> pa.Table:
+        """ROW_SCHEMA rows of the candidates whose log record really is in the topic, carries the
+        key and lies in the window: hash collisions and second-granularity times end here. Each
+        touched batch is decoded once; the checks are Arrow/numpy kernels over all candidates of
+        the batch at once."""
+        if not len(seqs):
+            return empty_rows()
+        unique, inverse = _unique_with_inverse(seqs)
+        batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
+        keep = np.ones(len(unique), dtype=bool)
+        if begin_ms is not None:
+            keep &= batch.timestamp_ms >= begin_ms
+        if end_ms is not None:
+            keep &= batch.timestamp_ms <= end_ms
+        if partitions is not None:
+            keep &= np.isin(batch.partition.astype(np.int64), np.array(sorted(set(partitions)), dtype=np.int64))
+        pair = np.flatnonzero(keep[inverse])  # the (candidate, wanted key) pairs still in the running
+        row, key_number = inverse[pair], who[pair]
+        topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
+        lists = batch.keys.take(pa.array(row))
+        parents = pc.list_parent_indices(lists).to_numpy()
+        key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
+        has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
+        # once per record (found under two wanted keys, it is still one result)
+        matched = np.flatnonzero(np.bincount(row[topic_ok.to_numpy(zero_copy_only=False) & has_key],
+                                             minlength=len(unique)))
+        if not len(matched):
+            return empty_rows()
+        return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
+
+
+@dataclass(frozen=True)
+class _WantedKeys:
+    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as the log
+    stores them (encode_text bytes), in one order."""
+
+    hashes: np.ndarray
+    topics: pa.Array
+    keys: pa.Array
+
+    @classmethod
+    def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
+        pairs = [(t, k) for t in topics for k in keys]
+        index_keys = [index_key(t, k) for t, k in pairs]
+        return cls(_hashes(index_keys), pa.array([encode_text(t) for t, _ in pairs], bf.TEXT),
+                   pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
+
+
+def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for non-negative ints; a hot key's hundreds of
+    thousands of candidate seqs go through a bitmap over their range (linear) instead of a sort."""
+    if len(values) < 65_536:
+        return np.unique(values, return_inverse=True)
+    low = int(values.min())
+    present = np.zeros(int(values.max()) - low + 1, dtype=bool)
+    present[values - low] = True
+    unique = np.flatnonzero(present) + low
+    rank = np.cumsum(present) - 1  # rank[v - low] = position of v in unique
+    return unique, rank[values - low]
+
+
+SCALAR_HASH_MAX_KEYS = 16
 
 
 def _hashes(keys: list[str]) -> np.ndarray:
-    if len(keys) == 1:  # the vectorized hash's set-up costs ten times one scalar hash
-        return np.array([index_hash(keys[0])], dtype=np.int64)
+    if len(keys) <= SCALAR_HASH_MAX_KEYS:  # the vectorized hash's set-up costs more than a few scalar hashes
+        return np.array([index_hash(key) for key in keys], dtype=np.int64)
     return index_hashes(keys)
-
-
-def _candidate_offsets(index_file: IndexFile, hashes: np.ndarray, limit: int) -> Iterable[tuple[int, int]]:
-    """(position in `hashes`, phyOffset) of the committed hash-matching entries of the chains."""
-    if hashes.size == 1:  # the vectorized walk's numpy set-up costs more than one plain walk
-        return [(0, phy_offset) for _, phy_offset, _ in index_file.candidates(int(hashes[0]), limit_index_count=limit)]
-    who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(hashes, limit_index_count=limit)
-    return zip(who.tolist(), phy_offsets.tolist())
 
 
 def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], seqs: range) -> IndexEntries:

@@ -1,11 +1,14 @@
 """The store: a directory of per-broker shards plus a manifest, and queries across shards.
 
 ```
-<root>/msgindex.json     {"format": "msgindex-store", "version": 1, "settings": {...}}
+<root>/msgindex.json     {"format": "msgindex-store", "version": 2, "settings": {...}}
 <root>/broker=<name>/    one shard (see shard.py)
 ```
 The manifest fixes the settings for the life of the store: an existing store is always opened
-with the settings it was created with, whatever the caller passes.
+with the settings it was created with, whatever the caller passes. Its version is the store's
+on-disk format: 2 = metadata logs of compressed columnar record batches; a version-1 store
+(row-per-record logs) is refused with an UpgradeRequiredError naming `msgindex upgrade PATH`,
+never misread.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
+from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError, UpgradeRequiredError
 from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
 from msgindex.storage.query import KeysArg, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
@@ -34,7 +37,8 @@ from msgindex.storage.settings import StoreSettings
 
 MANIFEST_FILE = "msgindex.json"
 STORE_FORMAT = "msgindex-store"
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
+LEGACY_STORE_VERSIONS = (1,)  # read only by `msgindex upgrade` (storage/upgrade.py)
 
 __all__ = [
     "AppendResult",
@@ -69,7 +73,7 @@ def open_store(root: str | os.PathLike, *, create: bool = False, settings: Store
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # e.g. a parent is a regular file
         raise StoreNotFoundError(f"{root}: cannot create a msgindex store here ({error.strerror})") from None
-    _write_manifest(manifest, settings)
+    write_manifest(manifest, settings)
     return Store(root, settings)
 
 
@@ -222,14 +226,26 @@ class Store:
 
 
 def _read_manifest(path: Path) -> StoreSettings:
-    _, body = parse_versioned_json(
+    version, settings = read_manifest(path)
+    if version != STORE_FORMAT_VERSION:
+        raise UpgradeRequiredError(
+            f"{path.parent}: store format {version} (row-per-record metadata logs); this msgindex reads format "
+            f"{STORE_FORMAT_VERSION}: run `msgindex upgrade {path.parent}` to convert it in place"
+        )
+    return settings
+
+
+def read_manifest(path: Path) -> tuple[int, StoreSettings]:
+    """(format version, settings) of a store manifest, current or legacy."""
+    version, body = parse_versioned_json(
         path.read_bytes(), source=path, what="store manifest", format_name=STORE_FORMAT,
-        versions=(STORE_FORMAT_VERSION,), legacy_version_field="format_version",
+        versions=(*LEGACY_STORE_VERSIONS, STORE_FORMAT_VERSION), legacy_version_field="format_version",
     )
     if not isinstance(body.get("settings"), dict):
         raise CorruptFileError(f"{path}: store manifest has no settings object")
-    return StoreSettings.from_dict(body["settings"], source=path)
+    return version, StoreSettings.from_dict(body["settings"], source=path)
 
 
-def _write_manifest(path: Path, settings: StoreSettings) -> None:
+def write_manifest(path: Path, settings: StoreSettings) -> None:
+    """Write the current-format manifest (atomically)."""
     write_atomically(path, versioned_json(STORE_FORMAT, STORE_FORMAT_VERSION, {"settings": settings.to_dict()}, indent=2))

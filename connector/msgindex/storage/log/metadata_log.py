@@ -12,7 +12,9 @@ writer appending in another process.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,21 +22,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
+from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, UpgradeRequiredError
 from msgindex.storage.durable import fsync_directory, is_temporary
-from msgindex.storage.log import record_format as rf
-from msgindex.storage.log.record_encoder import EncodedBatch, encode_batch
-from msgindex.storage.log.record_encoder import records_from_table  # noqa: F401  (re-exported)
+from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.log.columns import records_from_table  # noqa: F401  (re-exported)
 from msgindex.storage.log.segment import (
     LOG_SUFFIX,
     LogSegment,
     SegmentState,
     parse_segment_name,
 )
-from msgindex.storage.message import ROW_SCHEMA, MessageRecord
+from msgindex.storage.message import MessageRecord, encode_text
 
+LEGACY_LOG_FORMAT = 1  # row-per-record segments, read only by `msgindex upgrade` (log/v1_records.py)
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default
 DEFAULT_SCAN_PIECE_BYTES = 64 * 1024 * 1024
+# Records per batch: a point read decodes one whole batch, a scan pays a fixed cost per batch, and
+# small batches compress worse. 4,096 keeps a batch decode near 0.1-0.2 ms at ~11 B/record
+# (measurements in BENCHMARKS.md).
+DEFAULT_BATCH_RECORDS = 4096
 MAX_SEGMENT_BYTES = 0x7FFF_FFFF  # offset-index positions are i32
 MAX_RELATIVE_SEQ = 0x7FFF_FFFF  # sparse-index entries hold seqs relative to the segment base as i32
 
@@ -52,6 +59,7 @@ class LogPosition:
     time_index_entries: int = 0
     min_timestamp: int | None = None
     max_timestamp: int | None = None
+    log_format: int = bf.BATCH_VERSION  # positions recorded before format 2 lack it: read as 1
 
     @classmethod
     def initial(cls) -> LogPosition:
@@ -64,7 +72,7 @@ class LogPosition:
     @classmethod
     def from_dict(cls, data: dict) -> LogPosition:
         try:
-            position = cls(**data)
+            position = cls(**{"log_format": LEGACY_LOG_FORMAT, **data})
         except TypeError as e:
             raise CorruptFileError(f"malformed log position {data!r}: {e}") from None
         for name, value in asdict(position).items():
@@ -95,17 +103,30 @@ class SegmentInfo:
 
 
 
+@dataclass(frozen=True)
+class BatchHit:
+    """Rows of one decoded batch wanted by a read: `rows` are positions in the batch, `at` the
+    positions in the caller's seq array they answer."""
+
+    batch: bf.StoredBatch
+    rows: np.ndarray
+    at: np.ndarray
+
+
 class MetadataLog:
     """A directory of log segments (see the module docstring). Open with ``MetadataLog.open``."""
 
     def __init__(self, directory: Path, segment_bytes: int, index_interval_bytes: int,
-                 max_index_bytes: int, writable: bool) -> None:
+                 max_index_bytes: int, writable: bool, batch_records: int = DEFAULT_BATCH_RECORDS) -> None:
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
             raise InvalidOptionError(f"segment_bytes={segment_bytes} must be in [1, {MAX_SEGMENT_BYTES}]")
         if index_interval_bytes < 0:
             raise InvalidOptionError(f"index_interval_bytes={index_interval_bytes} must be >= 0")
         if max_index_bytes < 2 * 12:
             raise InvalidOptionError(f"max_index_bytes={max_index_bytes} must hold at least two time-index entries")
+        if batch_records < 1:
+            raise InvalidOptionError(f"batch_records={batch_records} must be >= 1")
+        self.batch_records = batch_records
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -119,11 +140,11 @@ class MetadataLog:
     @classmethod
     def open(cls, directory: Path | str, *, segment_bytes: int, index_interval_bytes: int,
              max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES, writable: bool,
-             committed: LogPosition | None = None) -> MetadataLog:
+             committed: LogPosition | None = None, batch_records: int = DEFAULT_BATCH_RECORDS) -> MetadataLog:
         """Open the log in `directory` (a writer creates it). With `committed`, the log is cut
         to that position (a writer truncates the files, a reader just never reads further);
         without, every valid record is kept and a torn tail is dropped (Kafka-style recovery)."""
-        log = cls(Path(directory), segment_bytes, index_interval_bytes, max_index_bytes, writable)
+        log = cls(Path(directory), segment_bytes, index_interval_bytes, max_index_bytes, writable, batch_records)
         if writable:
             log.directory.mkdir(parents=True, exist_ok=True)
             log._remove_strays()
@@ -155,6 +176,11 @@ class MetadataLog:
                 self._dir_dirty = True
 
     def _load(self, committed: LogPosition | None) -> None:
+        if committed is not None and committed.log_format != bf.BATCH_VERSION:
+            raise UpgradeRequiredError(
+                f"{self.directory}: the committed log is in format {committed.log_format}; this msgindex reads "
+                f"format {bf.BATCH_VERSION}: run `msgindex upgrade` on the store"
+            )
         bases = self._bases_on_disk()
         if committed is None:
             if bases:
@@ -236,38 +262,38 @@ class MetadataLog:
         if not self.writable:
             raise InvalidAppendError(f"{self.directory}: metadata log opened read-only")
 
-    def append(self, records: Sequence[MessageRecord] | pa.Table | pa.RecordBatch) -> range:
-        """Append `records` (MessageRecords, or Arrow with APPEND_SCHEMA's columns) with
-        consecutive seqs; returns them. The whole batch is validated and encoded before the first
-        byte is written, so a bad record leaves the log untouched."""
+    def append(self, records: Sequence[MessageRecord] | pa.Table | pa.RecordBatch | LogColumns, *,
+               annotation: bytes = b"") -> range:
+        """Append `records` (MessageRecords, Arrow with APPEND_SCHEMA's columns, or LogColumns)
+        with consecutive seqs, as batches of at most batch_records; returns their seqs.
+        `annotation` (opaque bytes, e.g. a writer's commit note) is stored in the header of the
+        LAST batch written (``last_annotation``). Everything is validated and encoded before the
+        first byte is written, so a bad record leaves the log untouched."""
         self._require_writable()
+        if not isinstance(annotation, (bytes, bytearray)):
+            raise InvalidAppendError(f"annotation must be bytes, got {type(annotation).__name__}")
+        columns = LogColumns.of(records)
         first = self.next_seq
-        encoded = encode_batch(first, records)
-        start = 0
-        while start < len(encoded):
+        count = len(columns)
+        if count == 0:
+            if annotation:
+                raise InvalidAppendError("an annotation needs at least one record to ride on")
+            return range(first, first)
+        if first + count - 1 > bf.INT64_MAX:
+            raise InvalidAppendError(f"sequence numbers {first}.. of a {count}-record batch do not fit in int64")
+        starts = list(range(0, count, self.batch_records))
+        encoded = [bf.encode_batch(first + start, columns.slice(start, min(start + self.batch_records, count)),
+                                   bytes(annotation) if start == starts[-1] else b"")
+                   for start in starts]
+        for data in encoded:
+            header = bf.read_header(data, 0)
             active = self._segments[-1]
-            count = self._fitting(active, encoded, start)
-            if count == 0:
+            if active.size and (active.size + len(data) > self.segment_bytes or active.room() < 1
+                                or header.last_seq - active.base_seq > MAX_RELATIVE_SEQ):
                 self._roll()
-                continue
-            active.append(encoded.slice(start, start + count))
-            start += count
+                active = self._segments[-1]
+            active.append(data, header)
         return range(first, self.next_seq)
-
-    def _fitting(self, active: LogSegment, encoded: EncodedBatch, start: int) -> int:
-        """How many of the records from `start` the active segment takes before it must roll
-        (Kafka's shouldRoll per record: the size limit, a full sparse index, a relative seq
-        overflow). Each record adds at most one entry to each index, hence the index room bound;
-        an empty segment always takes a record, however big."""
-        room = min(active.offset_index.max_entries - active.offset_index.entries,
-                   active.time_index.max_entries - 1 - active.time_index.entries,
-                   MAX_RELATIVE_SEQ - (active.next_seq - active.base_seq) + 1,
-                   len(encoded) - start)
-        ends = encoded.offsets[start + 1 : start + 1 + max(room, 0)] - encoded.offsets[start]
-        count = int(np.searchsorted(ends, self.segment_bytes - active.size, side="right"))
-        if active.size == 0 and room > 0:
-            count = max(count, 1)
-        return count
 
     def _roll(self) -> None:
         active = self._segments[-1]
@@ -332,68 +358,77 @@ class MetadataLog:
         """The record with sequence number `seq`."""
         return self._segment_of(seq).read(seq)
 
-    def _grouped_positions(self, seqs: Sequence[int]) -> Iterator[tuple[LogSegment, np.ndarray, list[int]]]:
-        """For sorted unique `seqs`: (segment, the seqs in it, their positions)."""
-        bases = np.array([s.base_seq for s in self._segments], dtype=np.int64)
+    def hits(self, seqs: np.ndarray) -> Iterator[BatchHit]:
+        """For sorted unique `seqs`: each batch holding some of them, decoded once (checksum
+        verified), with the rows wanted. Segments by one searchsorted over their bases, batches
+        by one searchsorted over each segment's batch directory."""
         seqs = np.asarray(seqs, dtype=np.int64)
-        if len(seqs) and (seqs[0] < self.start_seq or seqs[-1] >= self.next_seq):
+        if not len(seqs):
+            return
+        if seqs[0] < self.start_seq or seqs[-1] >= self.next_seq:
             bad = seqs[0] if seqs[0] < self.start_seq else seqs[-1]
             raise IndexError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
+        bases = np.array([s.base_seq for s in self._segments], dtype=np.int64)
         owner = np.searchsorted(bases, seqs, side="right") - 1
-        for i in np.unique(owner).tolist():
-            mine = seqs[owner == i]
-            segment = self._segments[i]
-            yield segment, mine, segment.positions_of(mine.tolist())
+        cuts = np.flatnonzero(np.diff(owner)) + 1
+        wanted = []  # (segment, its directory, batch number, rows in the batch, positions in seqs)
+        for at in np.split(np.arange(len(seqs)), cuts):
+            segment = self._segments[int(owner[at[0]])]
+            directory = segment.batches()
+            mine = seqs[at]
+            batch_of = directory.batch_of(mine)
+            batch_cuts = np.flatnonzero(np.diff(batch_of)) + 1
+            for part in np.split(np.arange(len(mine)), batch_cuts):
+                i = int(batch_of[part[0]])
+                wanted.append((segment, directory, i, mine[part] - directory.base_seqs[i], at[part]))
+        decoded = _decode_all([(segment, directory, i) for segment, directory, i, _, _ in wanted])
+        for (_, _, _, rows, at), batch in zip(wanted, decoded):
+            yield BatchHit(batch, rows, at)
+
+    def gather(self, seqs: np.ndarray) -> bf.DecodedBatch:
+        """The records of sorted unique `seqs`, in that order, as one DecodedBatch: each batch
+        holding some of them decoded once (checksum verified)."""
+        return bf.gather([(hit.batch, hit.rows) for hit in self.hits(seqs)])
 
     def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
-        """The records of `seqs`, in the order given; sorted access makes the hops amortised."""
-        seqs = list(seqs)
-        found: dict[int, MessageRecord] = {}
-        for segment, mine, positions in self._grouped_positions(sorted(set(seqs))):
-            view = segment._view()
-            for seq, position in zip(mine.tolist(), positions):
-                found[seq] = rf.decode_record(view, position, segment.size, segment.path)[1]
-        return [found[s] for s in seqs]
+        """The records of `seqs`, in the order given."""
+        seqs = np.fromiter(seqs, dtype=np.int64)
+        unique, inverse = np.unique(seqs, return_inverse=True)
+        found = bf.records(self.gather(unique))
+        return [found[i] for i in inverse.tolist()]
 
     def read_rows(self, seqs: Iterable[int], broker: str) -> pa.RecordBatch:
         """The records of `seqs` as ROW_SCHEMA rows (checksums verified), in the order given."""
         seqs = np.fromiter(seqs, dtype=np.int64)
         unique, inverse = np.unique(seqs, return_inverse=True)
-        batches = []
-        for segment, mine, positions in self._grouped_positions(unique):
-            view = segment._view()
-            positions = np.asarray(positions, dtype=np.int64)
-            headers = rf.header_columns(view, positions)
-            rf.verify_checksums(view, positions, headers, segment.path)
-            batches.append(rf.decode_batch(view, positions, broker, headers))
-        if not batches:
-            return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
-        table = pa.Table.from_batches(batches, schema=ROW_SCHEMA).take(pa.array(inverse))
-        return table.combine_chunks().to_batches()[0] if table.num_rows else batches[0].slice(0, 0)
+        return bf.rows(self.gather(unique), broker, inverse)
 
     def first_seq_at_or_after(self, timestamp_ms: int) -> int | None:
-        """The first record in seq order whose timestamp is >= timestamp_ms, or None."""
+        """The first record in seq order whose timestamp is >= timestamp_ms, or None: the first
+        batch whose max reaches it holds it."""
         for segment in self._segments:
-            found = segment.first_seq_at_or_after(timestamp_ms)
-            if found is not None:
-                return found
+            if segment.max_timestamp is None or segment.max_timestamp < timestamp_ms:
+                continue
+            directory = segment.batches()
+            reaching = np.flatnonzero(directory.max_timestamps >= timestamp_ms)
+            if len(reaching):
+                i = int(reaching[0])
+                batch = segment.decode(i, directory)
+                return batch.base_seq + int(np.argmax(batch.timestamps() >= timestamp_ms))
         return None
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, *,
                     piece_bytes: int = DEFAULT_SCAN_PIECE_BYTES) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces that together hold every record with a timestamp in
-        [begin_ms, end_ms]: segments whose time range misses the window are skipped, the scan of
-        a segment starts at its time index entry for begin_ms, and big segments are cut into
-        pieces of about piece_bytes at offset-index entries (partitions for a parallel scan)."""
+        [begin_ms, end_ms]: segments whose time range misses the window are skipped, and so are
+        the leading and trailing batches of a segment that miss it; pieces of about piece_bytes
+        are cut at batch boundaries (partitions for a parallel scan)."""
         ranges: list[tuple[int, int]] = []
         for segment in self._segments:
-            if segment.min_timestamp is None:
+            if segment.min_timestamp is None or not _overlaps(segment.min_timestamp, segment.max_timestamp,
+                                                              begin_ms, end_ms):
                 continue
-            if (begin_ms is not None and segment.max_timestamp < begin_ms) or (
-                end_ms is not None and segment.min_timestamp > end_ms
-            ):
-                continue
-            ranges.extend(segment.piece_bounds(segment.scan_start(begin_ms), piece_bytes))
+            ranges.extend(segment.piece_bounds(segment.base_seq, piece_bytes, begin_ms, end_ms))
         return ranges
 
     def scan_range(self, start_seq: int, end_seq: int, broker: str, begin_ms: int | None = None,
@@ -401,46 +436,48 @@ class MetadataLog:
                    partitions: Iterable[int] | None = None, verify: bool = True) -> Iterator[pa.RecordBatch]:
         """ROW_SCHEMA batches of the records in [start_seq, end_seq) whose timestamp is in
         [begin_ms, end_ms] (inclusive, ms) and, when given, whose topic / partition is listed.
-        Checksums are verified unless `verify` is False. Empty batches are not yielded."""
+        Batches whose time range misses the window are never read; rows are filtered with
+        Arrow/numpy kernels. Checksums are always verified (`verify` is kept for callers; a
+        batch is checked as a whole). Empty batches are not yielded."""
         start_seq = max(start_seq, self.start_seq)
         end_seq = min(end_seq, self.next_seq)
-        wanted_topics = None if topics is None else pa.array(sorted(set(topics)), pa.string())
+        wanted_topics = None if topics is None else pa.array(sorted({encode_text(t) for t in topics}), bf.TEXT)
         wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
         for segment in self._segments:
             if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
                 continue
-            if segment.min_timestamp is not None and (
-                (begin_ms is not None and segment.max_timestamp < begin_ms)
-                or (end_ms is not None and segment.min_timestamp > end_ms)
-            ):
+            if segment.min_timestamp is not None and not _overlaps(segment.min_timestamp, segment.max_timestamp,
+                                                                   begin_ms, end_ms):
                 continue
-            lo, hi = max(start_seq, segment.base_seq), min(end_seq, segment.next_seq)
-            for view, positions, headers in segment.record_batches(lo, hi, batch_rows):
-                batch = self._filtered_batch(view, positions, headers, broker, begin_ms, end_ms,
-                                             wanted_partitions, wanted_topics, segment.path if verify else None)
-                if batch.num_rows:
-                    yield batch
+            directory = segment.batches()
+            first, last = segment.batch_range(max(start_seq, segment.base_seq), min(end_seq, segment.next_seq))
+            for i in range(first, last):
+                if not _overlaps(int(directory.min_timestamps[i]), int(directory.max_timestamps[i]), begin_ms, end_ms):
+                    continue
+                batch = segment.decode(i, directory)
+                keep = _window_mask(batch, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
+                if keep is None:
+                    yield bf.rows(batch.all(), broker)
+                elif keep.any():  # only the rows kept get their texts and keys rebuilt
+                    yield bf.rows(batch.select(np.flatnonzero(keep)), broker)
 
-    @staticmethod
-    def _filtered_batch(view, positions: np.ndarray, headers: np.ndarray, broker: str, begin_ms: int | None,
-                        end_ms: int | None, partitions: np.ndarray | None, topics: pa.Array | None,
-                        verify_name: Path | None) -> pa.RecordBatch:
-        # Header-level filters run first: only the records kept are checksummed and decoded.
-        keep = np.ones(len(positions), dtype=bool)
-        if begin_ms is not None:
-            keep &= headers["timestamp_ms"] >= begin_ms
-        if end_ms is not None:
-            keep &= headers["timestamp_ms"] <= end_ms
-        if partitions is not None:
-            keep &= np.isin(headers["partition"].astype(np.int64), partitions)
-        if not keep.all():
-            positions, headers = positions[keep], headers[keep]
-        if verify_name is not None:
-            rf.verify_checksums(view, positions, headers, verify_name)
-        batch = rf.decode_batch(view, positions, broker, headers)
-        if topics is not None and batch.num_rows:
-            batch = batch.filter(pc.is_in(batch.column("topic"), value_set=topics))
-        return batch
+    # ---- annotations ---------------------------------------------------------------------------
+    def annotations(self) -> Iterator[tuple[int, bytes]]:
+        """(base seq, annotation) of every batch that carries one, in log order."""
+        for segment in self._segments:
+            directory = segment.batches()
+            for i in range(len(directory)):
+                annotation = segment.annotation(i)
+                if annotation:
+                    yield int(directory.base_seqs[i]), annotation
+
+    def last_annotation(self) -> bytes:
+        """The annotation of the log's last batch (b"" when it has none or the log is empty)."""
+        for segment in reversed(self._segments):
+            directory = segment.batches()
+            if len(directory):
+                return segment.annotation(len(directory) - 1)
+        return b""
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -454,3 +491,50 @@ class MetadataLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _overlaps(low: int, high: int, begin_ms: int | None, end_ms: int | None) -> bool:
+    return (begin_ms is None or high >= begin_ms) and (end_ms is None or low <= end_ms)
+
+
+def _window_mask(batch: bf.StoredBatch, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,
+                 partitions: np.ndarray | None, topics: pa.Array | None) -> np.ndarray | None:
+    """Rows of `batch` inside the seq range, the time window and the filters (None: all of them)."""
+    keep = None
+
+    def narrow(mask: np.ndarray) -> None:
+        nonlocal keep
+        keep = mask if keep is None else keep & mask
+
+    if batch.base_seq < start_seq or batch.base_seq + len(batch) > end_seq:
+        seqs = np.arange(batch.base_seq, batch.base_seq + len(batch))
+        narrow((seqs >= start_seq) & (seqs < end_seq))
+    if begin_ms is not None or end_ms is not None:
+        stamps = batch.timestamps()
+        if begin_ms is not None:
+            narrow(stamps >= begin_ms)
+        if end_ms is not None:
+            narrow(stamps <= end_ms)
+    if partitions is not None:
+        narrow(np.isin(batch.stored.column(1).to_numpy().astype(np.int64), partitions))
+    if topics is not None:
+        narrow(pc.is_in(bf.plain(batch.stored.column(0)), value_set=topics).to_numpy(zero_copy_only=False))
+    if keep is not None and keep.all():
+        return None
+    return keep
+
+
+# Decoding a batch (pread, CRC, zstd, Arrow IPC) runs outside the GIL, so a read touching many
+# batches decodes them on every core, as DuckDB scans Parquet on every core.
+PARALLEL_DECODE_MIN_BATCHES = 8
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _decode_all(wanted: list[tuple[LogSegment, object, int]]) -> Iterable[bf.StoredBatch]:
+    """The batches `wanted`, decoded, in order (on a thread pool when there are many)."""
+    global _POOL
+    if len(wanted) < PARALLEL_DECODE_MIN_BATCHES or (os.cpu_count() or 1) < 2:
+        return (segment.decode(i, directory) for segment, directory, i in wanted)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=os.cpu_count(), thread_name_prefix="msgindex-decode")
+    return _POOL.map(lambda item: item[0].decode(item[2], item[1]), wanted)

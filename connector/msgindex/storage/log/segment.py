@@ -1,37 +1,45 @@
-"""One metadata-log segment: ``<20-digit base seq>.log`` with its Kafka-format ``.index`` and
-``.timeindex`` (and, once sealed, a ``.summary``).
+"""One metadata-log segment: ``<20-digit base seq>.log`` (record batches, ``batch_format``) with
+its Kafka-format ``.index`` and ``.timeindex`` (and, once sealed, a ``.summary``).
 
-Index entries follow Kafka's LogSegment rule, one state machine for appends and rebuilds alike:
-after more than ``index_interval_bytes`` were written since the last entry, the next record gets
-an offset-index entry (its seq, its position) and the time index gets the running maximum
-timestamp with the record that first reached it. Because the rule only depends on the records,
-rebuilding a lost index gives the very entries the writer appended, and a checkpoint can record
-entry counts that stay true across rebuilds.
+Index entries follow Kafka's LogSegment.append rule, batch by batch, one state machine for appends
+and rebuilds alike: the running maximum timestamp is raised by a batch's max (with the batch's last
+seq); when more than ``index_interval_bytes`` were written since the last entry, the batch gets an
+offset-index entry (its LAST seq, its position: Kafka maps a batch's last offset to its start) and
+the time index gets the running maximum. Because the rule only depends on the batches, rebuilding
+a lost index gives the very entries the writer appended, and a checkpoint can record entry counts
+that stay true across rebuilds.
+
+Every batch's (position, base seq, count, min/max timestamp) is the segment's batch directory,
+kept in memory: a writer extends it as it appends; a reader builds it once, lazily, by hopping over
+the batch headers of its committed extent (one read of 56 bytes per batch, thousands of records
+each). Lookups find a seq's batch with one ``searchsorted`` over it, time scans skip batches by
+their min/max.
 
 A segment is opened in one of three ways (the log decides which):
 * sealed: immutable; entries = file length / entry size, summary gives its range;
 * active with a committed ``SegmentState``: a writer truncates everything past it, a reader
   never reads past it (a writer may be appending in another process);
-* active without a state: Kafka-style recovery, keeping the valid prefix of records.
-A reader never modifies a file: a missing or corrupt index is rebuilt in memory for it.
+* active without a state: Kafka-style recovery, keeping the valid prefix of batches: a torn tail
+  is dropped, an invalid batch followed by more bytes is corruption (an error naming the byte).
+
+Readers never modify a file and never map one: they ``pread`` the committed bytes of the log and
+copy the committed entries of the sparse indexes (``SparseIndex.load``), so a writer trimming,
+regrowing or rolling files under them can neither fail them nor kill them with SIGBUS.
+A missing or corrupt index is rebuilt (in memory for a reader).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
-from msgindex.storage.log import record_format as rf
-from msgindex.storage.log.record_encoder import EncodedBatch
+from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
-from msgindex.storage.mapped_file import map_file
 from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
@@ -63,6 +71,25 @@ class SegmentState:
     max_timestamp: int | None
 
 
+@dataclass(frozen=True)
+class BatchDirectory:
+    """Every batch of a segment's extent, as parallel int64 arrays in log order."""
+
+    positions: np.ndarray
+    base_seqs: np.ndarray
+    counts: np.ndarray
+    lengths: np.ndarray
+    min_timestamps: np.ndarray
+    max_timestamps: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def batch_of(self, seqs: np.ndarray) -> np.ndarray:
+        """Index of the batch holding each seq (all must be in the extent)."""
+        return np.searchsorted(self.base_seqs, seqs, side="right") - 1
+
+
 class LogSegment:
     """A log segment file and its sparse indexes (see the module docstring)."""
 
@@ -86,11 +113,15 @@ class LogSegment:
         self.offset_index: OffsetIndex
         self.time_index: TimeIndex
         self._fd: int | None = None
-        self._map: mmap.mmap | None = None
-        # Index state machine: bytes since the last entry, running max timestamp and its record.
+        # Index state machine: bytes since the last entry, running max timestamp and its batch's last seq.
         self._bytes_since_entry = 0
         self._max_so_far = NO_TIMESTAMP
         self._max_so_far_seq = base_seq
+        # The batch directory: lists the writer extends, walked up to `_walked` bytes by readers.
+        self._batches: list[list[int]] = [[], [], [], [], [], []]
+        self._walked = 0
+        self._walked_seq = base_seq
+        self._directory: BatchDirectory | None = None
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -113,7 +144,8 @@ class LogSegment:
         segment = cls(directory, base_seq, index_interval_bytes=index_interval_bytes,
                       max_index_bytes=max_index_bytes, writable=writable)
         segment.sealed = True
-        segment.size = segment._file_size()
+        segment._open_fd()
+        segment.size = os.fstat(segment._fd).st_size
         summary = SegmentSummary.read(segment.summary_path)
         if summary is None or summary.size_bytes != segment.size or summary.base_seq != base_seq or (
             next_seq is not None and summary.next_seq != next_seq
@@ -123,7 +155,7 @@ class LogSegment:
                 summary.write(segment.summary_path)
         segment.next_seq = summary.next_seq
         segment.min_timestamp, segment.max_timestamp = summary.min_timestamp, summary.max_timestamp
-        segment._load_indexes(None, None)
+        segment._load_indexes(None)
         return segment
 
     @classmethod
@@ -132,9 +164,8 @@ class LogSegment:
         """The last segment, cut to `state` (or recovered to its valid prefix when None)."""
         segment = cls(directory, base_seq, index_interval_bytes=index_interval_bytes,
                       max_index_bytes=max_index_bytes, writable=writable)
+        segment._open_fd()
         if writable:
-            segment._file_size()  # a clear error when the file is missing
-            segment._fd = os.open(segment.path, os.O_RDWR)
             segment.summary_path.unlink(missing_ok=True)
         if state is None:
             segment._recover_valid_prefix()
@@ -142,201 +173,261 @@ class LogSegment:
             segment._cut_to(state)
         return segment
 
-    def _file_size(self) -> int:
+    def _open_fd(self) -> None:
         try:
-            return os.path.getsize(self.path)
+            self._fd = os.open(self.path, os.O_RDWR if self.writable else os.O_RDONLY)
         except FileNotFoundError:
             raise CorruptFileError(f"{self.path}: log segment does not exist") from None
+        except IsADirectoryError:
+            raise CorruptFileError(f"{self.path}: is a directory, not a log segment") from None
 
     def _summarize(self, expected_next_seq: int | None) -> SegmentSummary:
-        positions = self._walk(0, self.size, verify=True)
-        if not positions:
+        self._walk_to(self.size, verify=True)
+        directory = self.batches()
+        if not len(directory):
             raise CorruptFileError(f"{self.path}: sealed log segment holds no records")
-        headers = rf.header_columns(self._view(), positions)
-        next_seq = self.base_seq + len(positions)
+        next_seq = self._walked_seq
         if expected_next_seq is not None and next_seq != expected_next_seq:
             raise CorruptFileError(
                 f"{self.path}: holds records {self.base_seq}..{next_seq - 1} but the next segment "
                 f"starts at {expected_next_seq}"
             )
-        ts = headers["timestamp_ms"]
-        return SegmentSummary(self.base_seq, next_seq, self.size, int(ts.min()), int(ts.max()))
-
-    def _cut_to(self, state: SegmentState) -> None:
-        actual = self._file_size()
-        if actual < state.size_bytes:
-            raise CorruptFileError(
-                f"{self.path}: is {actual} bytes but {state.size_bytes} were committed (committed data lost)"
-            )
-        if self.writable and actual > state.size_bytes:
-            self._map = None  # never touch a mapping past the new end (SIGBUS)
-            os.ftruncate(self._fd, state.size_bytes)
-        self.size = state.size_bytes
-        self.next_seq = state.next_seq
-        self.min_timestamp, self.max_timestamp = state.min_timestamp, state.max_timestamp
-        self._load_indexes(state.offset_index_entries, state.time_index_entries)
+        return SegmentSummary(self.base_seq, next_seq, self.size, int(directory.min_timestamps.min()),
+                              int(directory.max_timestamps.max()))
 
     def _recover_valid_prefix(self) -> None:
-        """Keep the records that validate from the start; a writer truncates the rest (a torn
-        tail after a crash, KAFKA-1112) and rebuilds both indexes while walking."""
-        end = self._file_size()
+        """Kafka's recovery: keep the batches that validate; a torn tail goes (a writer truncates
+        it). Anything invalid that is not a tail is corruption, never silently dropped."""
+        file_size = os.fstat(self._fd).st_size
+        self.size = file_size
+        end = self._walk_to(file_size, verify=True, stop_at_torn=True)
+        if end < file_size and self.writable:
+            os.ftruncate(self._fd, end)
         self.size = end
-        positions: list[int] = []
-        view = self._view()
-        position = 0
-        while position < end:
-            checked = rf.check_record(view, position, end, self.base_seq + len(positions))
-            if isinstance(checked, rf.RecordProblem):
-                break
-            positions.append(position)
-            position += checked
-        self.size = position
-        if self.writable and position < end:
-            self._map = None
-            os.ftruncate(self._fd, position)
-        self.next_seq = self.base_seq + len(positions)
-        self._rebuild_indexes(positions, in_memory=not self.writable)
+        directory = self.batches()
+        self.next_seq = self._walked_seq
+        if len(directory):
+            self.min_timestamp = int(directory.min_timestamps.min())
+            self.max_timestamp = int(directory.max_timestamps.max())
+        self._rebuild_indexes()
+        if self.writable:
+            self._resize_indexes()
 
-    # ---- indexes ---------------------------------------------------------------------------
-    def _load_indexes(self, offset_entries: int | None, time_entries: int | None) -> None:
-        """Open both indexes and check them against the log; rebuild them when that fails."""
+    def _cut_to(self, state: SegmentState) -> None:
+        file_size = os.fstat(self._fd).st_size
+        if file_size < state.size_bytes:
+            raise CorruptFileError(
+                f"{self.path}: {file_size} bytes, but {state.size_bytes} were committed (committed data lost)"
+            )
+        if self.writable and file_size > state.size_bytes:
+            os.ftruncate(self._fd, state.size_bytes)  # whatever lies past the commit is not real
+        self.size, self.next_seq = state.size_bytes, state.next_seq
+        self.min_timestamp, self.max_timestamp = state.min_timestamp, state.max_timestamp
+        self._load_indexes(state)
+        if self.writable:
+            self._restore_state_machine()
+            self._resize_indexes()
+
+    def _load_indexes(self, state: SegmentState | None) -> None:
+        """Open both indexes (cut to `state`'s entry counts), rebuilding them when missing or
+        inconsistent with the log."""
+        counts = (None, None) if state is None else (state.offset_index_entries, state.time_index_entries)
         try:
             for path in (self.index_path, self.time_index_path):
-                if not path.exists():
-                    raise CorruptFileError(f"{path}: missing")
-            self.offset_index = OffsetIndex.open(self.index_path, self.base_seq, self.max_index_bytes,
-                                                 writable=self.writable, entries=offset_entries)
-            self.time_index = TimeIndex.open(self.time_index_path, self.base_seq, self.max_index_bytes,
-                                             writable=self.writable, entries=time_entries)
+                if not path.is_file():  # a writer would create an empty one: rebuild it instead
+                    raise CorruptFileError(f"{path}: sparse index file is missing")
+            for attribute, cls, path, entries in (("offset_index", OffsetIndex, self.index_path, counts[0]),
+                                                  ("time_index", TimeIndex, self.time_index_path, counts[1])):
+                if self.writable:
+                    index = cls.open(path, self.base_seq, self.max_index_bytes, writable=True, entries=entries)
+                    if entries is not None:
+                        index.truncate_to_entries(entries)
+                else:
+                    index = cls.load(path, self.base_seq, self.max_index_bytes, entries=entries)
+                setattr(self, attribute, index)
             self._check_indexes()
         except CorruptFileError:
-            for index in ("offset_index", "time_index"):
-                if hasattr(self, index):
-                    getattr(self, index).close_handler()
-            self._rebuild_indexes(self._walk(0, self.size, verify=True), in_memory=not self.writable)
-            return
-        if self.writable and not self.sealed:
-            self.offset_index.resize(self.max_index_bytes)
-            self.time_index.resize(self.max_index_bytes)
+            for attribute in ("offset_index", "time_index"):
+                if hasattr(self, attribute):
+                    getattr(self, attribute).close_handler()
+            self._walk_to(self.size, verify=True)
+            self._rebuild_indexes()
+
+    def _resize_indexes(self) -> None:
+        """A writer's active indexes are preallocated once, when it opens the segment: they are
+        never trimmed or regrown per commit (readers copy only committed entries anyway)."""
+        self.offset_index.resize(self.max_index_bytes)
+        self.time_index.resize(self.max_index_bytes)
 
     def _check_indexes(self) -> None:
         count = self.next_seq - self.base_seq
         self.offset_index.sanity_check(count)
         self.time_index.sanity_check(count)
+        position, since = 0, 0
         if self.offset_index.entries:
             seq, position = self.offset_index.entry(self.offset_index.entries - 1)
-            if position >= self.size or self._seq_at(position) != seq:
-                raise CorruptFileError(f"{self.index_path}: last entry ({seq}, {position}) is not a record boundary")
+            header = self._check_at(position, self.size, None, False) if position < self.size else None
+            if not isinstance(header, bf.BatchHeader) or header.last_seq != seq:
+                raise CorruptFileError(f"{self.index_path}: last entry ({seq}, {position}) is not a batch's last seq")
+        # Hop over the batches after the last entry (about one index interval): none may lack the
+        # entry the rule gives it (a truncated index file passes every other check).
+        while position < self.size:
+            header = self._check_at(position, self.size, None, False)
+            if not isinstance(header, bf.BatchHeader):
+                raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {header.reason}")
+            if since > self.index_interval_bytes and since != 0 and position != 0:
+                raise CorruptFileError(f"{self.index_path}: lacks the entry due at batch {header.base_seq}")
+            since += header.batch_length
+            position += header.batch_length
         if self.sealed and self.max_timestamp is not None and self.max_timestamp > NO_TIMESTAMP and (
             self.time_index.last_entry()[0] != self.max_timestamp
         ):
             raise CorruptFileError(f"{self.time_index_path}: does not end with the segment's max timestamp")
-        self._restore_state_machine()
 
-    def _seq_at(self, position: int) -> int | None:
-        checked = rf.check_record(self._view(), position, self.size)
-        return None if isinstance(checked, rf.RecordProblem) else rf.read_seq_timestamp(self._view(), position)[0]
-
-    def _rebuild_indexes(self, positions: Sequence[int], *, in_memory: bool) -> None:
-        """Recreate both indexes from the records at `positions` with the append rule."""
-        if in_memory:
-            self.offset_index = OffsetIndex.in_memory(self.base_seq, self.max_index_bytes)
-            self.time_index = TimeIndex.in_memory(self.base_seq, self.max_index_bytes)
-        else:
+    def _rebuild_indexes(self) -> None:
+        """Recreate both indexes from the batch directory with the append rule (the writer's
+        files, or in memory for a reader)."""
+        if self.writable:
             for path in (self.index_path, self.time_index_path):
                 path.unlink(missing_ok=True)
             self.offset_index = OffsetIndex.open(self.index_path, self.base_seq, self.max_index_bytes, writable=True)
             self.time_index = TimeIndex.open(self.time_index_path, self.base_seq, self.max_index_bytes, writable=True)
+        else:
+            self.offset_index = OffsetIndex.in_memory(self.base_seq, self.max_index_bytes)
+            self.time_index = TimeIndex.in_memory(self.base_seq, self.max_index_bytes)
         self._bytes_since_entry, self._max_so_far, self._max_so_far_seq = 0, NO_TIMESTAMP, self.base_seq
-        self.min_timestamp = self.max_timestamp = None
-        positions = np.asarray(positions, dtype=np.int64)
-        if len(positions):
-            timestamps = rf.header_columns(self._view(), positions)["timestamp_ms"]
-            self._index_records(self.base_seq, positions, self.size, timestamps)
+        directory = self.batches()
+        for i in range(len(directory)):
+            self._index_batch(int(directory.positions[i]), int(directory.lengths[i]),
+                              int(directory.base_seqs[i] + directory.counts[i] - 1), int(directory.max_timestamps[i]))
         if self.sealed:
             self._seal_indexes()
 
-    def _index_records(self, first_seq: int, positions: np.ndarray, end: int, timestamps: np.ndarray) -> None:
-        """Kafka's LogSegment.append index rule for the consecutive records from `first_seq` at
-        `positions` (ending at byte `end`): a record gets an offset-index entry when more than
-        index_interval_bytes were written since the last entry, and the time index then gets the
-        running maximum timestamp with the record that first reached it. Whole batches at once:
-        the loop runs once per entry (about one per interval), never once per record."""
-        count = len(positions)
-        if not count:
-            return
-        low, high = int(timestamps.min()), int(timestamps.max())
-        self.min_timestamp = low if self.min_timestamp is None else min(self.min_timestamp, low)
-        self.max_timestamp = high if self.max_timestamp is None else max(self.max_timestamp, high)
-        running = np.maximum.accumulate(np.maximum(timestamps, self._max_so_far))
-        before = np.concatenate(([self._max_so_far], running[:-1]))
-        # The latest record (<= i) that raised the running maximum; none in this batch: the old one.
-        last_rise = np.maximum.accumulate(np.where(timestamps > before, np.arange(count), -1))
-        max_seqs = np.where(last_rise >= 0, first_seq + last_rise, self._max_so_far_seq)
-
-        interval = self.index_interval_bytes
-        following = np.searchsorted(positions, positions + interval, side="right").tolist()
-        entries = []
-        i = int(np.searchsorted(positions, positions[0] - self._bytes_since_entry + interval, side="right"))
-        while i < count:  # once per entry, about one per index interval
-            entries.append(i)
-            i = following[i]
-        if entries:
-            self.offset_index.append_many(first_seq + np.array(entries), positions[entries])
-            self.time_index.maybe_append_many(running[entries], max_seqs[entries])
-            self._bytes_since_entry = end - int(positions[entries[-1]])
-        else:
-            self._bytes_since_entry += end - int(positions[0])
-        self._max_so_far, self._max_so_far_seq = int(running[-1]), int(max_seqs[-1])
+    def _index_batch(self, position: int, length: int, last_seq: int, max_timestamp: int) -> None:
+        """Kafka's LogSegment.append index rule for one batch."""
+        if max_timestamp > self._max_so_far:
+            self._max_so_far, self._max_so_far_seq = max_timestamp, last_seq
+        if self._bytes_since_entry > self.index_interval_bytes:
+            self.offset_index.append(last_seq, position)
+            self.time_index.maybe_append(self._max_so_far, self._max_so_far_seq)
+            self._bytes_since_entry = 0
+        self._bytes_since_entry += length
 
     def _restore_state_machine(self) -> None:
-        """Walk from the last offset-index entry to the end (about one index interval) to check
-        that no entry is missing there and to restore the index rule's running state. The time
-        index's last entry is the running maximum as of the last offset-index entry: both are
-        appended together."""
+        """The index rule's running state at the committed end: the time index's last entry is
+        the running maximum as of the last offset-index entry (both are appended together); the
+        batches after that entry (about one index interval) bring it up to date."""
+        directory = self.batches()
         if self.offset_index.entries:
-            start_seq, start = self.offset_index.entry(self.offset_index.entries - 1)
+            _, start = self.offset_index.entry(self.offset_index.entries - 1)
             self._max_so_far, self._max_so_far_seq = self.time_index.last_entry()
+            first = int(np.searchsorted(directory.positions, start))
         else:
-            start_seq, start = self.base_seq, 0
+            start, first = 0, 0
             self._max_so_far, self._max_so_far_seq = NO_TIMESTAMP, self.base_seq
-        positions = self._walk(start, self.size, verify=True, first_seq=start_seq)
-        if start_seq + len(positions) != self.next_seq:
-            raise CorruptFileError(
-                f"{self.path}: records end at sequence {start_seq + len(positions)}, not at {self.next_seq}"
-            )
-        view = self._view()
-        for i, position in enumerate(positions):
-            if i and position - start > self.index_interval_bytes:
-                raise CorruptFileError(f"{self.index_path}: lacks the entry due at record {start_seq + i}")
-            timestamp = rf.read_seq_timestamp(view, position)[1]
-            if timestamp > self._max_so_far:
-                self._max_so_far, self._max_so_far_seq = timestamp, start_seq + i
+        for i in range(first + (1 if self.offset_index.entries else 0), len(directory)):
+            if directory.max_timestamps[i] > self._max_so_far:
+                self._max_so_far = int(directory.max_timestamps[i])
+                self._max_so_far_seq = int(directory.base_seqs[i] + directory.counts[i] - 1)
         self._bytes_since_entry = self.size - start
 
     def _seal_indexes(self) -> None:
         # Kafka's onBecomeInactiveSegment: the final time entry may use the slot kept free.
         self.time_index.maybe_append(self._max_so_far, self._max_so_far_seq, skip_full_check=True)
-        if self.offset_index.path is not None:
+        if self.writable and self.offset_index.path is not None:
             self.offset_index.trim_to_valid_size()
             self.time_index.trim_to_valid_size()
 
+    # ---- the batch directory ---------------------------------------------------------------
+    def _walk_to(self, end: int, *, verify: bool, stop_at_torn: bool = False) -> int:
+        """Extend the batch directory by hopping over the batch headers up to byte `end`; returns
+        where the valid batches end. With `verify`, checksums are checked too (recovery)."""
+        position, seq = self._walked, self._walked_seq
+        columns = self._batches
+        while position < end:
+            checked = self._check_at(position, end, seq, verify)
+            if isinstance(checked, bf.BatchProblem):
+                if stop_at_torn and checked.torn:
+                    break
+                if not verify and columns[0]:
+                    # An unverified hop may have trusted a damaged header of the batch before.
+                    before = self._check_at(columns[0][-1], end, columns[1][-1], True)
+                    if isinstance(before, bf.BatchProblem):
+                        checked, position = before, columns[0][-1]
+                raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {checked.reason}")
+            for column, value in zip(columns, (position, seq, checked.record_count, checked.batch_length,
+                                               checked.min_timestamp, checked.max_timestamp)):
+                column.append(value)
+            position += checked.batch_length
+            seq += checked.record_count
+        self._walked, self._walked_seq = position, seq
+        self._directory = None
+        return position
+
+    def _check_at(self, position: int, end: int, seq: int | None, verify: bool) -> bf.BatchHeader | bf.BatchProblem:
+        """``check_batch`` of the batch at `position` (the file's extent ending at `end`), read
+        with pread; problems carry file positions. A batch that fails its checksum and reaches
+        exactly the end is a torn write of the last batch (pages reached the disk out of order)."""
+        left = end - position
+        head = os.pread(self._fd, min(bf.HEADER_SIZE, left), position)
+        checked = bf.check_batch(head, 0, left if len(head) == min(bf.HEADER_SIZE, left) else len(head), seq,
+                                 verify_crc=False)
+        if verify and isinstance(checked, bf.BatchHeader):
+            data = head + os.pread(self._fd, checked.batch_length - len(head), position + len(head))
+            checked = bf.check_batch(data, 0, len(data), seq)
+            if isinstance(checked, bf.BatchProblem) and checked.reason == "checksum mismatch" and (
+                position + len(data) == end
+            ):
+                checked = bf.BatchProblem(0, checked.reason, True)
+        if isinstance(checked, bf.BatchProblem):
+            return bf.BatchProblem(position + checked.position, checked.reason, checked.torn)
+        return checked
+
+    def batches(self) -> BatchDirectory:
+        """The batch directory of the committed extent (built on first use)."""
+        if self._walked < self.size:
+            self._walk_to(self.size, verify=False)
+        if self._directory is None:
+            self._directory = BatchDirectory(*(np.array(column, dtype=np.int64) for column in self._batches))
+        return self._directory
+
+    # ---- raw bytes -------------------------------------------------------------------------
+    def read_bytes(self, position: int, length: int) -> bytes:
+        """`length` bytes at `position` of the committed extent (one pread)."""
+        data = os.pread(self._fd, length, position)
+        if len(data) != length:
+            raise CorruptFileError(f"{self.path}: {len(data)} bytes at byte {position} where {length} were "
+                                   f"committed (the file was truncated)")
+        return data
+
     # ---- appending -------------------------------------------------------------------------
-    def append(self, batch: EncodedBatch) -> None:
-        """Append encoded records (their seqs must start at next_seq) and index them."""
-        if batch.first_seq != self.next_seq:
-            raise InvalidAppendError(
-                f"{self.path}: records from seq {batch.first_seq} cannot follow {self.next_seq - 1}"
-            )
-        positions = self.size + (batch.offsets[:-1] - batch.offsets[0])
-        end = self.size + batch.nbytes
-        self._index_records(batch.first_seq, positions, end, batch.timestamps)
-        payload = batch.payload()
-        written = os.pwrite(self._fd, payload, self.size)
-        if written != len(payload):
-            raise OSError(f"{self.path}: short write ({written} of {len(payload)} bytes)")
-        self.size = end
-        self.next_seq += len(batch)
+    def append(self, batch: bytes, header: bf.BatchHeader) -> None:
+        """Append one encoded batch (its base seq must be next_seq) and index it."""
+        if header.base_seq != self.next_seq:
+            raise InvalidAppendError(f"{self.path}: batch from seq {header.base_seq} cannot follow {self.next_seq - 1}")
+        written = os.pwrite(self._fd, batch, self.size)
+        if written != len(batch):
+            raise OSError(f"{self.path}: short write ({written} of {len(batch)} bytes)")
+        self._index_batch(self.size, len(batch), header.last_seq, header.max_timestamp)
+        if self._walked == self.size:
+            for column, value in zip(self._batches, (self.size, header.base_seq, header.record_count, len(batch),
+                                                     header.min_timestamp, header.max_timestamp)):
+                column.append(value)
+            self._walked += len(batch)
+            self._walked_seq += header.record_count
+            self._directory = None
+        self.size += len(batch)
+        self.next_seq += header.record_count
+        self.min_timestamp = header.min_timestamp if self.min_timestamp is None else min(self.min_timestamp,
+                                                                                         header.min_timestamp)
+        self.max_timestamp = header.max_timestamp if self.max_timestamp is None else max(self.max_timestamp,
+                                                                                         header.max_timestamp)
+
+    def room(self) -> int:
+        """Batches the sparse indexes can still take (each batch adds at most one entry to each;
+        the time index keeps one slot for the roll entry)."""
+        return min(self.offset_index.max_entries - self.offset_index.entries,
+                   self.time_index.max_entries - 1 - self.time_index.entries)
 
     def seal(self) -> None:
         """Make this segment immutable (on roll): final time entry, trimmed indexes, summary."""
@@ -352,128 +443,80 @@ class LogSegment:
                             self.min_timestamp, self.max_timestamp)
 
     # ---- reading ---------------------------------------------------------------------------
-    def _view(self):
-        """The segment's bytes (at least `size` of them) for reading."""
-        if self.size == 0:
-            return b""
-        if self._map is None or len(self._map) < self.size:
-            self._map = map_file(self.path)
-        return self._map
+    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.StoredBatch:
+        """Batch number `index` of the directory, checksum verified, decoded."""
+        directory = self.batches() if directory is None else directory
+        position, length = int(directory.positions[index]), int(directory.lengths[index])
+        data = self.read_bytes(position, length)
+        header = bf.checked_batch(data, length, self.path, position, int(directory.base_seqs[index]))
+        return bf.decode_body(data, header, self.path, position)
 
-    def _walk(self, start: int, end: int, *, verify: bool, first_seq: int | None = None,
-              limit: int | None = None) -> list[int]:
-        return rf.walk_records(self._view(), start, end, verify=verify, name=self.path,
-                               first_seq=first_seq, limit=limit)
-
-    def position_of(self, seq: int, hint: tuple[int, int] | None = None) -> int:
-        """Byte position of record `seq` (next_seq gives the end): the offset index's largest
-        entry <= seq, or `hint` (a known (seq, position) closer by), then hops over lengths."""
-        if not self.base_seq <= seq <= self.next_seq:
-            raise IndexError(f"{self.path}: sequence {seq} is not in [{self.base_seq}, {self.next_seq})")
-        if seq == self.next_seq:
-            return self.size
-        at_seq, position = self.offset_index.lookup(seq)
-        if hint is not None and at_seq <= hint[0] <= seq:
-            at_seq, position = hint
-        view = self._view()
-        unpack = rf.LENGTH_STRUCT.unpack_from
-        for _ in range(seq - at_seq):  # the hot loop of every lookup: kept minimal
-            position += rf.LENGTH_SIZE + unpack(view, position)[0]
-        if position >= self.size or rf.read_seq_timestamp(view, position)[0] != seq:
-            raise CorruptFileError(f"{self.path}: record {seq} is not where the offset index says (byte {position})")
-        return position
+    def annotation(self, index: int) -> bytes:
+        """The annotation of batch number `index` (checksum verified)."""
+        directory = self.batches()
+        position, length = int(directory.positions[index]), int(directory.lengths[index])
+        data = self.read_bytes(position, length)
+        header = bf.checked_batch(data, length, self.path, position)
+        return data[bf.HEADER_SIZE : bf.HEADER_SIZE + header.annotation_length]
 
     def read(self, seq: int) -> MessageRecord:
-        found_seq, record = rf.decode_record(self._view(), self.position_of(seq), self.size, self.path)
-        if found_seq != seq:
-            raise CorruptFileError(f"{self.path}: record {found_seq} found where {seq} was expected")
-        return record
+        if not self.base_seq <= seq < self.next_seq:
+            raise IndexError(f"{self.path}: sequence {seq} is not in [{self.base_seq}, {self.next_seq})")
+        directory = self.batches()
+        i = int(directory.batch_of(np.array([seq]))[0])
+        return bf.records(self.decode(i, directory).select(np.array([seq - int(directory.base_seqs[i])])))[0]
 
-    def positions_of(self, sorted_seqs: Sequence[int]) -> list[int]:
-        """Positions of ascending seqs, each hop continuing from the previous one when closer."""
-        positions = []
-        hint = None
-        for seq in sorted_seqs:
-            position = self.position_of(seq, hint)
-            positions.append(position)
-            hint = (seq, position)
-        return positions
-
-    def first_seq_at_or_after(self, timestamp_ms: int) -> int | None:
-        """The first record (in seq order) whose timestamp is >= timestamp_ms, or None. The time
-        index gives a safe start (every earlier record is older); a forward scan does the rest,
-        because timestamps after it are not ordered."""
-        if self.max_timestamp is None or self.max_timestamp < timestamp_ms:
-            return None
-        seq = self.time_index.lookup(timestamp_ms)[1]
-        position = self.position_of(seq)
-        view = self._view()
-        while position < self.size:
-            found_seq, found_ts = rf.read_seq_timestamp(view, position)
-            if found_ts >= timestamp_ms:
-                return found_seq
-            position += rf.read_length(view, position)
-        return None
-
-    def scan_start(self, begin_ms: int | None) -> int:
-        """Seq from which a scan for timestamps >= begin_ms must read (time index lookup)."""
-        return self.base_seq if begin_ms is None else self.time_index.lookup(begin_ms)[1]
-
-    def piece_bounds(self, start_seq: int, piece_bytes: int) -> list[tuple[int, int]]:
-        """[start_seq, next_seq) cut at offset-index entries into pieces of about piece_bytes."""
-        bounds = [start_seq]
-        last_position = self.position_of(start_seq) if start_seq < self.next_seq else self.size
-        entries = self.offset_index.entries_array()
-        for relative, position in zip(entries["relative_seq"].tolist(), entries["position"].tolist()):
-            seq = self.base_seq + relative
-            if seq > bounds[-1] and position - last_position >= piece_bytes:
-                bounds.append(seq)
-                last_position = position
-        bounds.append(self.next_seq)
-        return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
-
-    def record_batches(self, start_seq: int, end_seq: int, batch_rows: int
-                       ) -> Iterator[tuple[object, np.ndarray, np.ndarray]]:
-        """(buffer, positions, headers) of at most batch_rows records at a time for seqs
-        [start_seq, end_seq). The walk hops over lengths unverified and the headers are checked
-        as a whole (``check_headers``); checksums are left to the caller, who verifies only the
-        records it keeps (a time-window scan discards most of what it walks)."""
-        end_seq = min(end_seq, self.next_seq)
+    def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
+        """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
+        directory = self.batches()
         if start_seq >= end_seq:
-            return
-        position = self.position_of(start_seq)
-        end = self.position_of(end_seq)
-        seq = start_seq
-        while position < end:
-            view = self._view()
-            positions = np.asarray(self._walk(position, end, verify=False, limit=batch_rows), dtype=np.int64)
-            if positions[-1] + rf.HEADER_SIZE > end:
-                raise CorruptFileError(f"{self.path}: invalid record at byte {positions[-1]}: runs past byte {end}")
-            headers = rf.header_columns(view, positions)
-            rf.check_headers(headers, positions, seq, self.path)
-            yield view, positions, headers
-            seq += len(positions)
-            position = int(positions[-1]) + rf.LENGTH_SIZE + int(headers["length"][-1])
+            return 0, 0
+        first = int(directory.batch_of(np.array([start_seq]))[0])
+        last = int(directory.batch_of(np.array([end_seq - 1]))[0]) + 1
+        return first, last
+
+    def piece_bounds(self, start_seq: int, piece_bytes: int, begin_ms: int | None,
+                     end_ms: int | None) -> list[tuple[int, int]]:
+        """[start_seq, next_seq) cut at batch boundaries into pieces of about piece_bytes, with
+        leading and trailing batches outside the window [begin_ms, end_ms] left out."""
+        directory = self.batches()
+        overlap = np.ones(len(directory), dtype=bool)
+        if begin_ms is not None:
+            overlap &= directory.max_timestamps >= begin_ms
+        if end_ms is not None:
+            overlap &= directory.min_timestamps <= end_ms
+        overlap &= directory.base_seqs + directory.counts > start_seq
+        hits = np.flatnonzero(overlap)
+        if not len(hits):
+            return []
+        first, last = int(hits[0]), int(hits[-1])
+        bounds = [max(start_seq, int(directory.base_seqs[first]))]
+        piece_start = int(directory.positions[first])
+        for i in range(first + 1, last + 1):
+            if int(directory.positions[i]) - piece_start >= piece_bytes:
+                bounds.append(int(directory.base_seqs[i]))
+                piece_start = int(directory.positions[i])
+        bounds.append(int(directory.base_seqs[last] + directory.counts[last]))
+        return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
 
     # ---- durability and lifecycle ----------------------------------------------------------
     def flush(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self.writable:
             os.fsync(self._fd)
         self.offset_index.flush()
         self.time_index.flush()
 
     def close(self) -> None:
         """Trim the indexes (writer) and release files."""
-        if self.writable:
+        if self.writable and hasattr(self, "offset_index"):
             self.offset_index.close()
             self.time_index.close()
-        else:
+        elif hasattr(self, "offset_index"):
             self.offset_index.close_handler()
             self.time_index.close_handler()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._map = None
 
     def delete(self) -> None:
         """Close and remove every file of this segment."""

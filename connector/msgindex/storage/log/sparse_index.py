@@ -91,6 +91,31 @@ class SparseIndex:
         return index
 
     @classmethod
+    def load(cls, path: Path, base_seq: int, max_index_bytes: int, *, entries: int | None = None) -> SparseIndex:
+        """A read-only copy of the index at `path` in memory: its first `entries` entries (all of
+        the file when None). Readers use this, never a mapping: a writer in another process may
+        trim, regrow or replace the file, and a mapping that outlives a trim dies of SIGBUS. The
+        bytes read are exactly the committed ones, so nothing the writer does later matters."""
+        index = cls(Path(path), base_seq, max_index_bytes, False)
+        try:
+            with open(index.path, "rb") as f:
+                raw = f.read() if entries is None else f.read(entries * cls.ENTRY.size)
+        except FileNotFoundError:
+            raise CorruptFileError(f"{index.path}: {cls.KIND} file does not exist") from None
+        except OSError as error:
+            raise CorruptFileError(f"{index.path}: cannot read ({error.strerror})") from None
+        if len(raw) % cls.ENTRY.size or (entries is not None and len(raw) != entries * cls.ENTRY.size):
+            raise CorruptFileError(
+                f"{index.path}: {cls.KIND} file has {len(raw)} bytes, not "
+                f"{'a multiple of ' + str(cls.ENTRY.size) if entries is None else entries * cls.ENTRY.size}"
+            )
+        index._buf = raw
+        index._length = len(raw)
+        index._entries = len(raw) // cls.ENTRY.size
+        index._after_load()
+        return index
+
+    @classmethod
     def in_memory(cls, base_seq: int, max_index_bytes: int) -> SparseIndex:
         """An index with no file: what a reader rebuilds when a file is missing or corrupt
         (readers never modify files)."""

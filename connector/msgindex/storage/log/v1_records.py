@@ -1,4 +1,6 @@
-"""The metadata-log record: one message's metadata, length-prefixed and checksummed.
+"""Format 1 of the metadata log (before record batches): one message's metadata per record,
+length-prefixed and checksummed. Kept read-only, for `msgindex upgrade` (storage/upgrade.py) to
+convert old stores; nothing writes it any more.
 
 Layout (little-endian, so that numpy reads header fields without byte swapping)::
 
@@ -22,8 +24,7 @@ Layout (little-endian, so that numpy reads header fields without byte swapping):
 Texts are ``message.encode_text`` bytes. The checksum covers everything after itself, the
 sequence number included, so a record copied to the wrong place or a torn tail never decodes.
 The fixed 64-byte header is what the batch decoder reads with one numpy structured dtype; the
-variable parts are gathered with index arithmetic, never one Python call per field. Writing is
-batched the same way, in ``record_encoder``.
+variable parts are gathered with index arithmetic, never one Python call per field.
 """
 
 from __future__ import annotations
@@ -35,16 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage.message import (
-    NO_VALUE,
-    ROW_SCHEMA,
-    MessageRecord,
-    arrow_text,
-    decode_text,
-)
+from msgindex.storage.log.columns import LogColumns
 
 RECORD_MAGIC = 1
 ATTR_HAS_KEY = 0x01
@@ -116,38 +110,6 @@ def check_record(buf, position: int, end: int, expected_seq: int | None = None) 
     return total
 
 
-def read_length(buf, position: int) -> int:
-    """Total size (prefix included) of the record at `position`, unchecked: for hops over records
-    already known to be valid."""
-    return LENGTH_SIZE + LENGTH_STRUCT.unpack_from(buf, position)[0]
-
-
-def read_seq_timestamp(buf, position: int) -> tuple[int, int]:
-    """(seq, timestamp_ms) of the record at `position`, unchecked."""
-    return SEQ_TS_STRUCT.unpack_from(buf, position + SEQ_FIELD)
-
-
-def decode_record(buf, position: int, end: int, name: object) -> tuple[int, MessageRecord]:
-    """(seq, record) at `position`; CorruptFileError naming `name` and the position if invalid."""
-    checked = check_record(buf, position, end)
-    if isinstance(checked, RecordProblem):
-        raise CorruptFileError(f"{name}: invalid record at byte {position}: {checked.reason}")
-    h = HEADER_STRUCT.unpack_from(buf, position)
-    topic_len, key_len, keys_count = h[4], h[11], h[12]
-    at = position + HEADER_SIZE
-    topic = decode_text(bytes(buf[at : at + topic_len]))
-    at += topic_len
-    key = decode_text(bytes(buf[at : at + key_len])) if h[3] & ATTR_HAS_KEY else None
-    at += key_len
-    lengths = struct.unpack_from(f"<{keys_count}I", buf, at)
-    at += KEY_LENGTH_SIZE * keys_count
-    keys = []
-    for n in lengths:
-        keys.append(decode_text(bytes(buf[at : at + n])))
-        at += n
-    return h[6], MessageRecord(topic, h[5], h[8], h[7], key, tuple(keys), h[9], h[10])
-
-
 def walk_records(buf, start: int, end: int, *, verify: bool, name: object, first_seq: int | None = None,
                  limit: int | None = None) -> list[int]:
     """Start positions of the consecutive records from `start`: all of them up to `end` (which
@@ -179,32 +141,6 @@ def walk_records(buf, start: int, end: int, *, verify: bool, name: object, first
     return positions
 
 
-def check_headers(headers: np.ndarray, positions: np.ndarray, first_seq: int, name: object) -> None:
-    """Vectorized structural check of records found by an unverified walk: the right magic,
-    consecutive sequence numbers from `first_seq`, field lengths that add up. A wrong hop (a
-    damaged length prefix) lands on bytes that fail this, so no record is silently skipped."""
-    n = len(headers)
-    variable = (headers["topic_len"].astype(np.int64) + headers["key_len"] + KEY_LENGTH_SIZE
-                * headers["keys_count"].astype(np.int64) + headers["keys_bytes"])
-    bad = ((headers["magic"] != RECORD_MAGIC) | (headers["seq"] != first_seq + np.arange(n))
-           | (HEADER_REST + variable != headers["length"]))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise CorruptFileError(
-            f"{name}: invalid record at byte {int(positions[i])}: expected record {first_seq + i} "
-            f"(found sequence {int(headers['seq'][i])}, magic {int(headers['magic'][i])})"
-        )
-
-
-def verify_checksums(buf, positions: np.ndarray, headers: np.ndarray, name: object) -> None:
-    """Check the CRC of each record at `positions` (whose headers are given)."""
-    ends = (positions + LENGTH_SIZE + headers["length"]).tolist()
-    with memoryview(buf) as view:
-        for position, end, crc in zip(positions.tolist(), ends, headers["crc"].tolist()):
-            if zlib.crc32(view[position + CRC_START : end]) != crc:
-                raise CorruptFileError(f"{name}: invalid record at byte {position}: checksum mismatch")
-
-
 def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate `data[starts[i] : starts[i] + lengths[i]]` for all i: (bytes, int32 offsets)."""
     lengths = lengths.astype(np.int64, copy=False)
@@ -217,33 +153,17 @@ def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[
     return data[index], offsets
 
 
-def _string_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
-    """A string array from on-disk text bytes; texts that are not valid UTF-8 (lone surrogates)
-    go through ``arrow_text`` one by one, the rest stay zero-copy."""
-    if offsets[-1] > INT32[1]:
-        array = pa.LargeBinaryArray.from_buffers(
-            pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(values)]
-        )
-    else:
-        array = pa.BinaryArray.from_buffers(
-            pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)]
-        )
-    try:
-        return array.cast(pa.string())
-    except pa.ArrowInvalid:
-        return pa.array([arrow_text(decode_text(raw)) for raw in array.to_pylist()], pa.string())
+def header_columns(buf, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The fixed headers of the records at `positions` as a numpy structured array."""
+    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
+    return windows[np.asarray(positions, dtype=np.int64)].view(HEADER_DTYPE).reshape(len(positions))
 
 
-def decode_batch(buf, positions: Sequence[int] | np.ndarray, broker: str,
-                 headers: np.ndarray | None = None) -> pa.RecordBatch:
-    """The records starting at `positions` (already validated) as a ROW_SCHEMA batch;
-    `headers`, when the caller has them, are their ``header_columns``."""
+def log_columns(buf, positions: np.ndarray, headers: np.ndarray) -> LogColumns:
+    """The (already validated) records at `positions` as the format-2 writer's LogColumns, texts
+    kept as their exact on-disk bytes (no decoding, so lone surrogates survive the upgrade)."""
     starts = np.asarray(positions, dtype=np.int64)
-    rows = len(starts)
-    if rows == 0:
-        return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
     data = np.frombuffer(buf, dtype=np.uint8)
-    headers = header_columns(buf, starts) if headers is None else headers
     topic_len = headers["topic_len"].astype(np.int64)
     key_len = headers["key_len"].astype(np.int64)
     keys_count = headers["keys_count"].astype(np.int64)
@@ -252,15 +172,18 @@ def decode_batch(buf, positions: Sequence[int] | np.ndarray, broker: str,
     lengths_at = key_at + key_len
     texts_at = lengths_at + KEY_LENGTH_SIZE * keys_count
 
-    topics = _string_array(*_gather(data, topic_at, topic_len))
-    key_values, key_offsets = _gather(data, key_at, key_len)
-    has_key = (headers["attributes"] & ATTR_HAS_KEY).astype(bool)
-    keys_single = _string_array(key_values, key_offsets)
-    key_column = pc.if_else(pa.array(has_key), keys_single, pa.scalar(None, pa.string()))
+    def binary(values: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+        mask = None if valid is None else pa.array(valid).buffers()[1]
+        return pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(offsets) - 1,
+            [mask, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(np.ascontiguousarray(values))])
 
+    topic = binary(*_gather(data, topic_at, topic_len))
+    has_key = (headers["attributes"] & ATTR_HAS_KEY).astype(bool)
+    key = binary(*_gather(data, key_at, key_len), valid=has_key if not has_key.all() else None)
     raw_lengths, _ = _gather(data, lengths_at, KEY_LENGTH_SIZE * keys_count)
     item_lengths = raw_lengths.view("<u4").astype(np.int64)
-    # Texts of one record's keys are contiguous, so each item starts where the previous ended.
+    rows = len(starts)
     record_of_item = np.repeat(np.arange(rows), keys_count)
     list_offsets = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(keys_count, out=list_offsets[1:])
@@ -268,29 +191,8 @@ def decode_batch(buf, positions: Sequence[int] | np.ndarray, broker: str,
     np.cumsum(item_lengths, out=item_offsets[1:])
     first_item_offset = item_offsets[list_offsets[:-1]]
     item_at = texts_at[record_of_item] + (item_offsets[:-1] - first_item_offset[record_of_item])
-    items = _string_array(*_gather(data, item_at, item_lengths))
-    keys_column = pa.ListArray.from_arrays(
-        pa.array(list_offsets.astype(np.int32)), items, type=ROW_SCHEMA.field("keys").type
-    )
-
-    commit_log_offset = headers["commit_log_offset"]
-    size = headers["size"]
-    columns = [
-        pa.repeat(pa.scalar(arrow_text(broker), pa.string()), rows),
-        topics,
-        pa.array(headers["partition"], pa.int32()),
-        pa.array(headers["offset"], pa.int64()),
-        key_column,
-        keys_column,
-        pa.array(headers["timestamp_ms"] * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
-        pa.array(commit_log_offset, pa.int64(), mask=commit_log_offset == NO_VALUE),
-        pa.array(size, pa.int32(), mask=size == NO_VALUE),
-        pa.array(headers["seq"], pa.int64()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
-
-
-def header_columns(buf, positions: Sequence[int] | np.ndarray) -> np.ndarray:
-    """The fixed headers of the records at `positions` as a numpy structured array."""
-    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
-    return windows[np.asarray(positions, dtype=np.int64)].view(HEADER_DTYPE).reshape(len(positions))
+    items = binary(*_gather(data, item_at, item_lengths))
+    ints = {name: np.ascontiguousarray(headers[name]).astype(dtype) for name, dtype in (
+        ("partition", np.int32), ("offset", np.int64), ("timestamp_ms", np.int64),
+        ("commit_log_offset", np.int64), ("size", np.int32))}
+    return LogColumns(topic, key, list_offsets, items, ints)

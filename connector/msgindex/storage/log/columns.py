@@ -1,11 +1,9 @@
-"""Encodes whole batches of messages into metadata-log records (layout: ``record_format``).
+"""A batch of messages as validated columns: what the metadata log encodes and the hash index keys.
 
 Appends are the indexing pipeline's hot path, so nothing here runs Python code per field:
-the batch is first brought into columns (Arrow input keeps its buffers; MessageRecords are read
-column by column), the fixed headers of all records are one numpy structured array, and each
-record's variable parts (topic, key, key lengths, key texts) are Arrow binary arrays that
-``binary_join_element_wise`` concatenates record by record in C. The checksum is the one step
-per record: zlib has no batch API, so that loop is kept to one C call per record.
+Arrow input keeps its buffers, MessageRecords are read column by column. ``LogColumns.of`` is
+called ONCE per appended batch; the log's batch encoder and the shard's hash-index entries
+(``index_entries``) both use that one object.
 
 Validation happens before any byte is produced, so a bad record leaves the log untouched; the
 error names the record's place in the batch and the field.
@@ -14,7 +12,6 @@ error names the record's place in the batch and the field.
 from __future__ import annotations
 
 import operator
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain
@@ -24,21 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import InvalidAppendError
-from msgindex.storage.log.record_format import (
-    ATTR_HAS_KEY,
-    CRC_START,
-    HEADER_DTYPE,
-    HEADER_REST,
-    HEADER_SIZE,
-    INT32,
-    INT64,
-    KEY_LENGTH_SIZE,
-    MAX_LENGTH,
-    MAX_TOPIC_BYTES,
-    RECORD_MAGIC,
-)
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, encode_text
 
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_TOPIC_BYTES = 0xFFFF
 # The integer fields of a message, with the numpy type they are stored as.
 INT_FIELDS = {
     "partition": np.int32,
@@ -48,46 +35,13 @@ INT_FIELDS = {
     "size": np.int32,
 }
 _BOUNDS = {np.int32: INT32, np.int64: INT64}
-# Records encoded at a time: bounds the temporaries (about four times the encoded bytes) of a
-# huge batch, while keeping the per-call overhead of numpy and Arrow negligible.
-CHUNK_RECORDS = 65536
-_NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
 
 
 @dataclass(frozen=True)
-class EncodedBatch:
-    """Records encoded back to back: record i is ``data[offsets[i]:offsets[i + 1]]``. A slice
-    shares `data` and keeps absolute offsets, so slicing never copies bytes."""
-
-    first_seq: int
-    data: pa.Buffer
-    offsets: np.ndarray  # int64, one more than records
-    timestamps: np.ndarray  # int64 timestamp_ms of each record
-
-    def __len__(self) -> int:
-        return len(self.timestamps)
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.offsets[-1] - self.offsets[0])
-
-    def payload(self) -> memoryview:
-        """The bytes of exactly these records."""
-        return memoryview(self.data)[int(self.offsets[0]) : int(self.offsets[-1])]
-
-    def slice(self, start: int, stop: int) -> EncodedBatch:
-        return EncodedBatch(self.first_seq + start, self.data, self.offsets[start : stop + 1],
-                            self.timestamps[start:stop])
-
-
-@dataclass(frozen=True)
-class _Columns:
-    """A batch as columns. Texts are encoded (``encode_text``) large_binary arrays; the keys are
-    list offsets into `items` (absolute positions in it); `key` is null where there is no key."""
+class LogColumns:
+    """A validated batch as columns. Texts are encoded (``encode_text``) large_binary arrays; the
+    keys are list offsets into `items` (absolute positions in it); `key` is null where there is
+    no key. Build with ``LogColumns.of``."""
 
     topic: pa.Array
     key: pa.Array
@@ -98,124 +52,43 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.list_offsets) - 1
 
-    def slice(self, start: int, stop: int) -> _Columns:
+    @classmethod
+    def of(cls, records: pa.Table | pa.RecordBatch | Iterable[MessageRecord] | LogColumns) -> LogColumns:
+        """Validated columns of Arrow input (APPEND_SCHEMA's columns, extra ones ignored) or of
+        MessageRecords; InvalidAppendError naming the record and field otherwise."""
+        if isinstance(records, LogColumns):
+            return records
+        if isinstance(records, (pa.Table, pa.RecordBatch)):
+            columns = _columns_from_arrow(records)
+        else:
+            columns = _columns_from_records(records if isinstance(records, list) else list(records))
+        bad = _lengths(columns.topic) > MAX_TOPIC_BYTES
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidAppendError(f"record {i} of the batch: topic is {int(_lengths(columns.topic)[i])} bytes, "
+                                     f"at most {MAX_TOPIC_BYTES} allowed")
+        return columns
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        return self.ints["timestamp_ms"]
+
+    def keys_array(self) -> pa.Array:
+        """The keys as a large_list of the encoded texts (list offsets made relative)."""
+        offsets = self.list_offsets - self.list_offsets[0]
+        items = self.items.slice(int(self.list_offsets[0]), int(offsets[-1]))
+        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), items)
+
+    def slice(self, start: int, stop: int) -> LogColumns:
         # list_offsets stay absolute positions in `items`, which is shared whole.
-        return _Columns(self.topic.slice(start, stop - start), self.key.slice(start, stop - start),
+        return LogColumns(self.topic.slice(start, stop - start), self.key.slice(start, stop - start),
                         self.list_offsets[start : stop + 1], self.items,
                         {name: values[start:stop] for name, values in self.ints.items()})
 
 
-def encode_batch(first_seq: int, records: pa.Table | pa.RecordBatch | Iterable[MessageRecord]) -> EncodedBatch:
-    """The records of `records` stored with sequence numbers from `first_seq` on. Arrow input has
-    APPEND_SCHEMA's columns (extra columns ignored). Invalid input raises InvalidAppendError
-    naming the record ("record 17 of the batch") and the field, before anything is encoded."""
-    if isinstance(records, (pa.Table, pa.RecordBatch)):
-        columns = _columns_from_arrow(records)
-    else:
-        columns = _columns_from_records(records if isinstance(records, list) else list(records))
-    if len(columns) <= CHUNK_RECORDS:
-        return _encode(first_seq, columns)
-    chunks = [_encode(first_seq + start, columns.slice(start, min(start + CHUNK_RECORDS, len(columns))), start)
-              for start in range(0, len(columns), CHUNK_RECORDS)]
-    ends = np.cumsum([chunk.nbytes for chunk in chunks])
-    offsets = np.concatenate([[0]] + [chunk.offsets[1:] - chunk.offsets[0] + end - chunk.nbytes
-                                      for chunk, end in zip(chunks, ends)])
-    return EncodedBatch(first_seq, pa.py_buffer(b"".join(chunk.payload() for chunk in chunks)), offsets,
-                        columns.ints["timestamp_ms"])
-
-
-def encode_records(first_seq: int, records: Iterable[MessageRecord]) -> bytes:
-    """The bytes of `records` stored from `first_seq` on (a convenience for tools and tests)."""
-    return encode_batch(first_seq, records).payload().tobytes()
-
-
-# ---- the encoder proper ---------------------------------------------------------------------
-def _encode(first_seq: int, c: _Columns, first_index: int = 0) -> EncodedBatch:
-    """Encode `c`, the batch's records from number `first_index` on (for error messages)."""
-    n = len(c)
-    if first_seq < 0 or first_seq + n - 1 > INT64[1]:
-        raise InvalidAppendError(f"sequence numbers {first_seq}.. of a {n}-record batch do not fit in int64")
-    topic_len = _lengths(c.topic)
-    key_len = _lengths(c.key)
-    item_offsets = _value_offsets(c.items)
-    keys_count = np.diff(c.list_offsets)
-    keys_bytes = item_offsets[c.list_offsets[1:]] - item_offsets[c.list_offsets[:-1]]
-    length = HEADER_REST + topic_len + key_len + KEY_LENGTH_SIZE * keys_count + keys_bytes
-    _check_lengths(topic_len, length, first_index)
-
-    header = np.zeros(n, dtype=HEADER_DTYPE)
-    header["length"] = length
-    header["magic"] = RECORD_MAGIC
-    header["attributes"] = np.where(c.key.is_valid().to_numpy(zero_copy_only=False), ATTR_HAS_KEY, 0)
-    header["topic_len"] = topic_len
-    header["seq"] = np.arange(first_seq, first_seq + n, dtype=np.int64)
-    header["key_len"] = key_len
-    header["keys_count"] = keys_count
-    header["keys_bytes"] = keys_bytes
-    for name, values in c.ints.items():
-        header[name] = values
-    header_bytes = header.view(np.uint8).reshape(n, HEADER_SIZE)
-
-    used = slice(int(c.list_offsets[0]), int(c.list_offsets[-1]))
-    item_lengths = np.diff(item_offsets)[used].astype("<u4")
-    rest = pc.binary_join_element_wise(
-        _fixed_width(header_bytes[:, CRC_START:]),
-        c.topic,
-        c.key.fill_null(b""),
-        _from_buffers(n, (c.list_offsets - used.start) * KEY_LENGTH_SIZE, pa.py_buffer(item_lengths)),
-        _from_buffers(n, item_offsets[c.list_offsets], _data_buffer(c.items)),
-        _NO_SEPARATOR,
-    )
-    header["crc"] = _checksums(rest)
-    encoded = pc.binary_join_element_wise(_fixed_width(header_bytes[:, :CRC_START]), rest, _NO_SEPARATOR)
-    return EncodedBatch(first_seq, _data_buffer(encoded), _value_offsets(encoded), c.ints["timestamp_ms"])
-
-
-def _checksums(rest: pa.Array) -> np.ndarray:
-    """zlib.crc32 of each element. Arrow's own conversion to a numpy array of bytes objects
-    followed by ``map`` keeps the loop in C (faster than slicing one bytes object per record)."""
-    return np.fromiter(map(zlib.crc32, rest.to_numpy(zero_copy_only=False)), dtype=np.uint32, count=len(rest))
-
-
-def _check_lengths(topic_len: np.ndarray, length: np.ndarray, first_index: int) -> None:
-    bad = topic_len > MAX_TOPIC_BYTES
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise InvalidAppendError(f"record {first_index + i} of the batch: topic is {int(topic_len[i])} bytes, "
-                                 f"at most {MAX_TOPIC_BYTES} allowed")
-    bad = length > MAX_LENGTH
-    if bad.any():
-        raise InvalidAppendError(
-            f"record {first_index + int(np.argmax(bad))} of the batch: record is longer than {MAX_LENGTH} bytes"
-        )
-
-
-# ---- Arrow buffers ----------------------------------------------------------------------------
-def _value_offsets(array: pa.Array) -> np.ndarray:
-    """The int64 value offsets of a large_binary array (its slice offset applied)."""
-    return np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array) + 1, offset=8 * array.offset)
-
-
-def _data_buffer(array: pa.Array) -> pa.Buffer:
-    data = array.buffers()[2]
-    return pa.py_buffer(b"") if data is None else data
-
-
 def _lengths(array: pa.Array) -> np.ndarray:
-    """Byte length of each element, 0 for nulls (whose offsets need not be equal)."""
+    """Byte length of each element, 0 for nulls."""
     return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-
-
-def _from_buffers(count: int, offsets: np.ndarray, data: pa.Buffer) -> pa.Array:
-    return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), count, [None, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)), data]
-    )
-
-
-def _fixed_width(rows: np.ndarray) -> pa.Array:
-    """Each row of a 2-D uint8 array as one binary element."""
-    count, width = rows.shape
-    return _from_buffers(count, np.arange(count + 1, dtype=np.int64) * width, pa.py_buffer(np.ascontiguousarray(rows)))
 
 
 # ---- Arrow input ------------------------------------------------------------------------------
@@ -253,7 +126,7 @@ def _column(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
-def _columns_from_arrow(table: pa.Table | pa.RecordBatch) -> _Columns:
+def _columns_from_arrow(table: pa.Table | pa.RecordBatch) -> LogColumns:
     _require_append_columns(table)
 
     def column(name: str) -> pa.Array:
@@ -274,7 +147,7 @@ def _columns_from_arrow(table: pa.Table | pa.RecordBatch) -> _Columns:
         raise InvalidAppendError(f"record {record} of the batch: keys item must be str, got None")
     items = _arrow_text(items, "keys item", nullable=True)
     ints = {name: _arrow_int(column(name), name, dtype) for name, dtype in INT_FIELDS.items()}
-    return _Columns(topic, key, list_offsets, items, ints)
+    return LogColumns(topic, key, list_offsets, items, ints)
 
 
 def _reject_nulls(array: pa.Array, field: str, expected: str) -> None:
@@ -320,7 +193,7 @@ def _arrow_int(array: pa.Array, field: str, dtype: type) -> np.ndarray:
 
 
 # ---- MessageRecord input ----------------------------------------------------------------------
-def _columns_from_records(records: list[MessageRecord]) -> _Columns:
+def _columns_from_records(records: list[MessageRecord]) -> LogColumns:
     if set(map(type, records)) - {MessageRecord}:
         for i, record in enumerate(records):
             if not isinstance(record, MessageRecord):
@@ -353,7 +226,7 @@ def _columns_from_records(records: list[MessageRecord]) -> _Columns:
         items = list(chain.from_iterable(keys))
     list_offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)), out=list_offsets[1:])
-    return _Columns(_python_text(topic), _python_text(key), list_offsets, _python_text(items),
+    return LogColumns(_python_text(topic), _python_text(key), list_offsets, _python_text(items),
                     {name: _python_int(values, name, INT_FIELDS[name]) for name, values in ints.items()})
 
 

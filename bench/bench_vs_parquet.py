@@ -1,0 +1,204 @@
+"""msgindex vs what a Spark engineer builds instead: the same metadata in key-sorted zstd Parquet,
+queried with DuckDB. Same rows, same machine, same run; ratios msgindex / DuckDB printed.
+
+Rows: `--records` messages over 4 topics x 8 partitions, Zipf(1.2) keys (the hottest key holds
+~18% of the records, a few more hold several %), ~12% with an extra key, timestamps spread over
+3 hours with +-5 s jitter (not monotonic). Each message's keys are [key] (+ the extra key).
+
+* msgindex: one store, one shard, written through ``Store.writer().append(arrow_table)`` in
+  batches of `--append-rows`; queried with ``Store.lookup`` / ``Store.scan`` (Arrow results).
+* Parquet: the rows with their keys exploded (one row per (message, key), ``first_key`` marking
+  the message's first key, so a time scan returns each message once), sorted by the exploded key,
+  zstd; queried with DuckDB (``.to_arrow_table()`` results, 2 threads), which prunes row groups by key statistics.
+
+Measured: random key p50/p99 (keys drawn uniformly from the distinct keys), the hottest key,
+1,000 random keys in one call, a 1% time window; bytes of everything but the hash index files vs
+the Parquet file.
+
+    .venv/bin/pip install -e '.[bench]'
+    .venv/bin/python bench/bench_vs_parquet.py --records 10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from msgindex.storage.store import StoreSettings, open_store
+
+TOPICS = ["orders", "payments", "users", "events"]
+PARTITIONS = 8
+BASE_MS = 1_700_000_000_000
+SPAN_MS = 3 * 3600 * 1000
+ZIPF_A = 1.2
+
+
+def generate(count: int, seed: int) -> pa.Table:
+    """APPEND_SCHEMA rows (see the module docstring), made with numpy and Arrow kernels."""
+    rng = np.random.default_rng(seed)
+    ids = np.minimum(rng.zipf(ZIPF_A, count) - 1, 1 << 40)
+    topic = rng.integers(0, len(TOPICS), count)
+    partition = rng.integers(0, PARTITIONS, count).astype(np.int32)
+    group = topic * PARTITIONS + partition
+    order = np.argsort(group, kind="stable")
+    per_group = np.bincount(group, minlength=len(TOPICS) * PARTITIONS)
+    offsets = np.empty(count, np.int64)
+    offsets[order] = np.arange(count) - np.repeat(np.cumsum(per_group) - per_group, per_group)
+    timestamps = BASE_MS + (np.arange(count) * (SPAN_MS / count)).astype(np.int64) + rng.integers(-5000, 5000, count)
+    keys = pc.binary_join_element_wise(pa.scalar("key-"), pa.array(ids).cast(pa.string()), "")
+    extra = rng.random(count) < 0.12
+    extra_keys = pc.binary_join_element_wise(pa.scalar("ext-"), pa.array(rng.integers(0, count, count)).cast(pa.string()), "")
+    list_offsets = np.zeros(count + 1, np.int32)
+    np.cumsum(1 + extra, out=list_offsets[1:])
+    take = np.empty(int(list_offsets[-1]), np.int64)
+    take[list_offsets[:-1]] = np.arange(count)
+    take[list_offsets[:-1][extra] + 1] = count + np.flatnonzero(extra)
+    values = pa.concat_arrays([keys, extra_keys]).take(pa.array(take))
+    key_lists = pa.ListArray.from_arrays(pa.array(list_offsets), values,
+                                         type=pa.list_(pa.field("item", pa.string(), nullable=False)))
+    return pa.table({
+        "topic": pa.array(np.array(TOPICS, dtype=object)[topic], pa.string()),
+        "partition": pa.array(partition), "offset": pa.array(offsets), "timestamp_ms": pa.array(timestamps),
+        "key": keys, "keys": key_lists,
+        "commit_log_offset": pa.array(np.full(count, -1, np.int64)), "size": pa.array(np.full(count, -1, np.int32)),
+    })
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    parents = pc.list_parent_indices(table.column("keys")).to_numpy()
+    first = np.r_[True, parents[1:] != parents[:-1]]
+    exploded = table.take(pa.array(parents)).append_column("lookup_key", pc.list_flatten(table.column("keys")))
+    exploded = exploded.append_column("first_key", pa.array(first))
+    # DuckDB's own row-group size (122,880 rows): small enough for key statistics to prune well
+    pq.write_table(exploded.sort_by("lookup_key"), path, compression="zstd", row_group_size=122_880)
+
+
+def write_store(table: pa.Table, root: Path, append_rows: int) -> None:
+    with open_store(root, create=True, settings=StoreSettings()) as store, store.writer("b0") as writer:
+        for batch_id, start in enumerate(range(0, table.num_rows, append_rows)):
+            writer.append(batch_id, table.slice(start, append_rows))
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def median_time(fn, runs: int) -> tuple[float, object]:
+    results = [timed(fn) for _ in range(runs)]
+    return statistics.median(t for t, _ in results), results[0][1]
+
+
+def tree_bytes(path: Path, skip: str | None = None) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and (skip is None or skip not in p.parts))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--append-rows", type=int, default=1_000_000)
+    parser.add_argument("--random-keys", type=int, default=300, help="1-key lookups timed (p50/p99)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each bulk query (median)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
+    args = parser.parse_args()
+    import duckdb  # a benchmark dependency only (the `bench` extra)
+
+    work = Path(tempfile.mkdtemp(prefix="msgindex-vs-parquet-", dir=args.dir))
+    try:
+        t, table = timed(lambda: generate(args.records, args.seed))
+        print(f"generated {args.records:,} records in {t:.1f} s")
+        t_store, _ = timed(lambda: write_store(table, work / "store", args.append_rows))
+        t_parquet, _ = timed(lambda: write_parquet(table, work / "rows.parquet"))
+        print(f"msgindex store written in {t_store:.1f} s; Parquet in {t_parquet:.1f} s")
+
+        counts = pc.value_counts(table.column("key"))
+        keys_by_count = counts.field("values").take(pc.sort_indices(pc.negate(counts.field("counts"))))
+        hot_key = keys_by_count[0].as_py()
+        distinct = counts.field("values").to_pylist()
+        rng = np.random.default_rng(args.seed + 1)
+        random_keys = [distinct[i] for i in rng.integers(0, len(distinct), args.random_keys)]
+        key_sets = [[distinct[i] for i in rng.integers(0, len(distinct), 1000)] for _ in range(args.runs)]
+        stamps = table.column("timestamp_ms").to_numpy()
+        low, high = int(stamps.min()), int(stamps.max())
+        width = (high - low) // 100
+        windows = [(begin, begin + width) for begin in rng.integers(low, high - width, args.runs).tolist()]
+
+        db = duckdb.connect()
+        db.execute("PRAGMA threads=2")
+        source = f"read_parquet('{work / 'rows.parquet'}')"
+
+        def duck_key(key):
+            return db.sql(f"SELECT * FROM {source} WHERE lookup_key = ?", params=[key]).to_arrow_table()
+
+        def duck_keys(keys):
+            return db.sql(f"SELECT * FROM {source} WHERE lookup_key IN (SELECT unnest(?))", params=[keys]).to_arrow_table()
+
+        def duck_window(begin, end):
+            return db.sql(f"SELECT * FROM {source} WHERE first_key AND timestamp_ms BETWEEN ? AND ?",
+                          params=[begin, end]).to_arrow_table()
+
+        with open_store(work / "store") as store:
+            def mi_window(begin, end):
+                return pa.Table.from_batches(list(store.scan(begin_ms=begin, end_ms=end)))
+
+            store.lookup(random_keys[0])  # open the reader, warm caches on both sides
+            duck_key(random_keys[0])
+            rows = {}
+            lat_mi, lat_duck = [], []
+            for key in random_keys:
+                t_mi, got = timed(lambda: store.lookup(key))
+                t_duck, want = timed(lambda: duck_key(key))
+                assert got.num_rows == want.num_rows, (key, got.num_rows, want.num_rows)
+                lat_mi.append(t_mi)
+                lat_duck.append(t_duck)
+            q_mi, q_duck = np.percentile(lat_mi, [50, 99]), np.percentile(lat_duck, [50, 99])
+            t_hot_mi, hot = median_time(lambda: store.lookup(hot_key), args.runs)
+            t_hot_duck, hot_duck = median_time(lambda: duck_key(hot_key), args.runs)
+            assert hot.num_rows == hot_duck.num_rows
+            rows["hot"] = hot.num_rows
+            many_mi = [timed(lambda: store.lookup(keys)) for keys in key_sets]
+            many_duck = [timed(lambda: duck_keys(keys)) for keys in key_sets]
+            assert [r.num_rows for _, r in many_mi] == [r.num_rows for _, r in many_duck]
+            rows["many"] = many_mi[0][1].num_rows
+            win_mi = [timed(lambda: mi_window(*w)) for w in windows]
+            win_duck = [timed(lambda: duck_window(*w)) for w in windows]
+            assert [r.num_rows for _, r in win_mi] == [r.num_rows for _, r in win_duck]
+            rows["window"] = win_mi[0][1].num_rows
+        bytes_mi = tree_bytes(work / "store", skip="index")
+        bytes_hash = tree_bytes(work / "store") - bytes_mi
+        bytes_pq = (work / "rows.parquet").stat().st_size
+
+        def line(name, mi, duck, goal):
+            print(f"| {name} | {mi * 1000:,.2f} ms | {duck * 1000:,.2f} ms | {mi / duck:.3f} | {goal} |")
+
+        print(f"\n{args.records:,} records; hot key {hot_key!r}: {rows['hot']:,} rows "
+              f"({rows['hot'] / args.records:.1%}); 1,000 keys: {rows['many']:,} rows; 1% window: {rows['window']:,} rows")
+        print("| measure | msgindex | DuckDB on Parquet | ratio msgindex/DuckDB | goal |")
+        print("|---|---|---|---|---|")
+        line(f"random key p50 ({args.random_keys} keys)", q_mi[0], q_duck[0], "<= 0.1")
+        line("random key p99", q_mi[1], q_duck[1], "p99 <= 1 ms")
+        line(f"hot key ({rows['hot']:,} rows, median of {args.runs})", t_hot_mi, t_hot_duck, "<= 2")
+        line(f"1,000 keys (median of {args.runs})", statistics.median(t for t, _ in many_mi),
+             statistics.median(t for t, _ in many_duck), "<= 0.5")
+        line(f"1% time window (median of {args.runs})", statistics.median(t for t, _ in win_mi),
+             statistics.median(t for t, _ in win_duck), "<= 2")
+        print(f"| bytes (all but hash files) | {bytes_mi:,} | {bytes_pq:,} | {bytes_mi / bytes_pq:.3f} | <= 1.5 |")
+        print(f"hash index files: {bytes_hash:,} bytes (preallocated, sparse on disk); "
+              f"log {bytes_mi / args.records:.2f} B/record, Parquet {bytes_pq / args.records:.2f} B/record")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

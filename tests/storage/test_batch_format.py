@@ -1,0 +1,248 @@
+"""The metadata-log record batch (format 2): round trips, the vectorized reader against the scalar
+oracle (``record_oracle``), the writer's sparse indexes against Kafka's rule applied batch by batch,
+torn and corrupt bytes, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from msgindex.errors import InvalidAppendError
+from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.columns import LogColumns, records_from_table
+from msgindex.storage.log.metadata_log import MetadataLog
+from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, arrow_text
+from tests.storage.record_oracle import index_files, read_batches, read_log
+
+any_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=12)  # lone surrogates too
+utf8_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)  # what Arrow strings can hold
+
+
+def record_strategy(texts):
+    return st.builds(
+        MessageRecord,
+        topic=texts,
+        partition=st.integers(-(2**31), 2**31 - 1),
+        offset=st.integers(-(2**63), 2**63 - 1),
+        timestamp_ms=st.integers(-(2**40), 2**45) | st.integers(-3, 3),
+        key=st.none() | texts,
+        keys=st.lists(texts, max_size=4).map(tuple) | texts.map(lambda k: (k, "x")),
+        commit_log_offset=st.integers(-1, 2**62),
+        size=st.integers(-1, 2**31 - 1),
+    )
+
+
+def lead_keys(records: list[MessageRecord]) -> list[MessageRecord]:
+    """Records whose keys start with their key, the usual shape (stored once)."""
+    return [MessageRecord(r.topic, r.partition, r.offset, r.timestamp_ms, r.key,
+                          ((r.key,) + r.keys) if r.key is not None else r.keys, r.commit_log_offset, r.size)
+            for r in records]
+
+
+def as_table(records: list[MessageRecord], chunks: int = 1) -> pa.Table:
+    rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+             "key": r.key, "keys": list(r.keys), "commit_log_offset": r.commit_log_offset, "size": r.size}
+            for r in records]
+    cut = len(rows) // max(chunks, 1)
+    pieces = [rows[:cut], rows[cut:]] if chunks > 1 else [rows]
+    return pa.concat_tables([pa.Table.from_pylist(p, schema=APPEND_SCHEMA) for p in pieces])
+
+
+def expected_row(seq: int, record: MessageRecord, broker: str) -> dict:
+    return {
+        "broker": broker, "topic": arrow_text(record.topic), "partition": record.partition, "offset": record.offset,
+        "key": None if record.key is None else arrow_text(record.key), "keys": [arrow_text(k) for k in record.keys],
+        "timestamp_us": record.timestamp_ms * 1000,
+        "commit_log_offset": None if record.commit_log_offset == -1 else record.commit_log_offset,
+        "size": None if record.size == -1 else record.size, "seq": seq,
+    }
+
+
+def decode(data: bytes) -> bf.DecodedBatch:
+    header = bf.checked_batch(data, len(data), "mem", 0)
+    return bf.decode_body(data, header, "mem", 0).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(record_strategy(any_text), min_size=1, max_size=12), st.integers(0, 2**40), st.booleans())
+def test_round_trip_against_the_oracle(batch, first_seq, lead):
+    batch = lead_keys(batch) if lead else batch
+    data = bf.encode_batch(first_seq, LogColumns.of(batch), annotation=b"note")
+    (oracle,) = read_batches(data)  # the scalar reader
+    assert oracle["records"] == batch and oracle["base_seq"] == first_seq and oracle["annotation"] == b"note"
+    decoded = decode(data)
+    assert bf.records(decoded) == batch
+    rows = bf.rows(decoded, "broker-1")
+    assert rows.schema.equals(ROW_SCHEMA, check_metadata=True)
+    rows.validate(full=True)  # valid UTF-8 everywhere, even for surrogate-bearing keys
+    rows = rows.set_column(6, "timestamp_us", rows.column("timestamp").cast(pa.int64())).to_pylist()
+    assert rows == [expected_row(first_seq + i, r, "broker-1") for i, r in enumerate(batch)]
+    take = np.array([len(batch) - 1, 0])
+    assert bf.records(decoded, take) == [batch[-1], batch[0]]
+
+
+def test_edge_keys_empty_huge_unicode():
+    huge = "k" * (1 << 20)
+    record = MessageRecord("t", 0, 1, 2, "", ("", huge, "😀\u0000é", "\udc80raw"), 5, 6)
+    decoded = decode(bf.encode_batch(9, LogColumns.of([record])))
+    assert bf.records(decoded) == [record]
+    row = bf.rows(decoded, "b").to_pylist()[0]
+    assert row["key"] == "" and row["keys"][1] == huge and row["keys"][2] == "😀\u0000é"
+    assert row["keys"][3] == "\\x80raw"  # arrow_text rendering of a non-UTF-8 byte
+
+
+def test_key_absent_differs_from_empty_key():
+    records = [MessageRecord("t", 0, 0, 0, None, ()), MessageRecord("t", 0, 1, 0, "", ("",))]
+    assert bf.rows(decode(bf.encode_batch(0, LogColumns.of(records))), "b").column("key").to_pylist() == [None, ""]
+
+
+def test_every_truncation_is_torn_and_every_flipped_byte_detected():
+    data = bf.encode_batch(3, LogColumns.of([MessageRecord("topic", 1, 2, 3, "key", ("key", "b"))]))
+    assert isinstance(bf.check_batch(data, 0, len(data), 3), bf.BatchHeader)
+    for cut in range(len(data)):
+        problem = bf.check_batch(data[:cut], 0, cut, 3)
+        assert isinstance(problem, bf.BatchProblem) and problem.torn and problem.position == 0, cut
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x41
+        assert isinstance(bf.check_batch(bytes(bad), 0, len(bad), 3), bf.BatchProblem), i
+    problem = bf.check_batch(data, 0, len(data), expected_seq=4)
+    assert isinstance(problem, bf.BatchProblem) and "base sequence 3" in problem.reason
+
+
+batch_sizes = st.lists(st.integers(1, 40), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(record_strategy(utf8_text), min_size=1, max_size=160), batch_sizes,
+       st.sampled_from([0, 1, 150, 500, 4096]), st.sampled_from([100, 300, 2_000, 20_000, 1 << 30]),
+       st.sampled_from([24, 48, 96, 4096]), st.sampled_from([1, 7, 4096]), st.booleans())
+def test_log_files_match_the_oracle(tmp_path_factory, records, sizes, interval, segment_bytes, index_bytes,
+                                    batch_records, arrow):
+    appends, start = [], 0
+    while start < len(records):
+        size = sizes[len(appends) % len(sizes)]
+        appends.append(records[start : start + size])
+        start += size
+    directory = tmp_path_factory.mktemp("log")
+    with MetadataLog.open(directory, segment_bytes=segment_bytes, index_interval_bytes=interval,
+                          max_index_bytes=index_bytes, writable=True, batch_records=batch_records) as log:
+        for append in appends:
+            log.append(as_table(append) if arrow else append)
+        assert log.read_many(range(len(records))) == records  # the vectorized reader
+    assert read_log(directory) == records  # the scalar oracle
+    written = {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.endswith(".summary")}
+    logs = sorted(p for p in directory.glob("*.log"))
+    for i, path in enumerate(logs):
+        index, timeindex = index_files(path.read_bytes(), int(path.stem), interval, sealed=i < len(logs) - 1)
+        assert written[path.stem + ".index"] == index and written[path.stem + ".timeindex"] == timeindex, path
+
+    for path in directory.glob("*index"):  # a rebuild (same state machine, whole segment) agrees too
+        path.unlink()
+    with MetadataLog.open(directory, segment_bytes=segment_bytes, index_interval_bytes=interval,
+                          max_index_bytes=index_bytes, writable=True):
+        pass
+    assert {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.endswith(".summary")} == written
+
+
+def test_annotations_ride_on_the_last_batch_of_an_append(tmp_path):
+    records = [MessageRecord("t", 0, i, 10 + i, f"k{i}", (f"k{i}",)) for i in range(25)]
+    with MetadataLog.open(tmp_path, segment_bytes=1 << 20, index_interval_bytes=100, writable=True,
+                          batch_records=10) as log:
+        assert log.last_annotation() == b""
+        log.append(records[:12], annotation=b'{"offsets": 1}')
+        log.append(records[12:20])
+        log.append(records[20:], annotation=b"second")
+        assert log.last_annotation() == b"second"
+        assert list(log.annotations()) == [(10, b'{"offsets": 1}'), (20, b"second")]
+        with pytest.raises(InvalidAppendError, match="annotation"):
+            log.append([], annotation=b"x")
+        log.flush()
+        committed = log.position()
+    with MetadataLog.open(tmp_path, segment_bytes=1 << 20, index_interval_bytes=100, writable=False,
+                          committed=committed) as reader:
+        assert reader.last_annotation() == b"second" and len(list(reader.annotations())) == 2
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+GOOD = [MessageRecord("t", 0, i, 10, f"k{i}", (f"k{i}", "x"), 1, 2) for i in range(5)]
+
+
+def with_column(table: pa.Table, name: str, array: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, array)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t: t.drop_columns(["size"]), r"lacks column\(s\) \['size'\]"),
+        (lambda t: with_column(t, "topic", pa.array(["t", "t", None, "t", "t"])),
+         "record 2 of the batch: topic must be str"),
+        (lambda t: with_column(t, "partition", pa.array([0, 0, 0, 2**31, 0], pa.int64())),
+         "record 3 of the batch: partition=2147483648"),
+        (lambda t: with_column(t, "offset", pa.array([0, None, 0, 0, 0], pa.int64())), "record 1 of the batch: offset"),
+        (lambda t: with_column(t, "timestamp_ms", pa.array([0.5] * 5)), "'timestamp_ms' has type double"),
+        (lambda t: with_column(t, "keys", pa.array([["a"], ["b"], ["c"], None, []], pa.list_(pa.string()))),
+         "record 3 of the batch: keys must be"),
+        (lambda t: with_column(t, "keys", pa.array([["a"], ["b"], [], [], ["c", None]], pa.list_(pa.string()))),
+         "record 4 of the batch: keys item must be str"),
+        (lambda t: with_column(t, "key", pa.array([b"a"] * 5)), "type binary, expected string"),
+        (lambda t: with_column(t, "topic", pa.StringArray.from_buffers(
+            5, pa.py_buffer(np.array([0, 1, 2, 3, 4, 5], np.int32)), pa.py_buffer(b"tt\xfftt"))), "invalid UTF-8"),
+    ],
+)
+def test_bad_arrow_input_is_named(mutate, message):
+    with pytest.raises(InvalidAppendError, match=message):
+        LogColumns.of(mutate(as_table(GOOD)))
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (MessageRecord("t", 2**31, 0, 0, None, ()), "record 5 of the batch: partition=2147483648"),
+        (MessageRecord("t", 0, 0, 1.5, None, ()), "timestamp_ms=1.5"),
+        (MessageRecord(b"t", 0, 0, 0, None, ()), "topic must be str"),
+        (MessageRecord("t", 0, 0, 0, 5, ()), "key must be str"),
+        (MessageRecord("t", 0, 0, 0, None, "abc"), "keys must be a sequence of str"),
+        (MessageRecord("t", 0, 0, 0, None, ("a", None)), "keys item must be str"),
+        (MessageRecord("t" * 70000, 0, 0, 0, None, ()), "record 5 of the batch: topic is 70000 bytes"),
+        (MessageRecord("t", 0, 0, 0, None, (), size=2**31), "size="),
+        (MessageRecord("t", True, 0, 0, None, ()), "partition=True"),
+        (MessageRecord("t", 0, 2**63, 0, None, ()), "offset=9223372036854775808"),
+        ("not a record", "record 5 of the batch is a str"),
+    ],
+)
+def test_bad_records_are_named_and_leave_the_log_untouched(tmp_path, record, message):
+    with MetadataLog.open(tmp_path, segment_bytes=1 << 20, index_interval_bytes=100, writable=True) as log:
+        with pytest.raises(InvalidAppendError, match=message):
+            log.append([*GOOD, record])
+        assert log.next_seq == 0 and log.position().segment_bytes == 0
+
+
+def test_numpy_integers_str_subclasses_and_schemaless_arrow_encode_like_plain_values():
+    class Name(str):
+        pass
+
+    plain = MessageRecord("t", 3, 4, 5, "k", ("a", "b"), 6, 7)
+    unusual = MessageRecord(Name("t"), np.int32(3), np.int64(4), np.int64(5), Name("k"), [Name("a"), "b"],
+                            np.int64(6), np.int16(7))
+    assert bf.records(decode(bf.encode_batch(9, LogColumns.of([plain, unusual])))) == [plain, plain]
+    records = [MessageRecord("orders", p, p, 10 + p, None, (), -1, -1) for p in range(3)]
+    inferred = pa.Table.from_pylist([{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                                      "timestamp_ms": r.timestamp_ms, "key": None, "keys": [],
+                                      "commit_log_offset": -1, "size": -1, "extra": "ignored"} for r in records])
+    assert bf.records(decode(bf.encode_batch(4, LogColumns.of(inferred)))) == records
+    dictionary = with_column(as_table(GOOD), "topic", pa.array(["t"] * 5).dictionary_encode())
+    assert bf.records(decode(bf.encode_batch(0, LogColumns.of(dictionary)))) == GOOD
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(record_strategy(utf8_text), max_size=20), st.integers(0, 3), st.integers(1, 2))
+def test_records_from_table_round_trips(records, skip, chunks):
+    table = as_table(records, chunks).slice(min(skip, len(records)))
+    assert records_from_table(table) == records[min(skip, len(records)):]
+    if table.num_rows:  # and a sliced, chunked table encodes what its rows are
+        assert bf.records(decode(bf.encode_batch(0, LogColumns.of(table)))) == records[min(skip, len(records)):]
