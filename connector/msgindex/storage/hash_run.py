@@ -51,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,8 +59,25 @@ from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.mapped_file import map_file
 
-if TYPE_CHECKING:
-    from msgindex.storage.index_file import IndexFile
+
+
+class IndexFile(Protocol):
+    """What a run needs of the RocketMQ index file it is derived from (``index_file.IndexFile``,
+    which imports this module to use runs: hence a protocol here, not an import)."""
+
+    path: Path
+    hash_slot_num: int
+    index_num: int
+
+    @property
+    def header(self) -> Any: ...
+
+    @property
+    def index_count(self) -> int: ...
+
+    def entry_array(self) -> np.ndarray: ...
+
+    def forget_hash_runs(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
