@@ -20,6 +20,22 @@ KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key
 NO_VALUE = -1  # commit_log_offset / size when the source has none
 DISK_TEXT_ERRORS = "surrogatepass"
 
+# The one rule for message timestamps (ms since the epoch): valid from 0001-01-01T00:00:00.000Z to
+# 9999-12-31T23:59:59.999Z, the range that Python's datetime, ISO-8601 output and Spark's
+# TimestampType can all show. Kafka's "no timestamp" (-1) is inside it. A record outside it is set
+# aside with a reason by the pipeline and refused by appends: one such record (CreateTime 2^63-1
+# exists in the wild) must never break the lookups, scans or output of the others.
+MIN_TIMESTAMP_MS = -62_135_596_800_000
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+
+
+def timestamp_problem(timestamp_ms: int) -> str | None:
+    """Why `timestamp_ms` is not a valid message timestamp (see MIN/MAX_TIMESTAMP_MS), or None."""
+    if MIN_TIMESTAMP_MS <= timestamp_ms <= MAX_TIMESTAMP_MS:
+        return None
+    return (f"timestamp {timestamp_ms} ms is outside the years 0001..9999 "
+            f"[{MIN_TIMESTAMP_MS}, {MAX_TIMESTAMP_MS}] that msgindex can store and show")
+
 
 def index_key(topic: str, key: str) -> str:
     """The string hashed into the index for `key` of a message in `topic` (RocketMQ's rule)."""
