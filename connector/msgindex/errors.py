@@ -40,3 +40,7 @@ class ToolMissingError(MsgIndexError):
 
 class BrokerError(MsgIndexError):
     """The local Kafka broker could not be started, reached or stopped."""
+
+
+class ConnectServerError(MsgIndexError):
+    """A local Spark Connect server could not be started or reached."""
