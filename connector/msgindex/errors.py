@@ -44,3 +44,7 @@ class BrokerError(MsgIndexError):
 
 class ConnectServerError(MsgIndexError):
     """A local Spark Connect server could not be started or reached."""
+
+
+class WorkerPythonError(MsgIndexError):
+    """Spark would start its Python workers with an interpreter that cannot import msgindex."""

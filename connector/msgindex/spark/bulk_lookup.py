@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -114,7 +115,8 @@ def lookup_keys(
     `topic`: only messages of this topic (the index hashes ``topic#key``); `begin`/`end`: an
     inclusive time window, as epoch milliseconds, ISO-8601 with a zone or an aware datetime;
     `brokers`: only these shards; `num_partitions`: the number of lookup tasks (default: Spark's
-    adaptive choice). Bad arguments raise InvalidOptionError naming the argument and value."""
+    adaptive choice). Bad arguments raise InvalidOptionError naming the argument and value;
+    WorkerPythonError when Spark's local Python workers cannot import msgindex."""
     query = BulkLookup(
         path=_path(path),
         topic=_topic(topic),
@@ -127,7 +129,10 @@ def lookup_keys(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from msgindex.spark.worker_python import check_worker_python
+
     column = _key_column(keys_df, key_col)
+    check_worker_python(keys_df.sparkSession)
     keys = keys_df.select(column.alias(_KEY_COLUMN)).where(F.col(_KEY_COLUMN).isNotNull())
     if num_partitions is None:
         keys = keys.repartition(F.col(_KEY_COLUMN))
@@ -143,14 +148,17 @@ def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
     message is indexed under, rendered as ``arrow_text``)."""
     keys = found["keys"].combine_chunks()
     flat = pc.list_flatten(keys)
-    pairs = pa.table({"row": pc.list_parent_indices(keys), "key": flat})
     wanted = pa.array([arrow_text(key) for key in asked], pa.string())
-    pairs = pairs.filter(pc.is_in(flat, value_set=wanted))
-    # a key repeated inside one message (RocketMQ KEYS may repeat) pairs once
-    pairs = pairs.group_by(["row", "key"], use_threads=False).aggregate([])
-    rows = found.take(pairs["row"])
-    columns = [pairs["key"], *rows.columns]
-    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
+    which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
+    row = pc.list_parent_indices(keys).to_numpy()
+    hit = ~np.isnan(which)
+    row, which = row[hit], which[hit].astype(np.int64)
+    # a key repeated inside one message (RocketMQ KEYS may repeat) pairs once; order kept
+    _, first = np.unique(row * len(wanted) + which, return_index=True)
+    first.sort()
+    row, which = row[first], which[first]
+    rows = found.take(pa.array(row))
+    return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
 
 
 def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:

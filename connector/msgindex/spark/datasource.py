@@ -128,7 +128,11 @@ def enable_pushdown(spark) -> None:
     source filter pushdown on and registers ``MsgIndexPushdownDataSource`` as ``msgindex``.
 
     Turning the setting off again afterwards makes reads of this session fail with Spark's
-    DATA_SOURCE_PUSHDOWN_DISABLED, which names the setting; a new session reads without."""
+    DATA_SOURCE_PUSHDOWN_DISABLED, which names the setting; a new session reads without.
+    WorkerPythonError when Spark's local Python workers cannot import msgindex."""
+    from msgindex.spark.worker_python import check_worker_python
+
+    check_worker_python(spark)
     spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(MsgIndexPushdownDataSource)
 
