@@ -90,7 +90,7 @@ def test_no_keys_no_rows(spark, truth):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(key_col="order_id"), "key_col = 'order_id' is not a column of the keys DataFrame (its columns: key)"),
     (dict(topic="a,b"), "topic = 'a,b' is not one topic name"),
-    (dict(begin="yesterday"), "option 'begin' = 'yesterday' is not a time"),
+    (dict(begin="yesterday"), "lookup_keys: 'begin' = 'yesterday' is not a time"),
     (dict(begin=5, end=4), "begin = 5 is after end = 4"),
     (dict(end=datetime(2026, 1, 1)), "has no time zone"),
     (dict(brokers=[]), "brokers = [] is not a list of shard names"),

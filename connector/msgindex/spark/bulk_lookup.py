@@ -233,7 +233,10 @@ def _time_ms(name: str, value: object) -> int | None:
             raise InvalidOptionError(f"lookup_keys: {name} = {value!r} has sub-millisecond digits")
         return micros // 1000
     if isinstance(value, str):
-        return parse_time_ms(name, value)
+        try:
+            return parse_time_ms(name, value)
+        except InvalidOptionError as bad:
+            raise InvalidOptionError(f"lookup_keys: {str(bad).replace('option ', '', 1)}") from None
     raise InvalidOptionError(
         f"lookup_keys: {name} = {value!r} is not a time (epoch ms, ISO-8601 with a zone, or datetime)"
     )
