@@ -7,15 +7,19 @@ producer writes each partition in order (a small Java producer, ``bench/java/Ben
 kafka-python manages ~10k msg/s on this machine, the Java client ~75k); the end offsets are
 checked. Then, in one SparkSession and one run, after an untimed warm-up of each path:
 
-* one key:    ``spark.read.format("msgindex").load(store).where(key = K)``
-              vs ``spark.read.format("kafka")...load().where(key = K)`` (what a user does today)
+* one key:    ``spark.read.format("msgindex").load(store).where(key = K)`` (after
+              ``enable_pushdown``) vs ``spark.read.format("kafka")...load().where(key = K)`` (what
+              a user does today)
 * 1000 keys:  ``where key IN (...)`` on both.
 
 Both sides must return the same (partition, offset) set, so the comparison is on equal answers.
 Prints absolute seconds and the ratios (baseline / msgindex), and Spark's own floor in the same
-session: a trivial JVM job (``spark.range(1).collect()``) and a trivial Python one
-(``mapInArrow`` over one row), what any query, and any Python data source read, costs at least.
-``--conf KEY=VALUE`` (repeatable) adds Spark settings to the session, to measure their effect.
+session: a trivial JVM job (``spark.range(1).collect()``), a trivial Python one (``mapInArrow``
+over one row) and **a Python data source that reads one row**, what any Python data source read
+costs at least; each msgindex query (``where`` and the same lookup through the ``key``/``keys``
+options) is printed as a multiple of that floor. Goals: 1 key <= 1.25x, 1000 keys <= 2x.
+``--conf KEY=VALUE`` (repeatable) adds Spark settings to the session, to measure their effect;
+``--no-kafka`` skips the Kafka scans (floor ratios only: quick).
 
     .venv/bin/python bench/bench_spark_lookup.py --messages 10000000
     .venv/bin/python bench/bench_spark_lookup.py --messages 200000 --bootstrap 127.0.0.1:9092
@@ -25,6 +29,7 @@ session: a trivial JVM job (``spark.range(1).collect()``) and a trivial Python o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -32,10 +37,13 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader
 
 SPAN_MS = 3_600_000  # messages are spread over the last hour (older ones: Kafka's retention deletes them)
 BASE_MS = int(time.time() * 1000) - SPAN_MS
@@ -106,6 +114,52 @@ def build_store(root: Path, topic: str, partitions: int, messages: int, cardinal
     return time.perf_counter() - started
 
 
+@dataclass(frozen=True)
+class BenchData:
+    """The benchmark's messages, in Kafka (unless skipped) and in a msgindex store."""
+
+    bootstrap: str | None
+    topic: str
+    store: Path
+    workdir: Path
+
+
+@contextlib.contextmanager
+def bench_data(args: argparse.Namespace, cardinality: int, prefix: str, kafka: bool = True) -> Iterator[BenchData]:
+    """Produce the messages (a local broker unless ``args.bootstrap``) and build the store from
+    the same formulas; the broker is stopped and a temp workdir removed afterwards."""
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"msgindex-{prefix}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    broker = None
+    try:
+        bootstrap = args.bootstrap
+        print(f"messages={args.messages:,} keys={cardinality:,} partitions={args.partitions} "
+              f"value={args.value_bytes}B topic={topic}", flush=True)
+        if kafka:
+            if bootstrap is None:
+                from msgindex.kafka.broker import LocalBroker, free_port
+
+                broker = LocalBroker(workdir / "kafka", port=free_port(), controller_port=free_port(), heap="1g")
+                bootstrap = broker.start(timeout=180)
+            from msgindex.kafka.admin import create_topics
+
+            create_topics(bootstrap, {topic: args.partitions})
+            produce_s = produce(bootstrap, topic, args.partitions, args.messages, cardinality, args.value_bytes)
+            print(f"produce to Kafka (Java producer):                {produce_s:8.1f} s "
+                  f"({args.messages / produce_s:,.0f} msg/s)", flush=True)
+        store_root = workdir / "store"
+        build_s = build_store(store_root, topic, args.partitions, args.messages, cardinality, args.value_bytes)
+        print(f"build msgindex store (store writer):             {build_s:8.1f} s "
+              f"({args.messages / build_s:,.0f} msg/s)", flush=True)
+        yield BenchData(bootstrap, topic, store_root, workdir)
+    finally:
+        if broker is not None:
+            broker.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 # --- the measurement -----------------------------------------------------------------------------
 def timed(action) -> tuple[float, object]:
     started = time.perf_counter()
@@ -116,6 +170,12 @@ def timed(action) -> tuple[float, object]:
 def msgindex_ids(spark, root: Path, condition) -> set:
     df = spark.read.format("msgindex").load(str(root)).where(condition)  # fresh load per query
     return {(r.partition, r.offset) for r in df.select("partition", "offset").collect()}
+
+
+def msgindex_option_ids(spark, root: Path, keys: list[str]) -> set:
+    reader = spark.read.format("msgindex")
+    reader = reader.option("key", keys[0]) if len(keys) == 1 else reader.option("keys", json.dumps(keys))
+    return {(r.partition, r.offset) for r in reader.load(str(root)).select("partition", "offset").collect()}
 
 
 def kafka_ids(spark, bootstrap: str, topic: str, condition, ending: str = "latest") -> set:
@@ -130,11 +190,35 @@ def _pass_through(batches):
     yield from batches
 
 
+class OneRowSource(DataSource):
+    """The cheapest Python data source: one partition, one row (Spark's floor for format(...))."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_one_row"
+
+    def schema(self) -> str:
+        return "id long"
+
+    def reader(self, schema) -> "OneRowReader":
+        return OneRowReader()
+
+
+class OneRowReader(DataSourceReader):
+    def read(self, partition):
+        yield (1,)
+
+
+FLOOR = "Python data source, 1 row"
+
+
 def spark_floor(spark) -> dict[str, object]:
     """The cheapest queries Spark runs: the fixed cost under every lookup."""
+    spark.dataSource.register(OneRowSource)
     return {
         "spark.range(1).collect()": lambda: spark.range(1).collect(),
         "mapInArrow over 1 row": lambda: spark.range(1).mapInArrow(_pass_through, "id long").collect(),
+        FLOOR: lambda: spark.read.format(OneRowSource.name()).load().collect(),
     }
 
 
@@ -155,92 +239,87 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--lookup-keys", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=5, help="runs of each msgindex lookup (median)")
+    parser.add_argument("--repeat", type=int, default=7, help="alternating rounds of the floor and each msgindex query (median)")
     parser.add_argument("--kafka-repeat", type=int, default=2, help="runs of each Kafka scan (best)")
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting a local broker")
     parser.add_argument("--workdir", help="where the store and broker data go (default: a temp dir)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the session (repeatable)")
+    parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka scans (floor ratios only)")
     args = parser.parse_args(argv)
     cardinality = args.cardinality or max(args.messages // 10, 1)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="msgindex-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    topic = f"bench-{uuid.uuid4().hex[:8]}"
-    broker = None
-    try:
-        bootstrap = args.bootstrap
-        if bootstrap is None:
-            from msgindex.kafka.broker import LocalBroker, free_port
-
-            broker = LocalBroker(workdir / "kafka", port=free_port(), controller_port=free_port(), heap="1g")
-            bootstrap = broker.start(timeout=180)
-        from msgindex.kafka.admin import create_topics
-
-        create_topics(bootstrap, {topic: args.partitions})
-        print(f"messages={args.messages:,} keys={cardinality:,} partitions={args.partitions} "
-              f"value={args.value_bytes}B topic={topic}", flush=True)
-        produce_s = produce(bootstrap, topic, args.partitions, args.messages, cardinality, args.value_bytes)
-        print(f"produce to Kafka (Java producer):                {produce_s:8.1f} s "
-              f"({args.messages / produce_s:,.0f} msg/s)", flush=True)
-        store_root = workdir / "store"
-        build_s = build_store(store_root, topic, args.partitions, args.messages, cardinality, args.value_bytes)
-        print(f"build msgindex store (store writer):             {build_s:8.1f} s "
-              f"({args.messages / build_s:,.0f} msg/s)", flush=True)
-
+    with bench_data(args, cardinality, "bench", kafka=not args.no_kafka) as data:
+        bootstrap, topic, store_root = data.bootstrap, data.topic, data.store
+        from msgindex.spark import enable_pushdown
         from msgindex.spark.session import build_spark_session
 
         extra_conf = parse_conf(args.conf)
         spark = build_spark_session(app_name="bench-spark-lookup", extra_conf=extra_conf)
-        from msgindex.spark.datasource import MsgIndexDataSource
-
-        spark.dataSource.register(MsgIndexDataSource)  # also found without this once installed
+        enable_pushdown(spark)
         rng = np.random.default_rng(1)
         one = f"user-{int(rng.integers(cardinality))}"
         many = [f"user-{k}" for k in rng.choice(cardinality, size=min(args.lookup_keys, cardinality), replace=False)]
         one_cond = f"key = '{one}'"
         many_cond = "key IN (" + ",".join(f"'{k}'" for k in many) + ")"
-
-        # untimed warm-up of both paths and both query shapes (JVM code, Python workers, Kafka
-        # consumers); the Kafka warm-up reads one record per partition
-        msgindex_ids(spark, store_root, one_cond)
-        msgindex_ids(spark, store_root, many_cond)
-        first_records = json.dumps({topic: {str(p): 1 for p in range(args.partitions)}})
-        kafka_ids(spark, bootstrap, topic, many_cond, ending=first_records)
         floor = spark_floor(spark)
-        for action in floor.values():
+        queries = {
+            "1 key, where": lambda: msgindex_ids(spark, store_root, one_cond),
+            "1 key, option": lambda: msgindex_option_ids(spark, store_root, [one]),
+            f"{len(many)} keys, where": lambda: msgindex_ids(spark, store_root, many_cond),
+            f"{len(many)} keys, option": lambda: msgindex_option_ids(spark, store_root, many),
+        }
+        # untimed warm-up of every query (JVM code, Python workers); then rounds that alternate
+        # the floor and the queries, so that the machine's load falls on both alike
+        for action in [*floor.values(), *queries.values()]:
             action()
-        floor_runs = {name: [timed(action)[0] for _ in range(args.repeat)] for name, action in floor.items()}
-        one_runs = [timed(lambda: msgindex_ids(spark, store_root, one_cond)) for _ in range(args.repeat)]
-        many_runs = [timed(lambda: msgindex_ids(spark, store_root, many_cond)) for _ in range(args.repeat)]
-        # best of --kafka-repeat: the first scan may read from disk, later ones from the page cache
-        kafka_one_runs = [timed(lambda: kafka_ids(spark, bootstrap, topic, one_cond)) for _ in range(args.kafka_repeat)]
-        kafka_many_runs = [timed(lambda: kafka_ids(spark, bootstrap, topic, many_cond)) for _ in range(args.kafka_repeat)]
-        kafka_one_s, kafka_one = min(kafka_one_runs, key=lambda run: run[0])
-        kafka_many_s, kafka_many = min(kafka_many_runs, key=lambda run: run[0])
-        for name, mine, theirs in (("1 key", one_runs[0][1], kafka_one), ("many keys", many_runs[0][1], kafka_many)):
-            if mine != theirs:
-                raise SystemExit(
-                    f"{name}: msgindex found {len(mine)} messages, the Kafka scan {len(theirs)} "
-                    f"(only msgindex: {sorted(mine - theirs)[:5]}, only Kafka: {sorted(theirs - mine)[:5]}); "
-                    f"not the same answer, so no comparison")
-        idx_one = statistics.median(t for t, _ in one_runs)
-        idx_many = statistics.median(t for t, _ in many_runs)
-        print(f"\n{'lookup':<12}{'rows':>8}{'msgindex s':>12}{'kafka scan s':>14}{'ratio':>10}")
-        print(f"{'1 key':<12}{len(kafka_one):>8}{idx_one:>12.3f}{kafka_one_s:>14.2f}{kafka_one_s / idx_one:>9.0f}x")
-        print(f"{f'{len(many)} keys':<12}{len(kafka_many):>8}{idx_many:>12.3f}{kafka_many_s:>14.2f}"
-              f"{kafka_many_s / idx_many:>9.0f}x")
-        for name, runs in floor_runs.items():
-            print(f"{'floor':<12}{'':>8}{statistics.median(runs):>12.3f}   Spark's {name}")
-        print(f"(msgindex and floor: median of {args.repeat} runs; Kafka scan: best of {args.kafka_repeat} "
-              f"[{', '.join(f'{t:.1f}' for t, _ in kafka_one_runs + kafka_many_runs)} s]; after an untimed "
-              f"warm-up of each; same SparkSession, {spark.sparkContext.master}"
+        runs: dict[str, list[tuple[float, object]]] = {name: [] for name in [*floor, *queries]}
+        for _ in range(args.repeat):
+            for name, action in [*floor.items(), *queries.items()]:
+                runs[name].append(timed(action))
+        answers = {name: {frozenset(r) for _, r in runs[name]} for name in queries}
+        one_answer, many_answer = runs["1 key, where"][0][1], runs[f"{len(many)} keys, where"][0][1]
+        for name, got in answers.items():
+            if got != {frozenset(one_answer if name.startswith("1 key") else many_answer)}:
+                raise SystemExit(f"{name}: answers differ between runs or from the where query")
+        median = {name: statistics.median(t for t, _ in series) for name, series in runs.items()}
+        floor_s = median[FLOOR]
+        kafka = {}
+        if not args.no_kafka:
+            first_records = json.dumps({topic: {str(p): 1 for p in range(args.partitions)}})
+            kafka_ids(spark, bootstrap, topic, many_cond, ending=first_records)  # warm-up
+            # best of --kafka-repeat: the first scan may read from disk, later ones from the page cache
+            for label, condition, mine in (("1 key", one_cond, one_answer),
+                                           (f"{len(many)} keys", many_cond, many_answer)):
+                scans = [timed(lambda: kafka_ids(spark, bootstrap, topic, condition)) for _ in range(args.kafka_repeat)]
+                best_s, theirs = min(scans, key=lambda run: run[0])
+                if mine != theirs:
+                    raise SystemExit(
+                        f"{label}: msgindex found {len(mine)} messages, the Kafka scan {len(theirs)} "
+                        f"(only msgindex: {sorted(mine - theirs)[:5]}, only Kafka: {sorted(theirs - mine)[:5]}); "
+                        f"not the same answer, so no comparison")
+                kafka[label] = (best_s, [t for t, _ in scans])
+        goals = {"1 key": 1.25, f"{len(many)} keys": 2.0}
+        print(f"\n{'query':<22}{'rows':>8}{'seconds':>9}{'x floor':>9}{'goal':>7}"
+              f"{'kafka scan s':>14}{'kafka/msgindex':>16}")
+        for name in queries:
+            label = name.split(",")[0]
+            rows = len(runs[name][0][1])
+            goal = goals.get(label)
+            line = (f"{name:<22}{rows:>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x"
+                    f"{('<=' + str(goal)) if goal else '':>7}")
+            if label in kafka:
+                line += f"{kafka[label][0]:>14.2f}{kafka[label][0] / median[name]:>15.0f}x"
+            print(line)
+        for name in floor:
+            print(f"{'floor':<22}{'':>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x   Spark's {name}")
+        kafka_all = [t for _, times in kafka.values() for t in times]
+        print(f"(msgindex and floor: median of {args.repeat} alternating rounds after an untimed warm-up; "
+              f"'x floor' = seconds / the {FLOOR!r} floor"
+              + (f"; Kafka scan: best of {args.kafka_repeat} [{', '.join(f'{t:.1f}' for t in kafka_all)} s]"
+                 if kafka else "")
+              + f"; same SparkSession, {spark.sparkContext.master}"
               f"{', extra conf ' + str(extra_conf) if extra_conf else ''})")
         spark.stop()
-    finally:
-        if broker is not None:
-            broker.stop()
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -57,3 +57,11 @@ class KafkaUnreachableError(BrokerError):
 
 class TopicNotFoundError(InvalidOptionError):
     """A Kafka topic named by the user (or matched by a pattern) does not exist."""
+
+
+class ConnectServerError(MsgIndexError):
+    """A local Spark Connect server could not be started or reached."""
+
+
+class WorkerPythonError(MsgIndexError):
+    """Spark would start its Python workers with an interpreter that cannot import msgindex."""

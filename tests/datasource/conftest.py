@@ -99,11 +99,12 @@ def build_store(path: Path, rows: list[tuple[str, MessageRecord]], settings: Sto
 
 @pytest.fixture(scope="session")
 def spark(spark):
-    """The shared session with the source registered through the API (so these tests do not
-    depend on auto-registration, which ``test_spark_read`` checks on its own in a new session)."""
-    from msgindex.spark.datasource import MsgIndexDataSource
+    """The shared session with ``where`` pushdown enabled (``enable_pushdown`` registers the
+    pushdown source through the API). The source Spark finds on its own is tested in sessions
+    of their own (``spark.newSession()`` does not inherit the registration)."""
+    from msgindex.spark import enable_pushdown
 
-    spark.dataSource.register(MsgIndexDataSource)
+    enable_pushdown(spark)
     return spark
 
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from msgindex.spark.datasource import PER_SHARD_LOOKUP_KEYS, PUSHDOWN_CONF
+from msgindex.spark.datasource import KEYS_PER_LOOKUP_TASK, PUSHDOWN_CONF
 from msgindex.storage.message import ROW_SCHEMA
 from msgindex.storage.store import open_store
 from tests.datasource.conftest import BROKERS, EDGE_KEY, WINDOW
@@ -38,10 +38,12 @@ def total_scan_pieces(truth, begin=None, end=None) -> int:
 
 
 @pytest.fixture
-def pushdown_off(spark):
-    spark.conf.set(PUSHDOWN_CONF, "false")
-    yield
-    spark.conf.set(PUSHDOWN_CONF, "true")
+def auto_source_session(spark):
+    """A session of its own, where ``format("msgindex")`` is the source Spark finds by itself
+    (``pyspark_msgindex``): no registration, pushdown setting off unless a test turns it on."""
+    fresh = spark.newSession()
+    fresh.conf.set(PUSHDOWN_CONF, "false")
+    return fresh
 
 
 def test_auto_registered(spark, truth):
@@ -82,11 +84,15 @@ def test_option_lookups_exact(spark, truth, options, expected):
     assert ids(df) == truth.select(**expected)
 
 
-def test_many_keys_split_per_shard(spark, truth):
-    wanted = ["Aa", "user-3", *(f"absent-{i}" for i in range(PER_SHARD_LOOKUP_KEYS))]
+def test_many_keys_split_over_tasks(spark, truth):
+    absent = [f"absent-{i}" for i in range(2 * KEYS_PER_LOOKUP_TASK)]
+    wanted = ["Aa", *absent, "user-3", "BB"]  # found keys in the first and the last slice
     df = load(spark, truth, keys=json.dumps(wanted))
-    assert df.rdd.getNumPartitions() == len(BROKERS)
+    assert df.rdd.getNumPartitions() == 3
     assert ids(df) == truth.select(keys=set(wanted))
+    where = load(spark, truth).where(f"key IN ({', '.join(repr(k) for k in wanted)})")
+    assert where.rdd.getNumPartitions() == 3
+    assert ids(where) == truth.select(primary=set(wanted))
     capped = load(spark, truth, keys=json.dumps(wanted), maxNum="3")  # a global cap: one task
     assert capped.rdd.getNumPartitions() == 1 and len(ids(capped)) == 3
 
@@ -144,14 +150,29 @@ def test_contradicting_filters_return_nothing(spark, truth):
     assert load(spark, truth, key="Aa").where("topic = 'orders' AND topic = 'audit'").count() == 0
 
 
-def test_pushdown_off_options_still_use_the_index(spark, truth, pushdown_off):
-    df = load(spark, truth, key="Aa", topic="orders")
+@pytest.mark.parametrize("setting", ["false", "true"])
+def test_auto_source_options_use_the_index_where_is_right(auto_source_session, truth, setting):
+    """The source Spark finds on its own reads right under either value of Spark's setting: the
+    options use the index, ``where`` filters are evaluated by Spark over a full read."""
+    auto_source_session.conf.set(PUSHDOWN_CONF, setting)
+    df = load(auto_source_session, truth, key="Aa", topic="orders")
     assert df.rdd.getNumPartitions() == 1
     assert ids(df) == truth.select(keys={"Aa"}, topics={"orders"})
-    # where clauses are evaluated by Spark over a full read: still right
-    df = load(spark, truth).where("key = 'BBBB' AND partition = 2")
+    df = load(auto_source_session, truth).where("key = 'BBBB' AND partition = 2")
     assert df.rdd.getNumPartitions() == total_scan_pieces(truth)
     assert ids(df) == truth.select(primary={"BBBB"}, partitions={2})
+
+
+def test_enable_pushdown_then_setting_off_names_the_setting(auto_source_session, truth):
+    from msgindex.spark import enable_pushdown
+
+    enable_pushdown(auto_source_session)
+    assert auto_source_session.conf.get(PUSHDOWN_CONF) == "true"
+    assert load(auto_source_session, truth).where("key = 'Aa'").rdd.getNumPartitions() == 1
+    auto_source_session.conf.set(PUSHDOWN_CONF, "false")
+    with pytest.raises(Exception) as failure:
+        load(auto_source_session, truth).where("key = 'Aa'").collect()
+    assert "DATA_SOURCE_PUSHDOWN_DISABLED" in str(failure.value) and PUSHDOWN_CONF in str(failure.value)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -4,9 +4,15 @@ DataFrame, with key and time lookups answered by the index.
 Usage::
 
     df = spark.read.format("msgindex").load("/data/index")              # every record
+    spark.read.format("msgindex").option("key", "order-42").load(path)   # hash-index lookup
+
+    enable_pushdown(spark)                                               # once per session, then
     df.where("key = 'order-42' AND topic = 'orders'")                    # hash-index lookup
-    spark.read.format("msgindex").option("key", "order-42").load(path)   # same, no pushdown needed
     df.where("timestamp >= '2026-11-21 05:00:00'")                       # sparse time index
+
+Without ``enable_pushdown`` (the source Spark finds on its own, ``pyspark_msgindex``), ``where``
+filters are evaluated by Spark over a full read: right, but a scan. The options use the index
+either way.
 
 Columns (stable names; the store's ``ROW_SCHEMA``)::
 
@@ -22,12 +28,11 @@ exact to the millisecond, uncapped) or its bare index directory (raw entries): s
 
 Options: see ``msgindex.spark.read_options``; accepted filters: see ``msgindex.spark.pushdown``.
 
-How a read is planned: with a key (option or pushed ``key`` filter) there is one input
-partition doing the hash-index lookups in every shard (a Spark task costs far more than the
-lookups), or one per shard when very many keys are asked for (``PER_SHARD_LOOKUP_KEYS``; never
-with ``maxNum``, whose cap is global); without a key, one partition per piece of log that the
-sparse time index says the window needs (all of it for a full read). Each partition reads
-Arrow batches.
+How a read is planned: with keys (options or a pushed ``key`` filter) each input partition looks
+a slice of at most ``KEYS_PER_LOOKUP_TASK`` keys up in every shard (one partition for a few keys:
+a Spark task costs far more than their lookups; a single one with ``maxNum``, whose cap is
+global); without a key, one partition per piece of log that the sparse time index says the
+window needs (all of it for a full read). Each partition reads Arrow batches.
 
 Spark 4.2 caveat: Spark caches the planned read on the loaded relation, so a query *without*
 pushable filters run on a DataFrame that earlier ran a query *with* pushed filters reuses the
@@ -37,14 +42,13 @@ or use the options, which are part of the relation and never stale.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
@@ -61,13 +65,13 @@ from msgindex.spark.rocketmq_reader import (
 from msgindex.storage.message import ROW_SCHEMA
 
 SOURCE_NAME = "msgindex"
-SPARK_TIMEZONE = "UTC"  # ROW_SCHEMA's timestamps are timestamp[us, tz=UTC]
 # Spark's flag; with it off, a reader that defines pushFilters fails planning
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
-# A store lookup of a few keys takes milliseconds, a Spark task with a Python worker ~0.1 s
-# (measured, 3 shards on local[2]: 0.47 s per query with a task per shard, 0.31 s with one), so
-# a lookup is one task over all shards; from this many keys on, per-shard tasks pay off.
-PER_SHARD_LOOKUP_KEYS = 10_000
+# A key lookup task looks its keys up in every shard. A few keys take milliseconds, less than a
+# task's own cost (measured, 3 shards on local[2]: 0.47 s per query with a task per shard, 0.31 s
+# with one); a thousand keys of ten messages each take ~0.2 s (1M-record shard), so from this
+# many keys on the keys are split over tasks, which run in parallel whatever the shard count.
+KEYS_PER_LOOKUP_TASK = 500
 
 
 def output_arrow_schema(options: ReadOptions) -> pa.Schema:
@@ -85,7 +89,12 @@ def spark_schema(options: ReadOptions) -> StructType:
 
 
 class MsgIndexDataSource(DataSource):
-    """The ``msgindex`` Python data source (auto-registered through ``pyspark_msgindex``)."""
+    """The ``msgindex`` Python data source, auto-registered through ``pyspark_msgindex``.
+
+    Its reader answers the options with the index and leaves ``where`` filters to Spark, so it
+    reads right under any value of Spark's pushdown setting (a reader that implements
+    ``pushFilters`` is refused by Spark when the setting is off). ``enable_pushdown`` swaps in
+    ``MsgIndexPushdownDataSource`` for a session."""
 
     def __init__(self, options) -> None:
         super().__init__(options)
@@ -102,14 +111,41 @@ class MsgIndexDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.parsed.verified_rocketmq:
-            if _pushdown_disabled_for_this_plan():
-                return VerifiedRocketMQReader(self.parsed)
+            return VerifiedRocketMQReader(self.parsed)
+        if self.parsed.mode == MODE_ROCKETMQ:
+            return RocketMQReader(self.parsed)
+        return MsgIndexReader(self.parsed)
+
+
+class MsgIndexPushdownDataSource(MsgIndexDataSource):
+    """``msgindex`` whose reader also answers ``where`` filters with the index (see ``pushdown``).
+
+    Needs ``spark.sql.python.filterPushdown.enabled=true`` in the session: with it off, Spark
+    refuses the reader's ``pushFilters`` with DATA_SOURCE_PUSHDOWN_DISABLED, naming the setting.
+    Spark tells a data source nothing about its settings, so the choice between the two sources
+    is made per session by ``enable_pushdown``, never guessed."""
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        if self.parsed.verified_rocketmq:
             return PushdownVerifiedRocketMQReader(self.parsed)
         if self.parsed.mode == MODE_ROCKETMQ:
             return RocketMQReader(self.parsed)
-        if _pushdown_disabled_for_this_plan():
-            return MsgIndexReader(self.parsed)
         return PushdownMsgIndexReader(self.parsed)
+
+
+def enable_pushdown(spark) -> None:
+    """Make ``where`` filters on ``key``, ``topic``, ``broker``, ``partition`` and ``timestamp``
+    use the index in this SparkSession (classic or Spark Connect): turns Spark's Python data
+    source filter pushdown on and registers ``MsgIndexPushdownDataSource`` as ``msgindex``.
+
+    Turning the setting off again afterwards makes reads of this session fail with Spark's
+    DATA_SOURCE_PUSHDOWN_DISABLED, which names the setting; a new session reads without.
+    WorkerPythonError when Spark's local Python workers cannot import msgindex."""
+    from msgindex.spark.worker_python import check_worker_python
+
+    check_worker_python(spark)
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(MsgIndexPushdownDataSource)
 
 
 def _check_path(options: ReadOptions) -> None:
@@ -124,34 +160,14 @@ def _check_path(options: ReadOptions) -> None:
         raise StoreNotFoundError(f"option 'path' = {options.path!r}: {missing}") from None
 
 
-def _pushdown_disabled_for_this_plan() -> bool:
-    """True when Spark plans this read with filter pushdown switched off.
-
-    Spark passes its flag to the planning worker but not to the data source, and that worker
-    rejects any reader class that overrides pushFilters while the flag is off. The flag is a
-    local variable (``enable_pushdown``) of the planning function that calls ``reader()``, so it
-    is read from the caller's frame; when it is not there (the pushdown worker, which has no such
-    flag, or another pyspark), pushdown is assumed on."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if "enable_pushdown" in frame.f_locals and "data_source" in frame.f_locals:
-            return frame.f_locals["enable_pushdown"] is False
-        frame = frame.f_back
-    return False
-
-
 @dataclass(frozen=True)
-class ShardLookup(InputPartition):
-    """Hash-index lookup in one shard."""
-
-    broker: str
-
-
-@dataclass(frozen=True)
-class StoreLookup(InputPartition):
-    """Hash-index lookup over several shards in one task (few keys, or a global ``maxNum``)."""
+class KeyLookup(InputPartition):
+    """Hash-index lookups of the keys ``keys_to_look_up[start:end]`` in the shards `brokers`.
+    The reader (shipped with every task) holds the keys; a partition only names its slice."""
 
     brokers: tuple[str, ...]
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -192,10 +208,11 @@ class MsgIndexReader(DataSourceReader):
     def _lookup_partitions(self, brokers: list[str]) -> list[InputPartition]:
         if not brokers:
             return []
-        query = self.query
-        if query.max_results is not None or len(query.keys_to_look_up) < PER_SHARD_LOOKUP_KEYS:
-            return [StoreLookup(tuple(brokers))]
-        return [ShardLookup(broker) for broker in brokers]
+        count = len(self.query.keys_to_look_up)
+        if self.query.max_results is not None:  # a global cap: one task sees every row
+            return [KeyLookup(tuple(brokers), 0, count)]
+        return [KeyLookup(tuple(brokers), start, min(start + KEYS_PER_LOOKUP_TASK, count))
+                for start in range(0, count, KEYS_PER_LOOKUP_TASK)]
 
     def _brokers(self, store) -> list[str]:
         present = store.brokers()
@@ -212,25 +229,25 @@ class MsgIndexReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from msgindex.storage.store import open_store
 
-        if not isinstance(partition, (LogRange, ShardLookup, StoreLookup)):
+        if not isinstance(partition, (LogRange, KeyLookup)):
             return  # Spark's stand-in partition when partitions() found nothing to read
         with open_store(self.options.path) as store:
             if isinstance(partition, LogRange):
                 batches = self._scan(store, partition)
             else:
-                brokers = partition.brokers if isinstance(partition, StoreLookup) else (partition.broker,)
-                batches = self._lookup(store, brokers).to_batches(self.BATCH_ROWS)
+                batches = self._lookup(store, partition).to_batches(self.BATCH_ROWS)
             for batch in batches:
                 if batch.num_rows:
                     yield self._finish(batch)
 
-    def _lookup(self, store, brokers: Sequence[str]) -> pa.Table:
+    def _lookup(self, store, partition: KeyLookup) -> pa.Table:
         query = self.query
+        keys = list(query.keys_to_look_up[partition.start : partition.end])
         topics = sorted(query.topics) if query.topics is not None else [None]
         tables = [
             store.lookup(
-                list(query.keys_to_look_up), topic=topic, begin_ms=query.begin_ms,
-                end_ms=query.end_ms, max_results=query.max_results, brokers=list(brokers),
+                keys, topic=topic, begin_ms=query.begin_ms,
+                end_ms=query.end_ms, max_results=query.max_results, brokers=list(partition.brokers),
                 partitions=None if query.partitions is None else sorted(query.partitions),
             )
             for topic in topics
@@ -279,6 +296,3 @@ class PushdownMsgIndexReader(MsgIndexReader):
         return rejected
 
 
-def declared_arrow_schema(schema: StructType) -> pa.Schema:
-    """The Arrow form of a Spark schema, as Spark expects the batches of a read of it."""
-    return to_arrow_schema(schema, timezone=SPARK_TIMEZONE)

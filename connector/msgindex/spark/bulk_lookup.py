@@ -1,0 +1,248 @@
+"""Bulk key lookups: every message indexed under any key of a DataFrame column, found by Spark
+tasks with the store's many-key lookup, where a user would otherwise join the keys with a full
+scan of the topic.
+
+    found = lookup_keys(incident_ids, "/data/index", key_col="order_id", topic="orders")
+    found.groupBy("lookup_key").count()
+    incident_ids.join(found, incident_ids.order_id == found.lookup_key)   # back to the callers' rows
+
+How it runs: the distinct non-null keys are hash-partitioned by Spark (adaptive query execution
+sizes the partitions; ``num_partitions`` fixes their number), and each task looks all its keys up
+in every shard at once (``Store.lookup``), then pairs each found message with the asked keys it is
+indexed under. It is plain DataFrame API (``repartition`` + ``mapInArrow``), so it runs the same in
+a classic session and over Spark Connect; the executors need msgindex installed and the index
+path mounted, as for ``format("msgindex")``.
+
+Result columns: ``lookup_key`` (string, the asked key), then the data source's columns
+(``msgindex.storage.message.ROW_SCHEMA``). One row per (asked key, message): a message indexed
+under two asked keys appears twice, once under each. Keys:
+
+* a ``string`` column, or ``binary`` (raw Kafka key bytes, looked up exactly as the pipeline
+  indexes them; non-UTF-8 bytes show as ``\\xNN`` escapes in ``lookup_key``, as in ``keys``);
+* null keys are skipped (they match nothing, as in a join) and duplicates are looked up once;
+* any other column type is an error naming the column and its type.
+
+From SQL, register the result as a temporary view (see the README, "Bulk lookups")::
+
+    lookup_keys(spark.table("incident_ids"), "/data/index", key_col="order_id") \\
+        .createOrReplaceTempView("incident_messages")
+    spark.sql("SELECT lookup_key, topic, partition, offset FROM incident_messages")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msgindex.errors import InvalidOptionError, StoreNotFoundError
+from msgindex.spark.read_options import micros_since_epoch, parse_names, parse_time_ms
+from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+LOOKUP_KEY = "lookup_key"
+RESULT_SCHEMA = pa.schema([pa.field(LOOKUP_KEY, pa.string(), nullable=False), *ROW_SCHEMA])
+KEY_TYPES = ("string", "binary")
+# Keys per store lookup inside a task: bounds the lookup's working set (candidate lists, decoded
+# records) while keeping the per-call cost (one hash pass, one walk per index file) amortised.
+KEYS_PER_STORE_LOOKUP = 50_000
+_KEY_COLUMN = "key"  # the single column of the repartitioned keys
+
+
+@dataclass(frozen=True)
+class BulkLookup:
+    """What one bulk lookup asks of the store, validated on the caller's side. It is also the
+    function Spark runs in each task (``mapInArrow``), so it stays small and picklable."""
+
+    path: str
+    topic: str | None = None
+    begin_ms: int | None = None
+    end_ms: int | None = None
+    brokers: tuple[str, ...] | None = None
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        keys = _distinct_keys(batches)
+        if not keys:
+            return
+        from msgindex.storage.store import open_store
+
+        try:
+            store = open_store(self.path)
+        except StoreNotFoundError as missing:
+            raise StoreNotFoundError(f"lookup_keys: path {self.path!r}: {missing}") from None
+        with store:
+            brokers = self._brokers(store)
+            for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
+                chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
+                found = store.lookup(chunk, topic=self.topic, begin_ms=self.begin_ms,
+                                     end_ms=self.end_ms, brokers=brokers)
+                if found.num_rows:
+                    yield from with_lookup_keys(found, chunk).to_batches()
+
+    def _brokers(self, store) -> list[str] | None:
+        if self.brokers is None:
+            return None
+        present = store.brokers()
+        unknown = sorted(set(self.brokers) - set(present))
+        if unknown:
+            raise InvalidOptionError(
+                f"lookup_keys: brokers = {','.join(self.brokers)!r}: no shard named {unknown[0]!r} "
+                f"in {self.path} (shards: {', '.join(present)})"
+            )
+        return list(self.brokers)
+
+
+def lookup_keys(
+    keys_df: "DataFrame",
+    path: str,
+    key_col: str = "key",
+    *,
+    topic: str | None = None,
+    begin: int | str | datetime | None = None,
+    end: int | str | datetime | None = None,
+    brokers: str | Iterable[str] | None = None,
+    num_partitions: int | None = None,
+) -> "DataFrame":
+    """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
+    DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
+
+    `topic`: only messages of this topic (the index hashes ``topic#key``); `begin`/`end`: an
+    inclusive time window, as epoch milliseconds, ISO-8601 with a zone or an aware datetime;
+    `brokers`: only these shards; `num_partitions`: the number of lookup tasks (default: Spark's
+    adaptive choice). Bad arguments raise InvalidOptionError naming the argument and value;
+    WorkerPythonError when Spark's local Python workers cannot import msgindex."""
+    query = BulkLookup(
+        path=_path(path),
+        topic=_topic(topic),
+        begin_ms=_time_ms("begin", begin),
+        end_ms=_time_ms("end", end),
+        brokers=_brokers(brokers),
+    )
+    if query.begin_ms is not None and query.end_ms is not None and query.begin_ms > query.end_ms:
+        raise InvalidOptionError(f"lookup_keys: begin = {begin!r} is after end = {end!r}")
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from msgindex.spark.worker_python import check_worker_python
+
+    column = _key_column(keys_df, key_col)
+    check_worker_python(keys_df.sparkSession)
+    keys = keys_df.select(column.alias(_KEY_COLUMN)).where(F.col(_KEY_COLUMN).isNotNull())
+    if num_partitions is None:
+        keys = keys.repartition(F.col(_KEY_COLUMN))
+    else:
+        keys = keys.repartition(_positive("num_partitions", num_partitions), F.col(_KEY_COLUMN))
+    return keys.mapInArrow(query, from_arrow_schema(RESULT_SCHEMA))
+
+
+def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
+    """`found` (ROW_SCHEMA rows of a lookup of `asked`) with the asked keys each row is indexed
+    under in front, one row per (asked key, row), in RESULT_SCHEMA. The store does not say which
+    asked key found a row, so it is read back from the row's ``keys`` (which hold every key the
+    message is indexed under, rendered as ``arrow_text``)."""
+    keys = found["keys"].combine_chunks()
+    flat = pc.list_flatten(keys)
+    wanted = pa.array([arrow_text(key) for key in asked], pa.string())
+    which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
+    row = pc.list_parent_indices(keys).to_numpy()
+    hit = ~np.isnan(which)
+    row, which = row[hit], which[hit].astype(np.int64)
+    # a key repeated inside one message (RocketMQ KEYS may repeat) pairs once; order kept
+    _, first = np.unique(row * len(wanted) + which, return_index=True)
+    first.sort()
+    row, which = row[first], which[first]
+    rows = found.take(pa.array(row))
+    return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
+
+
+def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:
+    """The task's keys as the store's lookup wants them (str; bytes decoded losslessly), once each."""
+    chunks = [batch.column(0) for batch in batches if batch.num_rows]
+    if not chunks:
+        return []
+    column = pa.chunked_array(chunks)
+    unique = pc.unique(column.drop_null())
+    if pa.types.is_binary(unique.type) or pa.types.is_large_binary(unique.type):
+        return [decode_key_bytes(raw) for raw in unique.to_pylist()]
+    return unique.to_pylist()
+
+
+def _key_column(keys_df: "DataFrame", key_col: str):
+    from pyspark.sql import functions as F
+
+    if not isinstance(key_col, str):
+        raise InvalidOptionError(f"lookup_keys: key_col = {key_col!r} is not a column name")
+    fields = {field.name: field for field in keys_df.schema.fields}
+    if key_col not in fields:
+        raise InvalidOptionError(
+            f"lookup_keys: key_col = {key_col!r} is not a column of the keys DataFrame "
+            f"(its columns: {', '.join(fields) or 'none'})"
+        )
+    type_name = fields[key_col].dataType.simpleString()
+    if type_name not in KEY_TYPES:
+        raise InvalidOptionError(
+            f"lookup_keys: key column {key_col!r} is {type_name}; keys must be string or binary "
+            f"(e.g. keys_df.withColumn({key_col!r}, keys_df[{key_col!r}].cast('string')))"
+        )
+    return F.col("`" + key_col.replace("`", "``") + "`")
+
+
+def _path(path: object) -> str:
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidOptionError(f"lookup_keys: path = {path!r} is not a path")
+    return path
+
+
+def _topic(topic: object) -> str | None:
+    if topic is None:
+        return None
+    if not isinstance(topic, str) or not topic or "," in topic:
+        raise InvalidOptionError(f"lookup_keys: topic = {topic!r} is not one topic name")
+    return topic
+
+
+def _brokers(brokers: object) -> tuple[str, ...] | None:
+    if brokers is None:
+        return None
+    if isinstance(brokers, str):
+        return parse_names("brokers", brokers)
+    names = tuple(brokers)  # type: ignore[arg-type]
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise InvalidOptionError(f"lookup_keys: brokers = {brokers!r} is not a list of shard names")
+    return names
+
+
+def _time_ms(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not a time")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidOptionError(f"lookup_keys: {name} = {value!r} has no time zone")
+        micros = micros_since_epoch(value)
+        if micros % 1000:
+            raise InvalidOptionError(f"lookup_keys: {name} = {value!r} has sub-millisecond digits")
+        return micros // 1000
+    if isinstance(value, str):
+        try:
+            return parse_time_ms(name, value)
+        except InvalidOptionError as bad:
+            raise InvalidOptionError(f"lookup_keys: {str(bad).replace('option ', '', 1)}") from None
+    raise InvalidOptionError(
+        f"lookup_keys: {name} = {value!r} is not a time (epoch ms, ISO-8601 with a zone, or datetime)"
+    )
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not a positive integer")
+    return value

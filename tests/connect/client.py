@@ -1,0 +1,98 @@
+"""Spark Connect client scenarios, run by ``tests/connect/conftest.py`` in processes of their own:
+
+    python -m tests.connect.client SCENARIO sc://HOST:PORT '{"arg": ...}'
+
+Each scenario gets a Connect session and its arguments, and returns something JSON-able, which is
+printed as the last line of output."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from typing import Any
+
+IDS = ("broker", "topic", "partition", "offset")
+
+
+def _ids(df) -> list[list]:
+    return sorted([list(row) for row in df.select(*IDS).collect()])
+
+
+def _plan(df) -> str:
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        df.explain("formatted")
+    return captured.getvalue()
+
+
+def _error(action) -> str:
+    try:
+        action()
+    except Exception as error:  # the client's error, whatever class Connect wraps it in
+        return str(error)
+    return ""
+
+
+def read(spark, store: str, window: list[int], edge_key: str) -> dict[str, Any]:
+    """format("msgindex") through Connect: options, where without and with pushdown, bad input."""
+    from msgindex.spark import enable_pushdown
+
+    def load(**options):
+        reader = spark.read.format("msgindex")
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        return reader.load(store)
+
+    result = {
+        "key": _ids(load(key="Aa")),
+        "keys_topics": _ids(load(keys=json.dumps(["AaAa", "BBBB", "ключ-ünï"]), topic="audit,payments")),
+        "edge_window": _ids(load(key=edge_key, begin=str(window[0]), end=str(window[1]))),
+        "where_unpushed": _ids(load().where("key = 'BBBB' AND partition = 2")),
+        "where_unpushed_plan": _plan(load().where("key = 'BBBB'")),
+        "bad_option": _error(lambda: load(colour="red").collect()),
+        "bad_path": _error(lambda: spark.read.format("msgindex").load(store + "-missing").collect()),
+    }
+    enable_pushdown(spark)
+    pushed = load().where("key = 'Aa' AND topic IN ('orders', 'audit')")
+    result["where_pushed_plan"] = _plan(pushed)
+    result["where_pushed"] = _ids(pushed)
+    window_df = load().where(f"timestamp >= timestamp_millis({window[0]}) "
+                             f"AND timestamp <= timestamp_millis({window[1]})")
+    result["where_window"] = _ids(window_df)
+    return result
+
+
+def bulk(spark, store: str, keys: list[str | None]) -> dict[str, Any]:
+    """lookup_keys through Connect, and its SQL recipe."""
+    from msgindex.spark import lookup_keys
+
+    frame = spark.createDataFrame([(k,) for k in keys], "order_id string")
+    found = lookup_keys(frame, store, key_col="order_id", num_partitions=2)
+    rows = sorted([list(r) for r in found.select("lookup_key", *IDS).collect()])
+    found.createOrReplaceTempView("incident_messages")
+    counted = spark.sql("SELECT lookup_key, count(*) AS n FROM incident_messages GROUP BY lookup_key").collect()
+    numbers = spark.createDataFrame([(1,)], "order_id bigint")
+    return {
+        "rows": rows,
+        "counts": {r.lookup_key: r.n for r in counted},
+        "bad_type": _error(lambda: lookup_keys(numbers, store, key_col="order_id")),
+    }
+
+
+def main(argv: list[str]) -> int:
+    scenario, url, args = argv[1], argv[2], json.loads(argv[3])
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        result = globals()[scenario](spark, **args)
+    finally:
+        spark.stop()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

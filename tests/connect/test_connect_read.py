@@ -1,0 +1,41 @@
+"""Reading an index through Spark Connect: ``format("msgindex")`` found by the server on its own,
+options and ``where`` (without and with ``enable_pushdown``) exact, bad input named; bulk lookups."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.datasource.conftest import EDGE_KEY, WINDOW
+
+pytestmark = pytest.mark.spark
+
+
+def as_set(rows) -> set[tuple]:
+    return {tuple(row) for row in rows}
+
+
+def test_read_through_connect(connect_client, connect_truth):
+    got = connect_client("read", store=str(connect_truth.path), window=list(WINDOW), edge_key=EDGE_KEY)
+    truth = connect_truth
+    assert as_set(got["key"]) == truth.select(keys={"Aa"})
+    assert as_set(got["keys_topics"]) == truth.select(keys={"AaAa", "BBBB", "ключ-ünï"}, topics={"audit", "payments"})
+    assert as_set(got["edge_window"]) == truth.select(keys={EDGE_KEY}, begin=WINDOW[0], end=WINDOW[1])
+    # the auto-registered source: Spark evaluates where over a full read, right answers
+    assert as_set(got["where_unpushed"]) == truth.select(primary={"BBBB"}, partitions={2})
+    assert "EqualTo(key,BBBB)" not in got["where_unpushed_plan"]
+    # after enable_pushdown(spark), one line on the client: the index answers where filters
+    assert "EqualTo(key,Aa)" in got["where_pushed_plan"] and "In(topic" in got["where_pushed_plan"]
+    assert as_set(got["where_pushed"]) == truth.select(primary={"Aa"}, topics={"orders", "audit"})
+    assert as_set(got["where_window"]) == truth.select(begin=WINDOW[0], end=WINDOW[1])
+    assert "unknown option 'colour' = 'red'" in got["bad_option"]
+    assert "option 'path' = " in got["bad_path"] and "does not exist" in got["bad_path"]
+
+
+def test_bulk_lookup_through_connect(connect_client, connect_truth):
+    keys = ["Aa", "BB", "with,comma", "absent", None, "Aa"]
+    got = connect_client("bulk", store=str(connect_truth.path), keys=keys)
+    expected = {(key, broker, r.topic, r.partition, r.offset)
+                for broker, r in connect_truth.rows for key in {"Aa", "BB", "with,comma"} & set(r.keys)}
+    assert as_set(got["rows"]) == expected and len(got["rows"]) == len(expected)
+    assert got["counts"] == {k: sum(1 for e in expected if e[0] == k) for k in ("Aa", "BB", "with,comma")}
+    assert "key column 'order_id' is bigint" in got["bad_type"]

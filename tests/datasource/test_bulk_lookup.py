@@ -1,0 +1,117 @@
+"""``msgindex.spark.lookup_keys``: the messages of every key of a DataFrame, against the
+ground-truth store (hash collisions, keys in several topics, commas, non-ASCII), with bad input
+answered clearly."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from msgindex.errors import InvalidOptionError
+from msgindex.spark import lookup_keys
+from msgindex.spark.bulk_lookup import RESULT_SCHEMA
+from tests.datasource.conftest import BROKERS, COLLIDING, EDGE_KEY, SPECIAL, WINDOW
+
+pytestmark = pytest.mark.spark
+ASKED = (*COLLIDING, *SPECIAL, "user-3", "user-17", EDGE_KEY, "absent", "absent-2")
+
+
+def expected(truth, keys, topics=None, begin=None, end=None, brokers=None) -> set[tuple]:
+    """(asked key, broker, topic, partition, offset) of every message indexed under each key."""
+    return {
+        (key, broker, r.topic, r.partition, r.offset)
+        for broker, r in truth.rows
+        for key in set(keys) & set(r.keys)
+        if (topics is None or r.topic in topics) and (brokers is None or broker in brokers)
+        and (begin is None or r.timestamp_ms >= begin) and (end is None or r.timestamp_ms <= end)
+    }
+
+
+def found(df) -> set[tuple]:
+    return {tuple(r) for r in df.select("lookup_key", "broker", "topic", "partition", "offset").collect()}
+
+
+def keys_frame(spark, keys, column="key", type_="string"):
+    return spark.createDataFrame([(k,) for k in keys], f"`{column}` {type_}")
+
+
+def test_every_key_exact_with_nulls_and_duplicates(spark, truth):
+    keys = keys_frame(spark, [*ASKED, None, "Aa", None, "ключ-ünï"])  # nulls skipped, dups once
+    df = lookup_keys(keys, str(truth.path), num_partitions=3)
+    assert df.schema == from_arrow_schema(RESULT_SCHEMA)
+    assert df.rdd.getNumPartitions() == 3  # the keys are spread over tasks
+    rows = found(df)
+    assert rows == expected(truth, ASKED)
+    assert len(rows) == df.count()  # nothing twice
+    assert {key for key, *_ in rows} == set(ASKED) - {"absent", "absent-2"}
+
+
+def test_full_rows_match_the_data_source(spark, truth):
+    keys = keys_frame(spark, ["user-7", "with,comma"], column="order id")  # a name with a blank
+    # a message indexed under both keys is found under each: once per message here
+    bulk = lookup_keys(keys, str(truth.path), key_col="order id").drop("lookup_key").distinct()
+    read = spark.read.format("msgindex").option("keys", '["user-7", "with,comma"]').load(str(truth.path))
+    assert sorted(bulk.collect()) == sorted(read.collect())
+
+
+def test_topic_window_and_brokers(spark, truth):
+    keys = keys_frame(spark, ASKED)
+    begin = datetime.fromtimestamp(WINDOW[0] / 1000, timezone.utc)
+    df = lookup_keys(keys, str(truth.path), topic="orders", begin=begin, end=WINDOW[1],
+                     brokers=["broker-a", "broker-c"])
+    assert found(df) == expected(truth, ASKED, topics={"orders"}, begin=WINDOW[0], end=WINDOW[1],
+                                 brokers={"broker-a", "broker-c"})
+    edge = lookup_keys(keys_frame(spark, [EDGE_KEY]), str(truth.path),
+                       begin=begin.isoformat(), end=str(WINDOW[1]))
+    assert sorted(r.timestamp.timestamp() * 1000 for r in edge.collect()) == list(WINDOW)
+
+
+def test_binary_keys_are_kafka_key_bytes(spark, truth):
+    keys = spark.createDataFrame([(k.encode("utf-8"),) for k in ("Aa", "ключ-ünï", "absent")], "key binary")
+    assert found(lookup_keys(keys, str(truth.path))) == expected(truth, {"Aa", "ключ-ünï"})
+
+
+def test_from_sql_through_a_temp_view(spark, truth):
+    keys_frame(spark, ["BB", "user-3"], column="order_id").createOrReplaceTempView("incident_ids")
+    lookup_keys(spark.table("incident_ids"), str(truth.path), key_col="order_id") \
+        .createOrReplaceTempView("incident_messages")
+    rows = spark.sql("SELECT lookup_key, count(*) AS n FROM incident_messages GROUP BY lookup_key").collect()
+    want = expected(truth, {"BB", "user-3"})
+    assert {r.lookup_key: r.n for r in rows} == {k: sum(1 for e in want if e[0] == k) for k in ("BB", "user-3")}
+
+
+def test_no_keys_no_rows(spark, truth):
+    assert lookup_keys(keys_frame(spark, [None, None]), str(truth.path)).count() == 0
+    assert lookup_keys(keys_frame(spark, []), str(truth.path)).count() == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(key_col="order_id"), "key_col = 'order_id' is not a column of the keys DataFrame (its columns: key)"),
+    (dict(topic="a,b"), "topic = 'a,b' is not one topic name"),
+    (dict(begin="yesterday"), "lookup_keys: 'begin' = 'yesterday' is not a time"),
+    (dict(begin=5, end=4), "begin = 5 is after end = 4"),
+    (dict(end=datetime(2026, 1, 1)), "has no time zone"),
+    (dict(brokers=[]), "brokers = [] is not a list of shard names"),
+    (dict(num_partitions=0), "num_partitions = 0 is not a positive integer"),
+])
+def test_bad_arguments_name_argument_and_value(spark, truth, kwargs, message):
+    with pytest.raises(InvalidOptionError) as failure:
+        lookup_keys(keys_frame(spark, ["Aa"]), str(truth.path), **kwargs)
+    assert message in str(failure.value)
+
+
+def test_non_string_key_column_names_the_column(spark, truth):
+    numbers = spark.createDataFrame([(1,), (2,)], "order_id bigint")
+    with pytest.raises(InvalidOptionError, match=r"key column 'order_id' is bigint; keys must be string or binary"):
+        lookup_keys(numbers, str(truth.path), key_col="order_id")
+
+
+def test_bad_path_and_broker_fail_the_job_naming_them(spark, truth, tmp_path):
+    with pytest.raises(Exception) as failure:
+        lookup_keys(keys_frame(spark, ["Aa"]), str(tmp_path / "nowhere")).collect()
+    assert "lookup_keys: path" in str(failure.value) and "nowhere" in str(failure.value)
+    with pytest.raises(Exception) as failure:
+        lookup_keys(keys_frame(spark, ["Aa"]), str(truth.path), brokers="broker-x").collect()
+    assert f"no shard named 'broker-x' in {truth.path} (shards: {', '.join(BROKERS)})" in str(failure.value)

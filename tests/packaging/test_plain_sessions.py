@@ -1,0 +1,73 @@
+"""``format("msgindex")`` in SparkSessions that users open themselves (``SparkSession.builder``,
+never msgindex's builder; no register call; no msgindex environment variable), in a Python of
+their own, for both install kinds: the README's editable install (the project's venv) and a wheel
+installed into a fresh venv.
+
+How Spark picks the Python of its workers decides it all: an activated venv works; the venv's
+Python run by full path without activation leaves Spark's workers on another ``python3``, where
+Spark cannot find the source, and msgindex's own entry points then say what to set."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.packaging.conftest import PROJECT_VENV_BIN, user_environment
+
+pytestmark = pytest.mark.spark
+SCRIPT = Path(__file__).resolve().parent / "plain_session.py"
+KEY = "Aa"
+SESSION_TIMEOUT_S = 600
+
+
+def run_plain_session(python: Path, env: dict[str, str], store: Path, cwd: Path) -> dict:
+    done = subprocess.run([str(python), str(SCRIPT), str(store), KEY], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=SESSION_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_reads_right(results: dict, truth, installed_under: Path) -> None:
+    assert not [name for name in results if name.endswith("_error")], results
+    assert results["where_msgindex_from"].startswith(str(installed_under))
+    assert {tuple(r) for r in results["option"]} == truth.select(keys={KEY})
+    assert {tuple(r) for r in results["where"]} == truth.select(primary={KEY})
+    assert {tuple(r[1:]) for r in results["bulk"]} == truth.select(keys={KEY})
+    assert f"EqualTo(key,{KEY})" in results["pushed"]["plan"]
+    assert {tuple(r) for r in results["pushed"]["ids"]} == truth.select(primary={KEY})
+
+
+def test_editable_install_in_an_activated_venv(packaging_store, tmp_path):
+    results = run_plain_session(PROJECT_VENV_BIN / "python", user_environment(PROJECT_VENV_BIN),
+                                packaging_store.path, tmp_path)
+    # the editable install is a plain path entry naming the source root
+    assert_reads_right(results, packaging_store, Path(__file__).resolve().parents[2] / "connector")
+
+
+def test_editable_install_run_by_full_path_without_activation(packaging_store, tmp_path):
+    """Spark then starts its workers with ``python3`` from PATH, which has no msgindex."""
+    env = user_environment(None)
+    results = run_plain_session(PROJECT_VENV_BIN / "python", env, packaging_store.path, tmp_path)
+    assert "DATA_SOURCE_NOT_FOUND" in results["option_error"]  # Spark's own error, before any msgindex code
+    for step in ("bulk_error", "pushed_error"):  # msgindex's entry points say what to do
+        assert results[step].startswith("WorkerPythonError: Spark starts its Python workers with 'python3'")
+        assert f"set PYSPARK_PYTHON={PROJECT_VENV_BIN / 'python'}" in results[step]
+    # ... and doing what it says is enough
+    env["PYSPARK_PYTHON"] = str(PROJECT_VENV_BIN / "python")
+    fixed = run_plain_session(PROJECT_VENV_BIN / "python", env, packaging_store.path, tmp_path)
+    assert_reads_right(fixed, packaging_store, Path(__file__).resolve().parents[2] / "connector")
+
+
+@pytest.mark.slow
+def test_wheel_in_a_fresh_venv(wheel_and_venv, packaging_store, tmp_path):
+    wheel, venv = wheel_and_venv
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "pyspark_msgindex/__init__.py" in names and "msgindex/spark/datasource.py" in names
+    assert not [n for n in names if n.startswith(("connector/", "tests/", "streaming_jobs/"))]
+    results = run_plain_session(venv / "bin" / "python", user_environment(venv / "bin"),
+                                packaging_store.path, tmp_path)
+    assert_reads_right(results, packaging_store, venv)
