@@ -169,12 +169,12 @@ def test_verified_time_scan_and_values(spark, rocketmq_dataset):
 def test_verified_pushdown_off(spark, rocketmq_dataset):
     from tests.rocketmq.dataset import HOT_KEY, ORDERS
 
-    spark.conf.set(PUSHDOWN_CONF, "false")
-    try:
-        df = load_store(spark, rocketmq_dataset, key=HOT_KEY, topic=ORDERS).where("partition = 2")
-        assert set(offsets(df)) == rocketmq_dataset.select(ORDERS, HOT_KEY, partitions={2})
-    finally:
-        spark.conf.set(PUSHDOWN_CONF, "true")
+    # a session of its own reads with the source Spark finds itself (enable_pushdown registered
+    # the pushdown source in the shared session only)
+    fresh = spark.newSession()
+    fresh.conf.set(PUSHDOWN_CONF, "false")
+    df = load_store(fresh, rocketmq_dataset, key=HOT_KEY, topic=ORDERS).where("partition = 2")
+    assert set(offsets(df)) == rocketmq_dataset.select(ORDERS, HOT_KEY, partitions={2})
 
 
 def test_verified_bad_options(spark, rocketmq_dataset, rocketmq_dir):
