@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench_spark_lookup import bench_data, key_of, timestamp_of
+from bench_spark_lookup import add_data_arguments, bench_data, key_of, timestamp_of
 
 PARQUET_FILES = 8
 PARQUET_ROWS = 1_000_000  # per write call
@@ -72,17 +72,11 @@ def answer(df) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=10_000_000)
-    parser.add_argument("--cardinality", type=int, default=0, help="distinct keys (default: messages / 10)")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--lookup-keys", type=int, default=100_000)
+    add_data_arguments(parser, lookup_keys=100_000)
     parser.add_argument("--num-partitions", type=int, default=None,
                         help="lookup_keys tasks (default: Spark's adaptive choice)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of msgindex and parquet (median)")
     parser.add_argument("--kafka-repeat", type=int, default=2, help="runs of the Kafka scan (best)")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of starting a local broker")
-    parser.add_argument("--workdir", help="where the store, Parquet and broker data go (default: a temp dir)")
     args = parser.parse_args(argv)
     cardinality = args.cardinality or max(args.messages // 10, 1)
     with bench_data(args, cardinality, "bulk") as data:

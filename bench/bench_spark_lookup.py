@@ -114,6 +114,17 @@ def build_store(root: Path, topic: str, partitions: int, messages: int, cardinal
     return time.perf_counter() - started
 
 
+def add_data_arguments(parser: argparse.ArgumentParser, lookup_keys: int) -> None:
+    """The flags of the data set (``bench_data``) and of how many keys are asked for."""
+    parser.add_argument("--messages", type=int, default=10_000_000)
+    parser.add_argument("--cardinality", type=int, default=0, help="distinct keys (default: messages / 10)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--lookup-keys", type=int, default=lookup_keys)
+    parser.add_argument("--bootstrap", help="use this Kafka instead of starting a local broker")
+    parser.add_argument("--workdir", help="where the store and broker data go (default: a temp dir)")
+
+
 @dataclass(frozen=True)
 class BenchData:
     """The benchmark's messages, in Kafka (unless skipped) and in a msgindex store."""
@@ -234,15 +245,9 @@ def parse_conf(items: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=10_000_000)
-    parser.add_argument("--cardinality", type=int, default=0, help="distinct keys (default: messages / 10)")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--lookup-keys", type=int, default=1000)
+    add_data_arguments(parser, lookup_keys=1000)
     parser.add_argument("--repeat", type=int, default=7, help="alternating rounds of the floor and each msgindex query (median)")
     parser.add_argument("--kafka-repeat", type=int, default=2, help="runs of each Kafka scan (best)")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of starting a local broker")
-    parser.add_argument("--workdir", help="where the store and broker data go (default: a temp dir)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the session (repeatable)")
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka scans (floor ratios only)")

@@ -43,7 +43,7 @@ or use the options, which are part of the relation and never stale.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,6 +63,9 @@ from msgindex.spark.rocketmq_reader import (
     rocketmq_arrow_schema,
 )
 from msgindex.storage.message import ROW_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 SOURCE_NAME = "msgindex"
 # Spark's flag; with it off, a reader that defines pushFilters fails planning
@@ -133,7 +136,7 @@ class MsgIndexPushdownDataSource(MsgIndexDataSource):
         return PushdownMsgIndexReader(self.parsed)
 
 
-def enable_pushdown(spark) -> None:
+def enable_pushdown(spark: "SparkSession") -> None:
     """Make ``where`` filters on ``key``, ``topic``, ``broker``, ``partition`` and ``timestamp``
     use the index in this SparkSession (classic or Spark Connect): turns Spark's Python data
     source filter pushdown on and registers ``MsgIndexPushdownDataSource`` as ``msgindex``.
