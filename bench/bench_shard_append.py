@@ -88,7 +88,7 @@ def append_all(writer_class: type[ShardWriter], directory: Path, batches: list) 
     try:
         start = time.perf_counter()
         for batch_id, batch in enumerate(batches):
-            writer.append(batch_id, batch)
+            writer.append(batch)
         return time.perf_counter() - start
     finally:
         writer.close()

@@ -59,19 +59,48 @@ def crash_batches(seed: int) -> list[list[MessageRecord]]:
 
 @dataclass
 class ShardModel:
-    """The committed records of one shard, in append (seq) order."""
+    """The committed records of one shard, in append (seq) order, and the source offsets it holds
+    (the rule of storage/source_ranges.py, written out plainly)."""
 
     broker: str
     records: list[MessageRecord] = field(default_factory=list)
-    batch_id: int = -1
+    committed: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)
     log_start_seq: int = 0
 
-    def append(self, batch_id: int, records: list[MessageRecord]) -> bool:
-        if batch_id <= self.batch_id:
-            return False
-        self.records.extend(records)
-        self.batch_id = batch_id
-        return True
+    def holds(self, topic: str, partition: int, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.committed.get((topic, partition), ()))
+
+    def append(self, records: list[MessageRecord]) -> int:
+        """Append the records whose offsets are not held yet; returns how many."""
+        fresh, seen = [], set()
+        for record in records:
+            position = (record.topic, record.partition, record.offset)
+            if position not in seen and not self.holds(*position):
+                fresh.append(record)
+            seen.add(position)
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for record in records:
+            by_partition.setdefault((record.topic, record.partition), []).append(record.offset)
+        for source, offsets in by_partition.items():
+            self._commit(source, min(offsets), max(offsets) + 1)
+        self.records.extend(fresh)
+        return len(fresh)
+
+    def _commit(self, source: tuple[str, int], start: int, end: int) -> None:
+        merged = []
+        for low, high in sorted(self.committed.get(source, []) + [(start, end)]):
+            if merged and low <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            else:
+                merged.append((low, high))
+        self.committed[source] = merged
+
+    def ranges_json(self) -> dict:
+        """The committed ranges in SourceRanges' JSON form."""
+        out: dict = {}
+        for (topic, partition), intervals in sorted(self.committed.items()):
+            out.setdefault(topic, {})[str(partition)] = [list(i) for i in intervals]
+        return out
 
     def rows(self) -> list[tuple[int, MessageRecord]]:
         return [(seq, r) for seq, r in enumerate(self.records) if seq >= self.log_start_seq]

@@ -25,8 +25,8 @@ def fill(store, broker="b"):
                 MessageRecord("t", i % 2, batch_id * PER_BATCH + i, BASE + batch_id * STEP_MS + i, None, (f"k{i % 3}",))
                 for i in range(PER_BATCH)
             ]
-            writer.append(batch_id, batch)
-            model.append(batch_id, batch)
+            writer.append(batch)
+            model.append(batch)
     return model
 
 
@@ -62,7 +62,7 @@ def test_age_retention_deletes_old_files_only(tmp_path):
             apply_shard_retention(writer, max_age_ms=0, now_ms=now * 2)
         assert len(list((shard / "index").iterdir())) == 1 and len(list((shard / "log").glob("*.log"))) == 1
         with store.writer("b") as writer:  # and the shard keeps working
-            writer.append(BATCHES, [MessageRecord("t", 0, 999, now, None, ("new",))])
+            writer.append([MessageRecord("t", 0, 999, now, None, ("new",))])
         assert store.lookup("new").num_rows == 1
 
 
