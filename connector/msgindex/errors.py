@@ -27,6 +27,10 @@ class LegacyCheckpointError(MsgIndexError):
     appended to as it is; the message says how to upgrade or what to do instead."""
 
 
+class IndexPathError(MsgIndexError):
+    """The index path is not usable where it must be (e.g. an executor does not see it)."""
+
+
 class IndexInUseError(MsgIndexError):
     """Another indexing job is writing the same index right now."""
 

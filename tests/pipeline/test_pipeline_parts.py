@@ -9,13 +9,14 @@ import time
 import pyarrow as pa
 import pytest
 
-from msgindex.errors import CorruptFileError, InvalidOptionError, ShardLockedError
+from msgindex.errors import CorruptFileError, IndexInUseError, InvalidOptionError, ShardLockedError
 from msgindex.spark.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
-from msgindex.spark.ownership import claim_index
+from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
-from msgindex.spark.quarantine import read_quarantine, write_quarantine
-from msgindex.spark.shard_owner import ShardOwner
-from msgindex.spark.sink import spark_batch_end_offsets
+from msgindex.spark.quarantine import committed_ranges, read_quarantine, write_quarantine
+from msgindex.spark.shard_owner import append_to_shard, forget_writers
+from msgindex.spark.sink import local_path, spark_batch_end_offsets
+from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
 from msgindex.cli import index as index_job
@@ -41,30 +42,48 @@ def test_partition_broker_map_corrupt_file_is_named(tmp_path, content):
         PartitionBrokerMap(tmp_path)
 
 
-def _bad_rows(values: list[bytes | None]) -> pa.Table:
+def _bad_rows(values: list[bytes | None], first_offset: int = 0, partition: int = 0) -> pa.Table:
     n = len(values)
-    return pa.table({"src_topic": ["meta"] * n, "src_partition": pa.array([0] * n, pa.int32()),
-                     "src_offset": pa.array(range(n), pa.int64()), "src_timestamp_ms": pa.array([5] * n, pa.int64()),
-                     "raw_value": pa.array(values, pa.binary())})
+    return pa.table({"src_topic": ["meta"] * n, "src_partition": pa.array([partition] * n, pa.int32()),
+                     "src_offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+                     "src_timestamp_ms": pa.array([5] * n, pa.int64()), "raw_value": pa.array(values, pa.binary())})
 
 
-def test_quarantine_written_once_per_batch_and_read_back(tmp_path):
+def test_quarantine_is_exactly_once_by_source_offsets_and_read_back(tmp_path):
     rows = _bad_rows([b"{oops", b"\xff", None])
-    assert write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])
-    assert not write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])  # a replay
-    assert write_quarantine(tmp_path, 4, "malformed", _bad_rows([b"x"]), ["r"])
+    first = write_quarantine(tmp_path, 3, rows, ["bad json", "not utf-8", "null"])
+    assert (first.written, first.already) == (3, 0)
+    again = write_quarantine(tmp_path, 9, rows, ["bad json", "not utf-8", "null"])  # a replay, or a new checkpoint
+    assert (again.written, again.already) == (0, 3)
+    mixed = write_quarantine(tmp_path, 4, _bad_rows([b"old", b"x"], first_offset=2), ["r", "r"])  # offset 2 is in
+    assert (mixed.written, mixed.already) == (1, 1)
+    assert committed_ranges(tmp_path).to_json() == {"meta": {"0": [[0, 4]]}}
     table = read_quarantine(tmp_path).to_pylist()
     assert [(r["batch_id"], r["offset"], r["reason"], r["value"], r["value_base64"]) for r in table] == [
         (3, 0, "bad json", "{oops", "e29vcHM="), (3, 1, "not utf-8", None, "/w=="), (3, 2, "null", None, None),
-        (4, 0, "r", "x", "eA==")]
+        (4, 3, "r", "x", "eA==")]
     assert len(read_quarantine(tmp_path / "missing")) == 0
 
 
-def test_index_refuses_a_second_streaming_query(tmp_path):
-    claim_index(tmp_path, "query-1", "/ck/1")
-    claim_index(tmp_path, "query-1", "/ck/1")  # the same query restarting
-    with pytest.raises(InvalidOptionError, match="query-1.*query-2"):
-        claim_index(tmp_path, "query-2", "/ck/2")
+def test_quarantine_reads_legacy_batch_files_as_set_aside(tmp_path):
+    import json
+
+    line = {"batch_id": 1, "reason": "r", "source": {"topic": "meta", "partition": 0, "offset": 7, "timestamp_ms": 5},
+            "value": "x", "value_base64": "eA=="}
+    (tmp_path / "batch-00000000000000000001-malformed.jsonl").write_text(json.dumps(line) + "\n")
+    result = write_quarantine(tmp_path, 2, _bad_rows([b"a", b"x"], first_offset=6), ["r", "r"])
+    assert (result.written, result.already) == (1, 1)
+    assert [r["offset"] for r in read_quarantine(tmp_path).to_pylist()] == [6, 7]
+
+
+def test_one_job_per_index_at_a_time(tmp_path):
+    first = JobIdentity.current("q1", "/ck/1")
+    with IndexClaim(tmp_path, first):
+        with pytest.raises(IndexInUseError, match=f"another job right now \\(host {first.host} pid {first.pid}, query 'q1', checkpoint /ck/1"):
+            with IndexClaim(tmp_path, JobIdentity.current("q2", "file:///ck/2")):
+                pass
+    with IndexClaim(tmp_path, JobIdentity.current("q2", "hdfs://nn/ck/2")):  # free again; any checkpoint location
+        pass
 
 
 def test_record_keys_follow_the_spec():
@@ -115,27 +134,35 @@ def test_non_utf8_keys_fall_back_to_message_records():
     assert isinstance(appended, list) and appended[0].keys == ("ok", "\udcff")
 
 
-def test_shard_owner_waits_for_the_lock_then_skips_a_committed_batch(tmp_path):
+def test_shard_append_waits_for_the_lock_then_skips_what_is_committed(tmp_path):
     store = open_store(tmp_path / "index", create=True, settings=SMALL)
+    root = str(store.root)
     records = [MessageRecord("t", 0, n, 1000 + n, f"k{n}", (f"k{n}",)) for n in range(5)]
+    sources = SourceRows.of(["t"] * 5, [0] * 5, list(range(5)))
     holder = store.writer("b1")  # another attempt of the same task, still writing
-    with pytest.raises(ShardLockedError, match="waiting"):
-        ShardOwner(store, "b1", lock_timeout_s=0.3).append(0, records)
-    releaser = threading.Timer(0.3, holder.close)
-    releaser.start()
-    started = time.monotonic()
-    first = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)
-    assert time.monotonic() - started >= 0.25 and not first.skipped and first.records == 5
-    second = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)  # the speculative copy
-    assert second.skipped
-    assert store.lookup("k3").column("offset").to_pylist() == [3]
+    try:
+        with pytest.raises(ShardLockedError, match="waiting"):
+            append_to_shard(root, "b1", records, sources, lock_timeout_s=0.3, adopt_legacy_offsets=True)
+        releaser = threading.Timer(0.3, holder.close)
+        releaser.start()
+        started = time.monotonic()
+        first = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        assert time.monotonic() - started >= 0.25 and (first.appended, first.already_committed) == (5, 0)
+        second = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        assert (second.appended, second.already_committed) == (0, 5)  # the speculative copy
+        assert store.lookup("k3").column("offset").to_pylist() == [3]
+    finally:
+        holder.close()
+        forget_writers()
 
 
 def test_batch_end_offsets_from_sparks_offset_log(tmp_path):
     (tmp_path / "offsets").mkdir()
     (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":12,"1":30},"u":{"0":1}}\n')
     assert spark_batch_end_offsets(tmp_path, 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
+    assert spark_batch_end_offsets(tmp_path.as_uri(), 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
     assert spark_batch_end_offsets(tmp_path, 5) == {}
+    assert spark_batch_end_offsets("hdfs://nn/ck", 4) == {} and local_path("s3a://b/ck") is None
 
 
 BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
@@ -150,6 +177,9 @@ BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
     (["--subscribe", "a", "--trigger-interval", "soon"], "--trigger-interval"),
     (["--subscribe", "a", "--kafka-option", "novalue"], "KEY=VALUE"),
     (["--subscribe", "a", "--kafka-option", "bootstrap.servers=x"], "use --bootstrap-servers"),
+    (["--subscribe", "a", "--min-partitions", "0"], "--min-partitions"),
+    (["--subscribe", "a", "--conf", "executor.memory=1g"], "spark.KEY=VALUE"),
+    (["--subscribe", "a", "--conf", "spark.x"], "spark.KEY=VALUE"),
 ])
 def test_job_rejects_bad_flag_values(tmp_path, extra, message):
     args = index_job.build_parser().parse_args([*BASE, str(tmp_path), *extra])

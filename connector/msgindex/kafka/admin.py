@@ -15,12 +15,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from msgindex.errors import BrokerError
+from msgindex.storage.message import KEYS_PROPERTY as KEYS_HEADER
+from msgindex.storage.message import UNIQ_KEY_PROPERTY as UNIQ_KEY_HEADER
 
 DEFAULT_TIMEOUT_S = 60.0
 CLIENT_ID = "msgindex-admin"
-# RocketMQ's property names, carried as Kafka record headers (see DESIGN.md: input shapes)
-KEYS_HEADER = "KEYS"
-UNIQ_KEY_HEADER = "UNIQ_KEY"
 
 
 @contextlib.contextmanager
