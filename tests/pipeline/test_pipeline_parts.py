@@ -230,3 +230,75 @@ def test_sigterm_and_sigint_request_a_graceful_stop():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
+
+
+def _records_task_rows(offsets: list[int], slices: list[int], partition: int = 0, broker: str = "1") -> pa.RecordBatch:
+    n = len(offsets)
+    return pa.RecordBatch.from_pydict({
+        "broker": [broker] * n, "topic": ["t"] * n, "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(offsets, pa.int64()), "timestamp_ms": pa.array([1000 + o for o in offsets], pa.int64()),
+        KEY_RAW: pa.array([f"k{o}".encode() for o in offsets], pa.binary()),
+        KEYS_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())),
+        "slice": pa.array(slices, pa.int64()),
+    })
+
+
+def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
+    """A coalesced task holding two non-adjacent slices of one partition (minPartitions split it,
+    another task has the middle) must not commit the middle: the other task's rows still land."""
+    from msgindex.spark.commits import COMMIT_ARROW_SCHEMA
+    from msgindex.spark.task_writer import SinkConfig, write_task
+
+    root = tmp_path / "ix"
+    open_store(root, create=True, settings=SMALL).close()
+    config = SinkConfig(str(root), "records", str(tmp_path / "q"))
+    try:
+        first = list(write_task(config, 0, [_records_task_rows([0, 1, 2], [0] * 3), _records_task_rows([6, 7], [2] * 2)]))
+        assert first[0].schema == COMMIT_ARROW_SCHEMA
+        assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
+            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0}
+        middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
+        assert (middle["appended"], middle["already_committed"]) == (3, 0)
+        again = list(write_task(config, 5, [_records_task_rows(list(range(8)), [0] * 8)]))[0].to_pylist()[0]
+        assert (again["appended"], again["already_committed"]) == (0, 8)  # e.g. a new checkpoint from earliest
+        with open_store(root) as store:
+            assert store.lookup([f"k{o}" for o in range(8)]).num_rows == 8
+            with store.reader("1") as reader:
+                assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 8]]}}
+    finally:
+        forget_writers()
+
+
+def test_session_leaves_cluster_settings_to_the_user(monkeypatch):
+    from msgindex.spark.session import session_conf
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    local = session_conf("x", None, None, user_conf={})
+    assert local["spark.master"] == "local[2]" and local["spark.driver.host"] == "127.0.0.1"
+    assert local["spark.pyspark.python"] and local["spark.sql.session.timeZone"] == "UTC"
+    # spark-submit / spark-defaults.conf named a cluster: no master, no loopback, no interpreter override
+    cluster = session_conf("x", None, None, user_conf={"spark.master": "spark://h:7077", "spark.pyspark.python": "/opt/py",
+                                                       "spark.jars": "/u.jar", "spark.driver.memory": "4g"})
+    assert "spark.master" not in cluster and "spark.driver.host" not in cluster and "spark.driver.bindAddress" not in cluster
+    assert "spark.pyspark.python" not in cluster and "spark.driver.memory" not in cluster
+    assert cluster["spark.jars"].split(",")[-1] == "/u.jar"
+    # explicit settings (--master, --conf) win over everything; PYSPARK_PYTHON is never overridden
+    monkeypatch.setenv("PYSPARK_PYTHON", "/env/python")
+    explicit = session_conf("x", "spark://o:1", {"spark.driver.host": "10.0.0.1", "spark.sql.session.timeZone": "UTC"},
+                            user_conf={"spark.master": "spark://h:7077"})
+    assert explicit["spark.master"] == "spark://o:1" and explicit["spark.driver.host"] == "10.0.0.1"
+    assert "spark.pyspark.python" not in session_conf("x", "local[1]", None, user_conf={})
+
+
+def test_user_spark_conf_reads_spark_defaults_and_submit_args(tmp_path, monkeypatch):
+    from msgindex.spark import session
+    from msgindex.spark.session import user_spark_conf
+
+    monkeypatch.setattr(session, "_running_jvm_conf", dict)  # this test's own settings only, not a running JVM's
+    (tmp_path / "spark-defaults.conf").write_text("# comment\nspark.master  spark://d:7077\nspark.executor.memory=2g\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.executor.cores=3 --jars /a.jar pyspark-shell")
+    monkeypatch.delenv("MASTER", raising=False)
+    conf = user_spark_conf()
+    assert conf["spark.master"] == "spark://d:7077" and conf["spark.executor.memory"] == "2g"
+    assert conf["spark.executor.cores"] == "3" and conf["spark.jars"] == "/a.jar"

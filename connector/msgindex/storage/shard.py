@@ -85,6 +85,11 @@ MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
+# What a writer found when it took the lock (ShardWriter.last_revalidation)
+REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
+REVALIDATION_ADOPTED = "adopted"  # another writer had committed: its state was reloaded
+REVALIDATION_ROLLED_BACK = "rolled back"  # bytes past the checkpoint (a writer died mid-append)
+REVALIDATION_RECOVERED = "recovered"  # a cold writer: full recovery
 LOCK_POLL_FIRST_S = 0.01  # a writer waiting for the shard lock polls, backing off to
 LOCK_POLL_MAX_S = 0.5
 
@@ -197,6 +202,7 @@ class ShardWriter(_Committed):
         self._checkpoint = Checkpoint()
         self._seen: bytes | None = None  # the checkpoint file's bytes as this writer last read or wrote them
         self._loaded = False  # whether _log/_files/_states reflect a checkpoint (else: cold)
+        self.last_revalidation = ""  # what the last lock acquisition found: REVALIDATION_* (tests, benchmarks)
         (self.directory / INDEX_DIR).mkdir(parents=True, exist_ok=True)
         if hold_lock:
             self._lock()
@@ -378,12 +384,16 @@ class ShardWriter(_Committed):
             raw = None
         if self._loaded and raw is not None and raw == self._seen:
             if self._tail_is_clean():
-                return  # nobody wrote since this writer's last commit or look: the fast path
+                self.last_revalidation = REVALIDATION_UNCHANGED  # nobody wrote since our last commit or look
+                return
             self._reload()  # a writer died mid-append after our commit: roll its bytes back
+            self.last_revalidation = REVALIDATION_ROLLED_BACK
         elif self._loaded and raw is not None:
             self._adopt(decode_checkpoint(raw, source=path), raw)  # another writer committed
+            self.last_revalidation = REVALIDATION_ADOPTED
         else:
             self._reload()
+            self.last_revalidation = REVALIDATION_RECOVERED
 
     def _tail_is_clean(self) -> bool:
         """Nothing lies past the checkpoint this writer holds: no log bytes or segments, no hash
@@ -465,8 +475,8 @@ class ShardWriter(_Committed):
         `kept`: files this writer still has open; one whose committed state is unchanged is
         reused (popped), the others are reopened (another host's writes are then seen, NFS)."""
         position = LogPosition.from_dict(checkpoint.log_position)
+        # opening at the committed position cuts whatever lies past it (no close-and-trim cycle)
         self._log = open_log(self.directory, self.settings, writable=True, committed=position)
-        self._log.truncate_to(position)
         self._delete_segments_below(checkpoint.log_start_seq)
         self._delete_unlisted_index_files(checkpoint)
         last = len(checkpoint.index_files) - 1
