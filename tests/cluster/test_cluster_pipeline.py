@@ -114,8 +114,9 @@ def job_args(bootstrap: str, topic: str, index: Path, checkpoint: str, *extra: s
 def test_split_ranges_then_new_checkpoints_via_master_and_spark_submit(kafka_bootstrap, kafka_topic, spark_cluster,
                                                                         executor_python, tmp_path):
     """--master with partitions split over several tasks (minPartitions); then NEW queries over the
-    same index -- spark-submit with a file:// checkpoint, then --master with a new local one -- start
-    again from earliest: every record already indexed is reported as such and never written twice."""
+    same index -- spark-submit with a file:// checkpoint (after pipeline-owner.json was deleted),
+    then --master with a new local one -- start again from earliest: every record already indexed
+    is reported as such and never written twice."""
     topic = kafka_topic(partitions=2, prefix="cluster")
     produce(kafka_bootstrap, keyed_records([topic], 20_000, key_pool=4_000, seed=81))
     index = tmp_path / "index"
@@ -127,6 +128,7 @@ def test_split_ranges_then_new_checkpoints_via_master_and_spark_submit(kafka_boo
     truth = ground_truth(kafka_bootstrap, [topic])
     assert_index_equals(index, truth, topics=[topic])
 
+    (index / "pipeline-owner.json").unlink()  # nothing depends on it any more (it only says who runs)
     second = spark_submit(spark_cluster, executor_python, tmp_path / "second.log",
                           job_args(kafka_bootstrap, topic, index, (tmp_path / "ck2").as_uri(), "--available-now"))
     assert second.finish() == (20_000, 0)

@@ -96,3 +96,11 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
     assert replay[0].records == history[-1].records and replay[0].quarantined_before == history[-1].malformed
     assert len(read_quarantine(index / "_quarantine")) == len(MALFORMED)
     assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS), with_broker=True)
+
+    # A NEW Spark checkpoint starts again from earliest: every event and every malformed one is
+    # found committed (by its Kafka offset), nothing is written or quarantined twice.
+    fresh = run_job_in_process([*args, "--checkpoint", str(tmp_path / "new-checkpoint")])
+    assert sum(s.records for s in fresh) == len(good) and sum(s.appended for s in fresh) == 0
+    assert sum(s.quarantined_before for s in fresh) == len(MALFORMED) and sum(s.quarantined for s in fresh) == 0
+    assert len(read_quarantine(index / "_quarantine")) == len(MALFORMED)
+    assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS), with_broker=True)

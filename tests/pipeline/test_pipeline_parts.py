@@ -302,3 +302,19 @@ def test_user_spark_conf_reads_spark_defaults_and_submit_args(tmp_path, monkeypa
     conf = user_spark_conf()
     assert conf["spark.master"] == "spark://d:7077" and conf["spark.executor.memory"] == "2g"
     assert conf["spark.executor.cores"] == "3" and conf["spark.jars"] == "/a.jar"
+
+
+def test_old_shards_are_upgraded_for_records_and_refused_for_metadata(tmp_path):
+    from msgindex.errors import LegacyCheckpointError
+    from tests.storage.shard_model import downgrade_to_version_1
+
+    with open_store(tmp_path / "ix", create=True, settings=SMALL) as store:
+        with store.writer("b") as writer:
+            writer.append([MessageRecord("t", 0, n, 1000, f"k{n}", (f"k{n}",)) for n in (0, 1, 2, 4)])
+        downgrade_to_version_1(store.root / "broker=b" / "checkpoint")
+        with pytest.raises(LegacyCheckpointError, match="shard 'b' was written by an older msgindex.*new --path"):
+            pipeline.upgrade_legacy_shards(store, "metadata")
+        assert pipeline.upgrade_legacy_shards(store, "records") == ["b"]
+        assert pipeline.upgrade_legacy_shards(store, "records") == []
+        with store.reader("b") as reader:
+            assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 3], [4, 5]]}}

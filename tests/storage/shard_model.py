@@ -210,6 +210,20 @@ def _ms(ts) -> int:
     return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
 
 
+def downgrade_to_version_1(checkpoint_file: Path, batch_id: int = 41) -> None:
+    """Rewrite a shard checkpoint as msgindex before offsets wrote it: version 1, a batch id, no
+    source ranges (with a valid checksum)."""
+    import json
+    import zlib
+
+    body = json.loads(checkpoint_file.read_bytes())
+    del body["crc32"], body["source_ranges"]
+    body.update(version=1, batch_id=batch_id)
+    canonical = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":")).encode()  # noqa: E731
+    body["crc32"] = zlib.crc32(canonical(body))
+    checkpoint_file.write_bytes(canonical(body) + b"\n")
+
+
 def shard_files(directory: Path) -> dict[str, bytes]:
     """Every file of a shard (relative path -> bytes), except the lock file."""
     return {

@@ -83,20 +83,12 @@ def test_a_slice_commits_its_whole_range_gaps_included(store):
 def test_a_version_1_checkpoint_is_refused_then_upgraded_from_the_log(store):
     """A batch-id checkpoint (msgindex before offsets) is never read as offsets: appends are
     refused until adopt_log_offsets() rebuilds the ranges from the log's own offsets."""
-    import json
-    import zlib
-
     from msgindex.errors import LegacyCheckpointError
+    from tests.storage.shard_model import downgrade_to_version_1
 
     with store.writer("b") as writer:
         writer.append([rec(o, ["k"]) for o in (0, 1, 2, 5, 6)] + [rec(0, ["k"], topic="t2", partition=3)])
-    path = store.root / "broker=b" / CHECKPOINT_FILE
-    body = json.loads(path.read_bytes())
-    del body["crc32"], body["source_ranges"]
-    body.update(version=1, batch_id=41)
-    canonical = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
-    body["crc32"] = zlib.crc32(canonical(body))
-    path.write_bytes(canonical(body) + b"\n")
+    downgrade_to_version_1(store.root / "broker=b" / CHECKPOINT_FILE)
     with store.reader("b") as reader:
         assert reader.committed_ranges is None and reader.record_count == 6
     with store.writer("b") as writer:

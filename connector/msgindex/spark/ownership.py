@@ -13,7 +13,6 @@ the index requires anyway (flock works on NFS v4, EFS, CephFS).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from msgindex.errors import CorruptFileError, IndexInUseError
 from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
+from msgindex.storage.file_lock import try_lock, unlock
 
 LOCK_FILE = "pipeline.lock"
 FILE_NAME = "pipeline-owner.json"
@@ -57,25 +57,21 @@ class IndexClaim:
         self._fd: int | None = None
 
     def __enter__(self) -> IndexClaim:
-        path = self.root / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = try_lock(self.root / LOCK_FILE)
+        if fd is None:
             holder = read_owner(self.root)
             who = holder.describe() if holder is not None else "a job that has not recorded itself yet"
             raise IndexInUseError(
                 f"--path {self.root} is being indexed by another job right now ({who}); "
                 f"stop that job first, or index into another --path"
-            ) from None
+            )
         self._fd = fd
         write_atomically(self.root / FILE_NAME, versioned_json(FORMAT, FORMAT_VERSION, vars(self.identity)))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # releases the flock
+            unlock(self._fd)
             self._fd = None
 
 

@@ -46,6 +46,33 @@ class IndexJobOptions:
     spark_conf: dict[str, str] = field(default_factory=dict)  # --conf K=V
 
 
+def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
+    """Shards written by msgindex before exactly-once-by-offsets (version-1 checkpoints: batch
+    ids) cannot skip replayed records as they are. With --input records the log's own
+    topic/partition/offset are the source offsets: they become the committed ranges (returns the
+    shards upgraded). With --input metadata they are not (the source is the events' topic): the
+    job refuses to start, saying what to do."""
+    from msgindex.errors import LegacyCheckpointError
+    from msgindex.storage.checkpoint import read_checkpoint
+    from msgindex.storage.shard import checkpoint_path, shard_directory
+
+    upgraded = []
+    for broker in store.brokers():
+        checkpoint = read_checkpoint(checkpoint_path(shard_directory(store.root, broker)))
+        if checkpoint is None or checkpoint.source_ranges is not None:
+            continue
+        if input_kind != "records":
+            raise LegacyCheckpointError(
+                f"--path {store.root}: shard {broker!r} was written by an older msgindex (its checkpoint records "
+                f"Spark batch ids, not the Kafka offsets of the metadata events); it cannot be continued with "
+                f"--input metadata: index into a new --path"
+            )
+        with store.writer(broker) as writer:
+            writer.adopt_log_offsets()
+        upgraded.append(broker)
+    return upgraded
+
+
 def open_index(options: IndexJobOptions):
     """The store at --path (created with the sizing flags when new; an existing store keeps its
     settings, and sizing flags that contradict them are an error)."""
@@ -128,9 +155,10 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     from msgindex.spark.sink import BatchWriter, IndexSink, SinkConfig
 
     store = open_index(options)
-    store.close()
     root = options.path.resolve()
-    with IndexClaim(root, JobIdentity.current(options.query_name, options.checkpoint)):
+    with IndexClaim(root, JobIdentity.current(options.query_name, options.checkpoint)), store:
+        for broker in upgrade_legacy_shards(store, options.input_kind):
+            say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
         spark = build_spark_session(app_name=options.query_name, master=options.master, extra_conf=options.spark_conf)
         ship_code(spark)
         master = spark.sparkContext.master

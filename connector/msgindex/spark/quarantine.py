@@ -25,11 +25,9 @@ Users read the events back with ``read_quarantine(path)`` (a pyarrow Table), wit
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ import pyarrow as pa
 
 from msgindex.errors import ShardLockedError
 from msgindex.storage.durable import is_temporary, write_atomically
+from msgindex.storage.file_lock import unlock, wait_for_lock
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 
 FILE_PREFIX = "src-"
@@ -157,7 +156,7 @@ def _legacy_sources(path: Path) -> Iterator[tuple[str, int, int]]:
 
 
 class _locked:
-    """The quarantine directory's writer lock (flock), waited for with back-off."""
+    """The quarantine directory's writer lock, waited for (bounded)."""
 
     def __init__(self, folder: Path, timeout_s: float) -> None:
         self.path = folder / LOCK_FILE
@@ -165,23 +164,13 @@ class _locked:
         self.fd: int | None = None
 
     def __enter__(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline, pause = time.monotonic() + self.timeout_s, 0.01
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.fd = fd
-                return
-            except BlockingIOError:
-                if time.monotonic() + pause > deadline:
-                    os.close(fd)
-                    raise ShardLockedError(f"{self.path}: quarantine lock still held after {self.timeout_s:g} s") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
+        self.fd = wait_for_lock(self.path, self.timeout_s)
+        if self.fd is None:
+            raise ShardLockedError(f"{self.path}: quarantine lock still held after {self.timeout_s:g} s")
 
     def __exit__(self, *exc_info: object) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            unlock(self.fd)
             self.fd = None
 
 

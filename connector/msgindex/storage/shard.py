@@ -21,10 +21,9 @@ after a crash then produces byte-identical files under the same names.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
+import json
 import os
 import shutil
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +52,7 @@ from msgindex.storage.checkpoint import (
     read_checkpoint,
 )
 from msgindex.storage.durable import fsync_directory, is_temporary, write_atomically
+from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
 from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
@@ -90,8 +90,6 @@ REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at
 REVALIDATION_ADOPTED = "adopted"  # another writer had committed: its state was reloaded
 REVALIDATION_ROLLED_BACK = "rolled back"  # bytes past the checkpoint (a writer died mid-append)
 REVALIDATION_RECOVERED = "recovered"  # a cold writer: full recovery
-LOCK_POLL_FIRST_S = 0.01  # a writer waiting for the shard lock polls, backing off to
-LOCK_POLL_MAX_S = 0.5
 
 
 def shard_directory(root: Path, broker: str) -> Path:
@@ -220,17 +218,10 @@ class ShardWriter(_Committed):
         this writer's view revalidated against the files first."""
         if self._lock_fd is not None:
             raise InvalidAppendError(f"shard {self.broker!r}: this writer already holds the lock")
-        deadline = time.monotonic() + timeout_s
-        pause = LOCK_POLL_FIRST_S
-        while True:
-            try:
-                self._lock()
-                break
-            except ShardLockedError as locked:
-                if time.monotonic() + pause > deadline:
-                    raise ShardLockedError(f"{locked} -- still held after waiting {timeout_s:g} s") from None
-                time.sleep(pause)
-                pause = min(pause * 2, LOCK_POLL_MAX_S)
+        self._lock_fd = wait_for_lock(self.directory / LOCK_FILE, timeout_s)
+        if self._lock_fd is None:
+            raise ShardLockedError(f"{self.directory / LOCK_FILE}: shard {self.broker!r} lock still held after "
+                                   f"waiting {timeout_s:g} s")
         try:
             self._revalidate()
             yield self
@@ -238,18 +229,13 @@ class ShardWriter(_Committed):
             self._unlock()
 
     def _lock(self) -> None:
-        path = self.directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ShardLockedError(f"{path}: shard {self.broker!r} already has a writer (lock held)") from None
-        self._lock_fd = fd
+        self._lock_fd = try_lock(self.directory / LOCK_FILE)
+        if self._lock_fd is None:
+            raise ShardLockedError(f"{self.directory / LOCK_FILE}: shard {self.broker!r} already has a writer (lock held)")
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+            unlock(self._lock_fd)
             self._lock_fd = None
 
     def _require_locked(self) -> None:
@@ -293,7 +279,7 @@ class ShardWriter(_Committed):
             records = records.take(pa.array(fresh)) if isinstance(records, (pa.Table, pa.RecordBatch)) \
                 else [records[i] for i in fresh.tolist()]
         try:
-            seqs = self._log.append(records)  # validates every record before writing any
+            seqs = self._append_to_log(records, ranges)  # validates every record before writing any
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         try:
@@ -306,6 +292,14 @@ class ShardWriter(_Committed):
             self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
             raise
         return AppendResult(len(seqs), skipped, len(keys))
+
+    def _append_to_log(self, records: pa.Table | list[MessageRecord], ranges: SourceRanges) -> range:
+        """The log append of `records`, which will carry the shard's cumulative committed source
+        ranges after this append as an annotation (compact JSON), so that a lost checkpoint can be
+        rebuilt from the log. Until the log takes annotations, they are computed and not stored:
+        the one-line change when ``MetadataLog.append(records, annotation=...)`` lands is marked."""
+        annotation = _ranges_annotation(ranges)  # noqa: F841  (stored once the log takes it)
+        return self._log.append(records)  # -> self._log.append(records, annotation=annotation)
 
     def adopt_log_offsets(self) -> SourceRanges:
         """Upgrade a version-1 shard (batch ids) whose records' own topic/partition/offset are the
@@ -782,6 +776,11 @@ def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], 
     """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
     each record, in record order, a key repeated within one record indexed once (first place)."""
     return AppendColumns.of(records).index_entries(seqs.start)
+
+
+def _ranges_annotation(ranges: SourceRanges) -> bytes:
+    """Committed source ranges as the log annotation: compact canonical JSON."""
+    return json.dumps(ranges.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
 
 
 def _own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -> SourceRows:
