@@ -318,3 +318,16 @@ def test_old_shards_are_upgraded_for_records_and_refused_for_metadata(tmp_path):
         assert pipeline.upgrade_legacy_shards(store, "records") == []
         with store.reader("b") as reader:
             assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 3], [4, 5]]}}
+
+
+def test_the_foreach_batch_function_is_picklable_and_lock_free(tmp_path):
+    """Spark Connect runs the foreachBatch function in a server-side process: it must pickle."""
+    from pyspark import cloudpickle
+
+    from msgindex.spark.sink import BatchWriter, SinkConfig
+
+    open_store(tmp_path / "ix", create=True, settings=SMALL).close()
+    writer = BatchWriter(SinkConfig(str(tmp_path / "ix"), "records", str(tmp_path / "q")),
+                         bootstrap_servers="127.0.0.1:1", subscribe=["a"], parallelism=2)
+    copy = cloudpickle.loads(cloudpickle.dumps(writer))
+    assert copy.config == writer.config and copy.parallelism == 2

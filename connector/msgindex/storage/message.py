@@ -59,7 +59,7 @@ class MessageRecord:
     size: int = NO_VALUE
 
 
-# Appends may arrive as Arrow (the pipeline's applyInArrow groups): one row per message.
+# Appends may arrive as Arrow (the pipeline's task chunks, split by shard): one row per message.
 APPEND_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),
