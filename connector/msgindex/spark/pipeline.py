@@ -188,7 +188,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                     f"master {master})")
                 _wait(query, sink, stop_request)
         finally:
-            sink.flush()
+            sink.close()
             if listener is not None:
                 if sink.history:
                     listener.wait_for(sink.history[-1].batch_id)

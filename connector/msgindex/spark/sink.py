@@ -216,6 +216,7 @@ class IndexSink:
         self._stopping = threading.Event()
         self._busy = threading.Lock()  # held while a batch writes; a stop waits for it
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msgindex-progress")
+        self._offsets = None  # a Kafka consumer for lag, used by the reporter thread only
 
     # --- stopping ------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -247,10 +248,20 @@ class IndexSink:
         """Wait until every finished batch has been reported (call before the final summary)."""
         self._reporter.submit(lambda: None).result()
 
+    def close(self) -> None:
+        """Report what is pending and release the lag consumer."""
+        self._reporter.submit(self._close_offsets).result()
+        self._reporter.shutdown()
+
+    def _close_offsets(self) -> None:
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None
+
     def _lag(self, batch_id: int) -> int | None:
         """Messages behind the latest Kafka offsets after this batch: the batch's end offsets
         (Spark's offset log in a local checkpoint) against the brokers' log-end offsets."""
-        from msgindex.kafka.admin import latest_offsets
+        from msgindex.kafka.admin import latest_offsets, offsets_consumer
 
         if self.writer.bootstrap_servers is None or self.checkpoint is None:
             return None
@@ -258,8 +269,12 @@ class IndexSink:
         if not ends:
             return None
         try:
-            latest = latest_offsets(self.writer.bootstrap_servers, sorted({topic for topic, _ in ends}))
+            if self._offsets is None:
+                self._offsets = offsets_consumer(self.writer.bootstrap_servers)
+            latest = latest_offsets(self.writer.bootstrap_servers, sorted({topic for topic, _ in ends}),
+                                    consumer=self._offsets)
         except Exception:  # lag is informational (a broker may be restarting): report "?" instead
+            self._close_offsets()
             return None
         return sum(max(latest.get(tp, end) - end, 0) for tp, end in ends.items())
 
