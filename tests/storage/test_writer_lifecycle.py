@@ -31,6 +31,18 @@ def _batches(seed: int, count: int, size: int = 20):
     return [make_batch(rng, n * size, size) for n in range(count)]
 
 
+def assert_shard_holds(root, batches) -> None:
+    """The shard's committed ranges, records (scan) and lookups are the model's of `batches`."""
+    model = ShardModel(BROKER)
+    for batch in batches:
+        model.append(batch)
+    with open_store(root) as store, store.reader(BROKER) as reader:
+        assert reader.committed_ranges.to_json() == model.ranges_json()
+        assert [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e))] == model_scan([model])
+        for key in KEY_POOL:
+            assert table_rows(reader.lookup(key)) == model_lookup([model], [key])
+
+
 def _alternating_writer(root: str, parity: int, seed: int, count: int, turns, done) -> None:
     """A process with ONE writer kept open, appending every other batch when it is its turn."""
     with open_store(root) as store:
@@ -64,14 +76,7 @@ def test_two_processes_alternating_on_one_shard(tmp_path):
     assert [n for _, n, _ in events] == list(range(count))
     # each writer's first acquisition is cold; after that the other process has always committed
     assert [how for _, n, how in events[2:]] == [REVALIDATION_ADOPTED] * (count - 2)
-    model = ShardModel(BROKER)
-    for batch in _batches(5, count):
-        model.append(batch)
-    with open_store(root) as store, store.reader(BROKER) as reader:
-        assert reader.committed_ranges.to_json() == model.ranges_json()
-        assert [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e))] == model_scan([model])
-        for key in KEY_POOL:
-            assert table_rows(reader.lookup(key)) == model_lookup([model], [key])
+    assert_shard_holds(root, _batches(5, count))
 
 
 def test_unchanged_shard_takes_the_fast_path_and_locking_is_required(tmp_path):
@@ -128,15 +133,4 @@ def test_kill_9_mid_append_then_a_kept_writer_rolls_back(tmp_path, fraction):
                     assert writer.last_revalidation == REVALIDATION_ROLLED_BACK
                 writer.append(batch)
         writer.close()
-    clean = tmp_path / "clean"
-    with open_store(clean, create=True, settings=TINY) as store, store.writer(BROKER) as fresh:
-        for batch in batches:
-            fresh.append(batch)
-    model = ShardModel(BROKER)
-    for batch in batches:
-        model.append(batch)
-    with open_store(root) as store, store.reader(BROKER) as reader:
-        assert reader.committed_ranges.to_json() == model.ranges_json()
-        assert [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e))] == model_scan([model])
-        for key in KEY_POOL:
-            assert table_rows(reader.lookup(key)) == model_lookup([model], [key])
+    assert_shard_holds(root, batches)
