@@ -331,3 +331,23 @@ def test_the_foreach_batch_function_is_picklable_and_lock_free(tmp_path):
                          bootstrap_servers="127.0.0.1:1", subscribe=["a"], parallelism=2)
     copy = cloudpickle.loads(cloudpickle.dumps(writer))
     assert copy.config == writer.config and copy.parallelism == 2
+
+
+def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeypatch):
+    """Chunks commit [min, max + 1) of their rows per slice: a slice's row arriving behind an
+    earlier chunk would be skipped as committed, so the task fails instead of losing it."""
+    from msgindex.errors import MsgIndexError
+    from msgindex.spark import task_writer
+
+    root = tmp_path / "ix"
+    open_store(root, create=True, settings=SMALL).close()
+    monkeypatch.setattr(task_writer, "APPEND_ROWS", 2)
+    config = task_writer.SinkConfig(str(root), "records", str(tmp_path / "q"))
+    try:
+        in_order = list(task_writer.write_task(config, 0, [_records_task_rows([0, 1], [0, 0]), _records_task_rows([2, 3], [0, 0]),
+                                                            _records_task_rows([0, 1], [1, 1], partition=1)]))
+        assert in_order[0].to_pylist()[0]["appended"] == 6
+        with pytest.raises(MsgIndexError, match="t-0: offset 5 arrived after offset 7 of the same source slice"):
+            list(task_writer.write_task(config, 1, [_records_task_rows([6, 7], [0, 0]), _records_task_rows([5, 8], [0, 0])]))
+    finally:
+        forget_writers()

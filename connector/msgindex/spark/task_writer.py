@@ -8,7 +8,8 @@ slice they came from, so each append commits exactly the source offset ranges it
 one skips it. Malformed metadata events go to the quarantine, exactly once the same way.
 
 A task appends in chunks of at most ``APPEND_ROWS`` rows (bounded memory in the Python worker
-whatever the batch size) and reports one ``TaskCommit`` per shard it touched.
+whatever the batch size) and reports one ``TaskCommit`` per shard it touched; ``SliceOrder``
+checks the one assumption chunking adds.
 
 This module must import on executors that have only pyspark and its Arrow dependencies (the job
 ships msgindex itself): no kafka-python, no driver-side modules.
@@ -64,6 +65,7 @@ def task_function(config: SinkConfig, batch_id: int):
 def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Write one task's rows (Arrow batches of the prepared columns) and yield its commits."""
     totals: dict[str | None, TaskCommit] = {}
+    order = SliceOrder()
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in batches:
@@ -71,16 +73,47 @@ def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBat
             pending.append(batch)
             rows += batch.num_rows
         if rows >= APPEND_ROWS:
-            _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending)))
+            _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
             pending, rows = [], 0
     if pending:
-        _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending)))
+        _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
     if totals:
         attempt = _attempt_number()
         yield commits_batch([_with_attempt(commit, attempt) for _, commit in sorted(totals.items(), key=lambda i: i[0] or "")])
 
 
-def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table) -> list[TaskCommit]:
+class SliceOrder:
+    """Guards the rule chunked appends rely on: a chunk commits [min, max + 1) of its rows of each
+    source slice, so the rows of one slice must arrive in offset order (Spark's Kafka source reads
+    each offset range front to back). A row behind an earlier chunk of its slice would be skipped
+    as committed: fail the task instead."""
+
+    def __init__(self) -> None:
+        self.high: dict[tuple[int, str, int], int] = {}
+
+    def check(self, sources: SourceRows) -> None:
+        for (topic, partition), where in sources.groups():
+            slices, offsets = sources.slice_id[where], sources.offset[where]
+            for slice_id in np.unique(slices).tolist():
+                mine = offsets[slices == slice_id]
+                key = (slice_id, topic, partition)
+                if key in self.high and int(mine.min()) <= self.high[key]:
+                    raise MsgIndexError(
+                        f"{topic}-{partition}: offset {int(mine.min())} arrived after offset {self.high[key]} of the "
+                        f"same source slice; the task's rows are not in offset order, refusing to commit ranges"
+                    )
+                self.high[key] = max(self.high.get(key, -1), int(mine.max()))
+
+
+def _source_rows(config: SinkConfig, table: pa.Table) -> SourceRows:
+    """Each row's source coordinates: the record's own for records, the event's Kafka ones for metadata."""
+    names = (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET) if config.input_kind == INPUT_METADATA \
+        else ("topic", "partition", "offset")
+    return SourceRows.of(*(table.column(name) for name in names), table.column(SLICE))
+
+
+def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: SliceOrder) -> list[TaskCommit]:
+    order.check(_source_rows(config, table))
     commits = []
     brokers = table.column(BROKER)
     if config.input_kind == INPUT_METADATA:
@@ -103,14 +136,11 @@ def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table) -> list[Tas
 
 def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
     started = time.perf_counter()
-    slices = part.column(SLICE)
     if config.input_kind == INPUT_METADATA:
         records, unkeyed = part.select(APPEND_SCHEMA.names), 0
-        sources = SourceRows.of(part.column(SOURCE_TOPIC), part.column(SOURCE_PARTITION), part.column(SOURCE_OFFSET), slices)
     else:
         records, unkeyed = records_to_append(part)
-        sources = SourceRows.of(part.column("topic"), part.column("partition"), part.column("offset"), slices)
-    result = append_to_shard(config.root, broker, records, sources, lock_timeout_s=config.lock_timeout_s,
+    result = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
                              adopt_legacy_offsets=config.input_kind == INPUT_RECORDS)
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000)
