@@ -1,6 +1,6 @@
 """Shard append throughput for Arrow input: what the indexing pipeline does per micro-batch and broker.
 
-`ShardWriter.append(batch_id, table)` of APPEND_SCHEMA tables (100k records each by default, two or
+`ShardWriter.append(table)` of APPEND_SCHEMA tables (100k records each by default, two or
 three keys per record, one repeated now and then), through the whole commit (metadata log, hash
 index files, fsyncs, checkpoint), with the store's default settings. The baseline, measured in the
 same run on the same tables, is the shard's original Arrow path, kept below as a subclass: rows
@@ -26,6 +26,7 @@ from msgindex.errors import InvalidAppendError
 from msgindex.storage.log.columns import records_from_table
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import AppendResult, ShardWriter
+from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.store import StoreSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.*
@@ -37,12 +38,12 @@ BASE_MS = 1_700_000_000_000
 class PerRecordShardWriter(ShardWriter):
     """The baseline: the original Arrow path (MessageRecords and a per-record loop)."""
 
-    def append(self, batch_id: int, records: pa.Table | list[MessageRecord]) -> AppendResult:
+    def append(self, records: pa.Table | list[MessageRecord], sources=None) -> AppendResult:
         rows = records_from_table(records) if isinstance(records, pa.Table) else records
         try:
             seqs = self._log.append(rows)
         except InvalidAppendError as bad:
-            raise InvalidAppendError(f"shard {self.broker!r}, batch {batch_id}: {bad}") from None
+            raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         keys, phy_offsets, timestamps = [], [], []
         for record, seq in zip(rows, seqs):
             for key in dict.fromkeys(record.keys):
@@ -51,8 +52,10 @@ class PerRecordShardWriter(ShardWriter):
                 timestamps.append(record.timestamp_ms)
         first_touched = max(len(self._files) - 1, 0)
         self._put_keys(keys, phy_offsets, timestamps)
-        self._commit(batch_id, {record.topic for record in rows}, self._files[first_touched:])
-        return AppendResult(batch_id, skipped=False, records=len(rows), keys_indexed=len(keys))
+        own = SourceRows.of([r.topic for r in rows], [r.partition for r in rows], [r.offset for r in rows])
+        self._commit({record.topic for record in rows}, self._files[first_touched:],
+                     self._checkpoint.source_ranges.union(own.ranges()))
+        return AppendResult(len(rows), 0, len(keys))
 
 
 def make_tables(count: int, per_table: int) -> list[pa.Table]:
@@ -87,8 +90,8 @@ def append_all(writer_class: type[ShardWriter], directory: Path, batches: list) 
     writer = writer_class(directory, "b", StoreSettings())
     try:
         start = time.perf_counter()
-        for batch_id, batch in enumerate(batches):
-            writer.append(batch_id, batch)
+        for batch in batches:
+            writer.append(batch)
         return time.perf_counter() - start
     finally:
         writer.close()

@@ -110,7 +110,7 @@ def build_store(root: Path, topic: str, partitions: int, messages: int, cardinal
                 pa.array(np.full(n, -1, np.int64)),
                 pa.array(np.full(n, value_bytes, np.int32)),
             ], schema=APPEND_SCHEMA)
-            writer.append(batch_id, table)
+            writer.append(table)
     return time.perf_counter() - started
 
 

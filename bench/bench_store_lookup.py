@@ -37,7 +37,7 @@ def build(root: Path, records: int) -> None:
                 MessageRecord(TOPICS[i % 4], i % 8, i, BASE_MS + (i * 37) % 3_600_000, f"key-{i}", (f"key-{i}",))
                 for i in range(start, min(start + BATCH, records))
             ]
-            writer.append(batch_id, batch)
+            writer.append(batch)
 
 
 def rate(calls: int, seconds: float) -> float:

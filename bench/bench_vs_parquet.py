@@ -85,7 +85,7 @@ def write_parquet(table: pa.Table, path: Path) -> None:
 def write_store(table: pa.Table, root: Path, append_rows: int) -> None:
     with open_store(root, create=True, settings=StoreSettings()) as store, store.writer("b0") as writer:
         for batch_id, start in enumerate(range(0, table.num_rows, append_rows)):
-            writer.append(batch_id, table.slice(start, append_rows))
+            writer.append(table.slice(start, append_rows))
 
 
 def timed(fn):

@@ -26,6 +26,19 @@ class InvalidAppendError(MsgIndexError):
     """An append would break an ordering invariant (e.g. a sparse index offset that does not grow)."""
 
 
+class LegacyCheckpointError(MsgIndexError):
+    """A shard's checkpoint predates exactly-once-by-offsets (it recorded batch ids) and cannot be
+    appended to as it is; the message says how to upgrade or what to do instead."""
+
+
+class IndexPathError(MsgIndexError):
+    """The index path is not usable where it must be (e.g. an executor does not see it)."""
+
+
+class IndexInUseError(MsgIndexError):
+    """Another indexing job is writing the same index right now."""
+
+
 class ShardLockedError(MsgIndexError):
     """Another process holds the shard's writer lock."""
 

@@ -32,7 +32,7 @@ def test_fetch_values_from_real_kafka(spark, kafka_bootstrap, kafka_topic, tmp_p
     # a message the log no longer has (retention): the row stays, with a null value
     records.append(MessageRecord(topic, 0, 1_000_000, records[0].timestamp_ms, "cust-1", ("cust-1",)))
     with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
-        writer.append(0, records)
+        writer.append(records)
 
     rows = (spark.read.format("msgindex").option("key", "cust-1").option("fetchValues", "true")
             .option("kafka.bootstrap.servers", kafka_bootstrap).load(str(tmp_path / "store")).collect())

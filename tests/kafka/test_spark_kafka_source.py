@@ -148,7 +148,8 @@ def test_session_has_the_settings_msgindex_relies_on(spark):
 def test_session_conf_lets_callers_override_but_keeps_the_connector_jars():
     from msgindex.spark.session import session_conf
 
-    conf = session_conf("x", "local[1]", {"spark.sql.shuffle.partitions": 7, "spark.jars": "/opt/extra.jar"})
+    conf = session_conf("x", "local[1]", {"spark.sql.shuffle.partitions": 7, "spark.jars": "/opt/extra.jar"},
+                        user_conf={})  # only the caller's settings (not those of a JVM this test session runs)
     assert conf["spark.master"] == "local[1]" and conf["spark.app.name"] == "x"
     assert conf["spark.sql.shuffle.partitions"] == "7"
     jars = conf["spark.jars"].split(",")

@@ -1,6 +1,6 @@
 """Input shape ``metadata``: RocketMQ-style message-metadata events on a Kafka topic are indexed
 into the shards they name; malformed events are quarantined with the raw record and the reason,
-exactly once per batch, and never stop the stream."""
+exactly once by their Kafka offsets, and never stop the stream."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
     history = run_job_in_process(args)
     assert len(history) >= 2
     assert sum(s.records for s in history) == len(good)
-    assert sum(s.quarantined for s in history) == len(MALFORMED)
+    assert sum(s.quarantined for s in history) == sum(s.malformed for s in history) == len(MALFORMED)
 
     import msgindex
 
@@ -92,6 +92,15 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
     last = history[-1].batch_id
     forget_commit(index, last)
     replay = run_job_in_process(args)
-    assert [s.batch_id for s in replay] == [last] and replay[0].records == 0 and replay[0].quarantined == 0
+    assert [s.batch_id for s in replay] == [last] and replay[0].appended == 0 and replay[0].quarantined == 0
+    assert replay[0].records == history[-1].records and replay[0].quarantined_before == history[-1].malformed
+    assert len(read_quarantine(index / "_quarantine")) == len(MALFORMED)
+    assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS), with_broker=True)
+
+    # A NEW Spark checkpoint starts again from earliest: every event and every malformed one is
+    # found committed (by its Kafka offset), nothing is written or quarantined twice.
+    fresh = run_job_in_process([*args, "--checkpoint", str(tmp_path / "new-checkpoint")])
+    assert sum(s.records for s in fresh) == len(good) and sum(s.appended for s in fresh) == 0
+    assert sum(s.quarantined_before for s in fresh) == len(MALFORMED) and sum(s.quarantined for s in fresh) == 0
     assert len(read_quarantine(index / "_quarantine")) == len(MALFORMED)
     assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS), with_broker=True)

@@ -9,13 +9,14 @@ import time
 import pyarrow as pa
 import pytest
 
-from msgindex.errors import CorruptFileError, InvalidOptionError, ShardLockedError
+from msgindex.errors import CorruptFileError, IndexInUseError, InvalidOptionError, ShardLockedError
 from msgindex.spark.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
-from msgindex.spark.ownership import claim_index
+from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
-from msgindex.spark.quarantine import read_quarantine, write_quarantine
-from msgindex.spark.shard_owner import ShardOwner
-from msgindex.spark.sink import spark_batch_end_offsets
+from msgindex.spark.quarantine import committed_ranges, read_quarantine, write_quarantine
+from msgindex.spark.shard_owner import append_to_shard, forget_writers
+from msgindex.spark.sink import local_path, spark_batch_end_offsets
+from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
 from msgindex.cli import index as index_job
@@ -41,30 +42,48 @@ def test_partition_broker_map_corrupt_file_is_named(tmp_path, content):
         PartitionBrokerMap(tmp_path)
 
 
-def _bad_rows(values: list[bytes | None]) -> pa.Table:
+def _bad_rows(values: list[bytes | None], first_offset: int = 0, partition: int = 0) -> pa.Table:
     n = len(values)
-    return pa.table({"src_topic": ["meta"] * n, "src_partition": pa.array([0] * n, pa.int32()),
-                     "src_offset": pa.array(range(n), pa.int64()), "src_timestamp_ms": pa.array([5] * n, pa.int64()),
-                     "raw_value": pa.array(values, pa.binary())})
+    return pa.table({"src_topic": ["meta"] * n, "src_partition": pa.array([partition] * n, pa.int32()),
+                     "src_offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+                     "src_timestamp_ms": pa.array([5] * n, pa.int64()), "raw_value": pa.array(values, pa.binary())})
 
 
-def test_quarantine_written_once_per_batch_and_read_back(tmp_path):
+def test_quarantine_is_exactly_once_by_source_offsets_and_read_back(tmp_path):
     rows = _bad_rows([b"{oops", b"\xff", None])
-    assert write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])
-    assert not write_quarantine(tmp_path, 3, "malformed", rows, ["bad json", "not utf-8", "null"])  # a replay
-    assert write_quarantine(tmp_path, 4, "malformed", _bad_rows([b"x"]), ["r"])
+    first = write_quarantine(tmp_path, 3, rows, ["bad json", "not utf-8", "null"])
+    assert (first.written, first.already) == (3, 0)
+    again = write_quarantine(tmp_path, 9, rows, ["bad json", "not utf-8", "null"])  # a replay, or a new checkpoint
+    assert (again.written, again.already) == (0, 3)
+    mixed = write_quarantine(tmp_path, 4, _bad_rows([b"old", b"x"], first_offset=2), ["r", "r"])  # offset 2 is in
+    assert (mixed.written, mixed.already) == (1, 1)
+    assert committed_ranges(tmp_path).to_json() == {"meta": {"0": [[0, 4]]}}
     table = read_quarantine(tmp_path).to_pylist()
     assert [(r["batch_id"], r["offset"], r["reason"], r["value"], r["value_base64"]) for r in table] == [
         (3, 0, "bad json", "{oops", "e29vcHM="), (3, 1, "not utf-8", None, "/w=="), (3, 2, "null", None, None),
-        (4, 0, "r", "x", "eA==")]
+        (4, 3, "r", "x", "eA==")]
     assert len(read_quarantine(tmp_path / "missing")) == 0
 
 
-def test_index_refuses_a_second_streaming_query(tmp_path):
-    claim_index(tmp_path, "query-1", "/ck/1")
-    claim_index(tmp_path, "query-1", "/ck/1")  # the same query restarting
-    with pytest.raises(InvalidOptionError, match="query-1.*query-2"):
-        claim_index(tmp_path, "query-2", "/ck/2")
+def test_quarantine_reads_legacy_batch_files_as_set_aside(tmp_path):
+    import json
+
+    line = {"batch_id": 1, "reason": "r", "source": {"topic": "meta", "partition": 0, "offset": 7, "timestamp_ms": 5},
+            "value": "x", "value_base64": "eA=="}
+    (tmp_path / "batch-00000000000000000001-malformed.jsonl").write_text(json.dumps(line) + "\n")
+    result = write_quarantine(tmp_path, 2, _bad_rows([b"a", b"x"], first_offset=6), ["r", "r"])
+    assert (result.written, result.already) == (1, 1)
+    assert [r["offset"] for r in read_quarantine(tmp_path).to_pylist()] == [6, 7]
+
+
+def test_one_job_per_index_at_a_time(tmp_path):
+    first = JobIdentity.current("q1", "/ck/1")
+    with IndexClaim(tmp_path, first):
+        with pytest.raises(IndexInUseError, match=f"another job right now \\(host {first.host} pid {first.pid}, query 'q1', checkpoint /ck/1"):
+            with IndexClaim(tmp_path, JobIdentity.current("q2", "file:///ck/2")):
+                pass
+    with IndexClaim(tmp_path, JobIdentity.current("q2", "hdfs://nn/ck/2")):  # free again; any checkpoint location
+        pass
 
 
 def test_record_keys_follow_the_spec():
@@ -115,27 +134,35 @@ def test_non_utf8_keys_fall_back_to_message_records():
     assert isinstance(appended, list) and appended[0].keys == ("ok", "\udcff")
 
 
-def test_shard_owner_waits_for_the_lock_then_skips_a_committed_batch(tmp_path):
+def test_shard_append_waits_for_the_lock_then_skips_what_is_committed(tmp_path):
     store = open_store(tmp_path / "index", create=True, settings=SMALL)
+    root = str(store.root)
     records = [MessageRecord("t", 0, n, 1000 + n, f"k{n}", (f"k{n}",)) for n in range(5)]
+    sources = SourceRows.of(["t"] * 5, [0] * 5, list(range(5)))
     holder = store.writer("b1")  # another attempt of the same task, still writing
-    with pytest.raises(ShardLockedError, match="waiting"):
-        ShardOwner(store, "b1", lock_timeout_s=0.3).append(0, records)
-    releaser = threading.Timer(0.3, holder.close)
-    releaser.start()
-    started = time.monotonic()
-    first = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)
-    assert time.monotonic() - started >= 0.25 and not first.skipped and first.records == 5
-    second = ShardOwner(store, "b1", lock_timeout_s=10).append(0, records)  # the speculative copy
-    assert second.skipped
-    assert store.lookup("k3").column("offset").to_pylist() == [3]
+    try:
+        with pytest.raises(ShardLockedError, match="waiting"):
+            append_to_shard(root, "b1", records, sources, lock_timeout_s=0.3, adopt_legacy_offsets=True)
+        releaser = threading.Timer(0.3, holder.close)
+        releaser.start()
+        started = time.monotonic()
+        first = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        assert time.monotonic() - started >= 0.25 and (first.appended, first.already_committed) == (5, 0)
+        second = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        assert (second.appended, second.already_committed) == (0, 5)  # the speculative copy
+        assert store.lookup("k3").column("offset").to_pylist() == [3]
+    finally:
+        holder.close()
+        forget_writers()
 
 
 def test_batch_end_offsets_from_sparks_offset_log(tmp_path):
     (tmp_path / "offsets").mkdir()
     (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":12,"1":30},"u":{"0":1}}\n')
     assert spark_batch_end_offsets(tmp_path, 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
+    assert spark_batch_end_offsets(tmp_path.as_uri(), 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
     assert spark_batch_end_offsets(tmp_path, 5) == {}
+    assert spark_batch_end_offsets("hdfs://nn/ck", 4) == {} and local_path("s3a://b/ck") is None
 
 
 BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
@@ -150,6 +177,9 @@ BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
     (["--subscribe", "a", "--trigger-interval", "soon"], "--trigger-interval"),
     (["--subscribe", "a", "--kafka-option", "novalue"], "KEY=VALUE"),
     (["--subscribe", "a", "--kafka-option", "bootstrap.servers=x"], "use --bootstrap-servers"),
+    (["--subscribe", "a", "--min-partitions", "0"], "--min-partitions"),
+    (["--subscribe", "a", "--conf", "executor.memory=1g"], "spark.KEY=VALUE"),
+    (["--subscribe", "a", "--conf", "spark.x"], "spark.KEY=VALUE"),
 ])
 def test_job_rejects_bad_flag_values(tmp_path, extra, message):
     args = index_job.build_parser().parse_args([*BASE, str(tmp_path), *extra])
@@ -200,3 +230,124 @@ def test_sigterm_and_sigint_request_a_graceful_stop():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
+
+
+def _records_task_rows(offsets: list[int], slices: list[int], partition: int = 0, broker: str = "1") -> pa.RecordBatch:
+    n = len(offsets)
+    return pa.RecordBatch.from_pydict({
+        "broker": [broker] * n, "topic": ["t"] * n, "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(offsets, pa.int64()), "timestamp_ms": pa.array([1000 + o for o in offsets], pa.int64()),
+        KEY_RAW: pa.array([f"k{o}".encode() for o in offsets], pa.binary()),
+        KEYS_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())),
+        "slice": pa.array(slices, pa.int64()),
+    })
+
+
+def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
+    """A coalesced task holding two non-adjacent slices of one partition (minPartitions split it,
+    another task has the middle) must not commit the middle: the other task's rows still land."""
+    from msgindex.spark.commits import COMMIT_ARROW_SCHEMA
+    from msgindex.spark.task_writer import SinkConfig, write_task
+
+    root = tmp_path / "ix"
+    open_store(root, create=True, settings=SMALL).close()
+    config = SinkConfig(str(root), "records", str(tmp_path / "q"))
+    try:
+        first = list(write_task(config, 0, [_records_task_rows([0, 1, 2], [0] * 3), _records_task_rows([6, 7], [2] * 2)]))
+        assert first[0].schema == COMMIT_ARROW_SCHEMA
+        assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
+            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0}
+        middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
+        assert (middle["appended"], middle["already_committed"]) == (3, 0)
+        again = list(write_task(config, 5, [_records_task_rows(list(range(8)), [0] * 8)]))[0].to_pylist()[0]
+        assert (again["appended"], again["already_committed"]) == (0, 8)  # e.g. a new checkpoint from earliest
+        with open_store(root) as store:
+            assert store.lookup([f"k{o}" for o in range(8)]).num_rows == 8
+            with store.reader("1") as reader:
+                assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 8]]}}
+    finally:
+        forget_writers()
+
+
+def test_session_leaves_cluster_settings_to_the_user(monkeypatch):
+    from msgindex.spark.session import session_conf
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    local = session_conf("x", None, None, user_conf={})
+    assert local["spark.master"] == "local[2]" and local["spark.driver.host"] == "127.0.0.1"
+    assert local["spark.pyspark.python"] and local["spark.sql.session.timeZone"] == "UTC"
+    # spark-submit / spark-defaults.conf named a cluster: no master, no loopback, no interpreter override
+    cluster = session_conf("x", None, None, user_conf={"spark.master": "spark://h:7077", "spark.pyspark.python": "/opt/py",
+                                                       "spark.jars": "/u.jar", "spark.driver.memory": "4g"})
+    assert "spark.master" not in cluster and "spark.driver.host" not in cluster and "spark.driver.bindAddress" not in cluster
+    assert "spark.pyspark.python" not in cluster and "spark.driver.memory" not in cluster
+    assert cluster["spark.jars"].split(",")[-1] == "/u.jar"
+    # explicit settings (--master, --conf) win over everything; PYSPARK_PYTHON is never overridden
+    monkeypatch.setenv("PYSPARK_PYTHON", "/env/python")
+    explicit = session_conf("x", "spark://o:1", {"spark.driver.host": "10.0.0.1", "spark.sql.session.timeZone": "UTC"},
+                            user_conf={"spark.master": "spark://h:7077"})
+    assert explicit["spark.master"] == "spark://o:1" and explicit["spark.driver.host"] == "10.0.0.1"
+    assert "spark.pyspark.python" not in session_conf("x", "local[1]", None, user_conf={})
+
+
+def test_user_spark_conf_reads_spark_defaults_and_submit_args(tmp_path, monkeypatch):
+    from msgindex.spark import session
+    from msgindex.spark.session import user_spark_conf
+
+    monkeypatch.setattr(session, "_running_jvm_conf", dict)  # this test's own settings only, not a running JVM's
+    (tmp_path / "spark-defaults.conf").write_text("# comment\nspark.master  spark://d:7077\nspark.executor.memory=2g\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.executor.cores=3 --jars /a.jar pyspark-shell")
+    monkeypatch.delenv("MASTER", raising=False)
+    conf = user_spark_conf()
+    assert conf["spark.master"] == "spark://d:7077" and conf["spark.executor.memory"] == "2g"
+    assert conf["spark.executor.cores"] == "3" and conf["spark.jars"] == "/a.jar"
+
+
+def test_old_shards_are_upgraded_for_records_and_refused_for_metadata(tmp_path):
+    from msgindex.errors import LegacyCheckpointError
+    from tests.storage.shard_model import downgrade_to_version_1
+
+    with open_store(tmp_path / "ix", create=True, settings=SMALL) as store:
+        with store.writer("b") as writer:
+            writer.append([MessageRecord("t", 0, n, 1000, f"k{n}", (f"k{n}",)) for n in (0, 1, 2, 4)])
+        downgrade_to_version_1(store.root / "broker=b" / "checkpoint")
+        with pytest.raises(LegacyCheckpointError, match="shard 'b' was written by an older msgindex.*new --path"):
+            pipeline.upgrade_legacy_shards(store, "metadata")
+        assert pipeline.upgrade_legacy_shards(store, "records") == ["b"]
+        assert pipeline.upgrade_legacy_shards(store, "records") == []
+        with store.reader("b") as reader:
+            assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 3], [4, 5]]}}
+
+
+def test_the_foreach_batch_function_is_picklable_and_lock_free(tmp_path):
+    """Spark Connect runs the foreachBatch function in a server-side process: it must pickle."""
+    from pyspark import cloudpickle
+
+    from msgindex.spark.sink import BatchWriter, SinkConfig
+
+    open_store(tmp_path / "ix", create=True, settings=SMALL).close()
+    writer = BatchWriter(SinkConfig(str(tmp_path / "ix"), "records", str(tmp_path / "q")),
+                         bootstrap_servers="127.0.0.1:1", subscribe=["a"], parallelism=2)
+    copy = cloudpickle.loads(cloudpickle.dumps(writer))
+    assert copy.config == writer.config and copy.parallelism == 2
+
+
+def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeypatch):
+    """Chunks commit [min, max + 1) of their rows per slice: a slice's row arriving behind an
+    earlier chunk would be skipped as committed, so the task fails instead of losing it."""
+    from msgindex.errors import MsgIndexError
+    from msgindex.spark import task_writer
+
+    root = tmp_path / "ix"
+    open_store(root, create=True, settings=SMALL).close()
+    monkeypatch.setattr(task_writer, "APPEND_ROWS", 2)
+    config = task_writer.SinkConfig(str(root), "records", str(tmp_path / "q"))
+    try:
+        in_order = list(task_writer.write_task(config, 0, [_records_task_rows([0, 1], [0, 0]), _records_task_rows([2, 3], [0, 0]),
+                                                            _records_task_rows([0, 1], [1, 1], partition=1)]))
+        assert in_order[0].to_pylist()[0]["appended"] == 6
+        with pytest.raises(MsgIndexError, match="t-0: offset 5 arrived after offset 7 of the same source slice"):
+            list(task_writer.write_task(config, 1, [_records_task_rows([6, 7], [0, 0]), _records_task_rows([5, 8], [0, 0])]))
+    finally:
+        forget_writers()

@@ -35,7 +35,7 @@ def write_batches(root: str, broker: str, seed: int) -> None:
     with open_store(root) as store, store.writer(broker) as writer:
         for batch_id, batch in enumerate(batches):
             say(f"begin {batch_id}")
-            writer.append(batch_id, batch)
+            writer.append(batch)
             say(f"commit {batch_id}")
 
 

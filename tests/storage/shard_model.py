@@ -59,19 +59,48 @@ def crash_batches(seed: int) -> list[list[MessageRecord]]:
 
 @dataclass
 class ShardModel:
-    """The committed records of one shard, in append (seq) order."""
+    """The committed records of one shard, in append (seq) order, and the source offsets it holds
+    (the rule of storage/source_ranges.py, written out plainly)."""
 
     broker: str
     records: list[MessageRecord] = field(default_factory=list)
-    batch_id: int = -1
+    committed: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)
     log_start_seq: int = 0
 
-    def append(self, batch_id: int, records: list[MessageRecord]) -> bool:
-        if batch_id <= self.batch_id:
-            return False
-        self.records.extend(records)
-        self.batch_id = batch_id
-        return True
+    def holds(self, topic: str, partition: int, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.committed.get((topic, partition), ()))
+
+    def append(self, records: list[MessageRecord]) -> int:
+        """Append the records whose offsets are not held yet; returns how many."""
+        fresh, seen = [], set()
+        for record in records:
+            position = (record.topic, record.partition, record.offset)
+            if position not in seen and not self.holds(*position):
+                fresh.append(record)
+            seen.add(position)
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for record in records:
+            by_partition.setdefault((record.topic, record.partition), []).append(record.offset)
+        for source, offsets in by_partition.items():
+            self._commit(source, min(offsets), max(offsets) + 1)
+        self.records.extend(fresh)
+        return len(fresh)
+
+    def _commit(self, source: tuple[str, int], start: int, end: int) -> None:
+        merged = []
+        for low, high in sorted(self.committed.get(source, []) + [(start, end)]):
+            if merged and low <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            else:
+                merged.append((low, high))
+        self.committed[source] = merged
+
+    def ranges_json(self) -> dict:
+        """The committed ranges in SourceRanges' JSON form."""
+        out: dict = {}
+        for (topic, partition), intervals in sorted(self.committed.items()):
+            out.setdefault(topic, {})[str(partition)] = [list(i) for i in intervals]
+        return out
 
     def rows(self) -> list[tuple[int, MessageRecord]]:
         return [(seq, r) for seq, r in enumerate(self.records) if seq >= self.log_start_seq]
@@ -179,6 +208,20 @@ def _ms(ts) -> int:
     epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
     delta = ts - epoch
     return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
+
+
+def downgrade_to_version_1(checkpoint_file: Path, batch_id: int = 41) -> None:
+    """Rewrite a shard checkpoint as msgindex before offsets wrote it: version 1, a batch id, no
+    source ranges (with a valid checksum)."""
+    import json
+    import zlib
+
+    body = json.loads(checkpoint_file.read_bytes())
+    del body["crc32"], body["source_ranges"]
+    body.update(version=1, batch_id=batch_id)
+    canonical = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":")).encode()  # noqa: E731
+    body["crc32"] = zlib.crc32(canonical(body))
+    checkpoint_file.write_bytes(canonical(body) + b"\n")
 
 
 def shard_files(directory: Path) -> dict[str, bytes]:

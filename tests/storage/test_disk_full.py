@@ -35,7 +35,7 @@ WRITER = textwrap.dedent("""
     try:
         with store.writer("b") as writer:
             for batch in range(first, last):
-                writer.append(batch, [MessageRecord("t", 0, batch * 500 + i, 1_700_000_000_000 + i, f"k{batch}-{i}",
+                writer.append([MessageRecord("t", 0, batch * 500 + i, 1_700_000_000_000 + i, f"k{batch}-{i}",
                                                     (f"k{batch}-{i}", f"shared{i % 7}")) for i in range(500)])
                 print(f"committed {batch}", flush=True)
     except (MsgIndexError, OSError) as error:

@@ -21,9 +21,9 @@ BASE = 1_700_000_000_000
 def store(tmp_path):
     with open_store(tmp_path / "store", create=True, settings=TINY) as s:
         with s.writer("b1") as writer:
-            writer.append(0, [MessageRecord("t", 0, i, BASE + i * 10, None, ("Aa", "BB", f"k{i}")) for i in range(20)])
+            writer.append([MessageRecord("t", 0, i, BASE + i * 10, None, ("Aa", "BB", f"k{i}")) for i in range(20)])
         with s.writer("b2") as writer:
-            writer.append(3, [MessageRecord("u", 1, 0, BASE, "x", ("x",))])
+            writer.append([MessageRecord("u", 1, 0, BASE, "x", ("x",))])
         yield s
 
 
@@ -50,12 +50,12 @@ def test_cli_on_store_shard_segment_and_index(store, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["kind"] == "store" and report["brokers"] == ["b1", "b2"] and report["records"] == 21
     b1 = report["shards"][0]
-    assert b1["committed_batch_id"] == 0 and len(b1["index_files"]) == 60 // (TINY.index_num - 1) + 1
+    assert b1["source_ranges"] == {"t": {"0": [[0, 20]]}} and len(b1["index_files"]) == 60 // (TINY.index_num - 1) + 1
     assert sum(seg["records"] for seg in b1["segments"]) == 20
 
     shard = store.root / "broker=b1"
     assert main(["inspect", str(shard)]) == 0
-    assert "committed_batch_id: 0" in capsys.readouterr().out
+    assert "source_ranges:\n  t:\n    0:\n      - 0, 20" in capsys.readouterr().out
 
     segment = sorted((shard / "log").glob("*.log"))[0]
     assert main(["inspect", str(segment), "--json"]) == 0

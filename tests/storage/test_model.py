@@ -60,23 +60,23 @@ class StoreMachine(RuleBasedStateMachine):
         self.next_offset += size
         return batch
 
-    @rule(broker=st.sampled_from(BROKERS), size=st.integers(0, 25), gap=st.integers(1, 3))
-    def append(self, broker, size, gap):
-        model = self.models[broker]
+    @rule(broker=st.sampled_from(BROKERS), size=st.integers(0, 25))
+    def append(self, broker, size):
         batch = self._batch(size)
-        batch_id = model.batch_id + gap
-        result = self._writer(broker).append(batch_id, batch)
-        assert not result.skipped and result.records == size
-        model.append(batch_id, batch)
+        result = self._writer(broker).append(batch)
+        assert (result.appended, result.already_committed) == (size, 0)
+        assert self.models[broker].append(batch) == size
 
-    @rule(broker=st.sampled_from(BROKERS), back=st.integers(0, 3))
-    def replay(self, broker, back):
+    @rule(broker=st.sampled_from(BROKERS), back=st.integers(0, 30), new=st.integers(0, 5), seed=st.integers(0, 9))
+    def replay(self, broker, back, new, seed):
+        """Records the shard holds again (a replayed or speculative task), mixed with new ones."""
         model = self.models[broker]
-        batch_id = max(model.batch_id - back, 0)
-        batch = self._batch(3)
-        result = self._writer(broker).append(batch_id, batch)
-        assert result.skipped == (model.batch_id >= 0)  # a shard that has nothing takes batch 0
-        assert model.append(batch_id, batch) == (not result.skipped)
+        old = model.records[len(model.records) - min(back, len(model.records)):]
+        batch = old + self._batch(new)
+        random.Random(seed).shuffle(batch)
+        result = self._writer(broker).append(batch)
+        assert (result.appended, result.already_committed) == (new, len(old))
+        assert model.append(batch) == new
 
     @rule(broker=st.sampled_from(BROKERS), size=st.integers(1, 25), fraction=st.floats(0, 1),
           cut_log=st.integers(0, 40), lag_header=st.booleans())
@@ -128,12 +128,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert got == model_scan(self._present(), begin_ms=begin, end_ms=end, topics=topics)
 
     @invariant()
-    def committed_ids(self):
+    def committed_ranges(self):
         if not hasattr(self, "store"):
             return
         for broker in self.store.brokers():
             with self.store.reader(broker) as reader:
-                assert reader.committed_batch_id == self.models[broker].batch_id
+                assert reader.committed_ranges.to_json() == self.models[broker].ranges_json()
                 assert reader.record_count == len(self.models[broker].records)
 
     def _present(self):

@@ -51,7 +51,7 @@ WRITER = COMMON + textwrap.dedent("""
     writer = store.writer("b0")
     while time.monotonic() < deadline:
         count = rng.randint(1, 400)
-        writer.append(batch_id, [record(i) for i in range(written, written + count)])
+        writer.append([record(i) for i in range(written, written + count)])
         written += count
         batch_id += 1
         write_atomically(root / "progress", str(written).encode())

@@ -28,8 +28,8 @@ def fill(store, broker="b"):
                 MessageRecord("t", i % 2, batch_id * PER_BATCH + i, BASE + batch_id * STEP_MS + i, None, (f"k{i % 3}",))
                 for i in range(PER_BATCH)
             ]
-            writer.append(batch_id, batch)
-            model.append(batch_id, batch)
+            writer.append(batch)
+            model.append(batch)
     return model
 
 
@@ -72,7 +72,7 @@ def test_age_retention_deletes_old_files_only(tmp_path):
         assert sorted(p.name for p in (shard / "index").iterdir()) == [state.name for state in kept]
         assert all(state.header["end_phy_offset"] >= log_start for state in kept[:-1])
         with store.writer("b") as writer:  # and the shard keeps working
-            writer.append(BATCHES, [MessageRecord("t", 0, 999, now, None, ("new",))])
+            writer.append([MessageRecord("t", 0, 999, now, None, ("new",))])
         assert store.lookup("new").num_rows == 1
 
 
@@ -127,7 +127,7 @@ def test_every_record_a_scan_returns_is_found_by_its_keys_after_retention(tmp_pa
                     for i in range(rng.randint(3, 25))
                 ]
                 offset += len(batch)
-                writer.append(batch_id, batch)
+                writer.append(batch)
         total = sum(p.stat().st_size for d in ("index", "log") for p in (store.root / "broker=b" / d).iterdir())
         for cap in (total * 3 // 4, total // 2, total // 4):
             store.apply_retention(max_bytes=cap)

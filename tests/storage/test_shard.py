@@ -16,6 +16,7 @@ from msgindex.storage.append_columns import MAX_LAG_PASSES
 from msgindex.storage.index_file import IndexFile
 from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import index_entries
+from msgindex.storage.source_ranges import SourceRanges
 from msgindex.storage.store import StoreSettings, open_store
 from tests.storage.shard_model import (
     KEY_POOL,
@@ -44,19 +45,60 @@ def store(tmp_path):
 
 def test_append_commits_and_replay_is_skipped(store):
     with store.writer("b1") as writer:
-        assert writer.committed_batch_id == -1
-        first = writer.append(0, [rec(0, ["a"]), rec(1, ["a", "b"])])
-        assert (first.skipped, first.records, first.keys_indexed) == (False, 2, 3)
-        assert writer.append(0, [rec(2, ["a"])]).skipped  # replay of a committed batch
-        assert writer.append(-0, []).skipped
-        assert writer.committed_batch_id == 0
-        assert not writer.append(5, [rec(2, ["a"])]).skipped  # ids may jump
-        assert writer.append(3, [rec(3, ["a"])]).skipped  # anything <= 5 is old
+        assert writer.committed_ranges == SourceRanges()
+        first = writer.append([rec(0, ["a"]), rec(1, ["a", "b"])])
+        assert (first.appended, first.already_committed, first.keys_indexed) == (2, 0, 3)
+        replay = writer.append([rec(1, ["a"]), rec(0, ["zzz"])])  # offsets the shard holds
+        assert (replay.appended, replay.already_committed, replay.records) == (0, 2, 2)
+        assert writer.append([]).records == 0
+        mixed = writer.append([rec(1, ["a"]), rec(2, ["a"]), rec(2, ["a"])])  # old, new, a repeat within the input
+        assert (mixed.appended, mixed.already_committed) == (1, 2)
+        other = writer.append([rec(0, ["a"], partition=1)])  # the same offset of another partition is new
+        assert other.appended == 1
+        assert writer.committed_ranges.to_json() == {"orders": {"0": [[0, 3]], "1": [[0, 1]]}}
     with store.reader("b1") as reader:
-        assert reader.committed_batch_id == 5
-        assert reader.record_count == 3
-        assert table_rows(reader.lookup("a"))[-1][4] == 2
-        assert [r[4] for r in table_rows(reader.lookup("a"))] == [0, 1, 2]
+        assert reader.committed_ranges.to_json() == {"orders": {"0": [[0, 3]], "1": [[0, 1]]}}
+        assert reader.record_count == 4
+        assert sorted((r[3], r[4]) for r in table_rows(reader.lookup("a"))) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+def test_a_slice_commits_its_whole_range_gaps_included(store):
+    """[min, max + 1) of each slice: offsets missing inside it (transaction markers, compaction,
+    records of another shard) are committed too, and separate slices stay separate."""
+    from msgindex.storage.source_ranges import SourceRows
+
+    records = [rec(o, ["k"]) for o in (10, 13, 20, 22)]
+    sources = SourceRows.of(["orders"] * 4, [0] * 4, [10, 13, 20, 22], slice_id=[1, 1, 2, 2])
+    with store.writer("b") as writer:
+        assert writer.append(records, sources).appended == 4
+        assert writer.committed_ranges.to_json() == {"orders": {"0": [[10, 14], [20, 23]]}}
+        late = writer.append([rec(12, ["k"]), rec(16, ["k"])], SourceRows.of(["orders"] * 2, [0, 0], [12, 16]))
+        assert (late.appended, late.already_committed) == (1, 1)  # 12 lies in [10, 14), 16 does not
+        assert writer.committed_ranges.to_json() == {"orders": {"0": [[10, 17], [20, 23]]}}
+        by_source = writer.append([rec(30, ["k"])], SourceRows.of(["orders"], [0], [23]))
+        assert by_source.appended == 1  # the source coordinates decide, not the record's own offset
+        assert writer.committed_ranges.to_json() == {"orders": {"0": [[10, 17], [20, 24]]}}
+
+
+def test_a_version_1_checkpoint_is_refused_then_upgraded_from_the_log(store):
+    """A batch-id checkpoint (msgindex before offsets) is never read as offsets: appends are
+    refused until adopt_log_offsets() rebuilds the ranges from the log's own offsets."""
+    from msgindex.errors import LegacyCheckpointError
+    from tests.storage.shard_model import downgrade_to_version_1
+
+    with store.writer("b") as writer:
+        writer.append([rec(o, ["k"]) for o in (0, 1, 2, 5, 6)] + [rec(0, ["k"], topic="t2", partition=3)])
+    downgrade_to_version_1(store.root / "broker=b" / CHECKPOINT_FILE)
+    with store.reader("b") as reader:
+        assert reader.committed_ranges is None and reader.record_count == 6
+    with store.writer("b") as writer:
+        with pytest.raises(LegacyCheckpointError, match="version-1 checkpoint.*adopt_log_offsets"):
+            writer.append([rec(7, ["k"])])
+        writer.adopt_log_offsets()
+        assert writer.committed_ranges.to_json() == {"orders": {"0": [[0, 3], [5, 7]]}, "t2": {"3": [[0, 1]]}}
+        assert writer.append([rec(o, ["k"]) for o in range(8)]).appended == 3  # 3, 4 and 7
+    with store.reader("b") as reader:
+        assert reader.record_count == 9 and reader.checkpoint.source_ranges.to_json()["orders"] == {"0": [[0, 8]]}
 
 
 def test_lookup_verifies_keys_topics_and_ms_windows(store):
@@ -67,7 +109,7 @@ def test_lookup_verifies_keys_topics_and_ms_windows(store):
         rec(3, ["Aa", "Aa"], BASE + 1000),  # the key twice in one message
     ]
     with store.writer("b") as writer:
-        writer.append(0, records)
+        writer.append(records)
     with store.reader("b") as reader:
         assert [r[4] for r in table_rows(reader.lookup("Aa", topic="orders"))] == [0, 3]
         assert [r[4] for r in table_rows(reader.lookup("BB", topic="orders"))] == [1]
@@ -87,13 +129,13 @@ def test_lookup_verifies_keys_topics_and_ms_windows(store):
 def test_no_result_cap_and_files_roll(store):
     records = [rec(i, ["hot"], BASE + (i * 7919) % 5000) for i in range(400)]
     with store.writer("b") as writer:
-        writer.append(0, records[:100])
-        writer.append(1, records[100:])
+        writer.append(records[:100])
+        writer.append(records[100:])
         names = [state.name for state in writer.checkpoint.index_files]
     assert len(names) == 400 // (TINY.index_num - 1)  # 8 entries per tiny file
     assert names == sorted(names) and len(set(names)) == len(names)
     model = ShardModel("b")
-    model.append(0, records)
+    model.append(records)
     with store.reader("b") as reader:
         rows = table_rows(reader.lookup("hot"))
         assert rows == model_lookup([model], ["hot"])
@@ -105,7 +147,7 @@ def test_small_result_rows_equal_the_logs_rows(store):
 
     records = make_batch(random.Random(5), 0, 60)
     with store.writer("b:1") as writer:
-        writer.append(0, records)
+        writer.append(records)
     with store.reader("b:1") as reader:
         for seqs in ([3, 0, 59, 17], list(range(60)), []):  # every null / non-null field shape
             expected = pa.Table.from_batches([reader.log.read_rows(seqs, "b:1")])
@@ -114,7 +156,7 @@ def test_small_result_rows_equal_the_logs_rows(store):
 
 def test_rolled_file_inherits_end_fields(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(i, ["k"], BASE + i) for i in range(TINY.index_num)])
+        writer.append([rec(i, ["k"], BASE + i) for i in range(TINY.index_num)])
         first, second = writer.checkpoint.index_files
     assert first.header["index_count"] == TINY.index_num
     # RocketMQ: the new file starts from the full one's end; its first put then resets begin
@@ -194,8 +236,8 @@ def test_table_input_equals_record_input(tmp_path_factory, batches, chunks, dict
         with a.writer("x") as by_records, b.writer("x") as by_table:
             for batch_id, batch in enumerate(batches):
                 first_seq = by_records.log.next_seq
-                got = by_table.append(batch_id, append_table(batch, chunks, dictionary_topics))
-                assert by_records.append(batch_id, batch) == got
+                got = by_table.append(append_table(batch, chunks, dictionary_topics))
+                assert by_records.append(batch) == got
                 assert got.keys_indexed == len(old_index_entries(batch, first_seq))
         assert shard_files(root / "a" / "broker=x") == shard_files(root / "b" / "broker=x")
 
@@ -235,9 +277,9 @@ def test_one_writer_at_a_time(store):
 
 def test_reader_sees_only_the_committed_prefix(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(0, ["k"])])
+        writer.append([rec(0, ["k"])])
         reader = store.reader("b")
-        writer.append(1, [rec(1, ["k"]), rec(2, ["k"])] + [rec(3 + i, ["f"]) for i in range(20)])
+        writer.append([rec(1, ["k"]), rec(2, ["k"])] + [rec(3 + i, ["f"]) for i in range(20)])
         assert table_rows(reader.lookup("k"))[0][4] == 0 and reader.lookup("k").num_rows == 1
         assert sum(b.num_rows for s, e in reader.scan_ranges() for b in reader.scan_range(s, e)) == 1
         reader.close()
@@ -248,7 +290,7 @@ def test_reader_sees_only_the_committed_prefix(store):
 def test_uncommitted_bytes_are_rolled_back_on_open(store, tmp_path):
     rng = random.Random(7)
     with store.writer("b") as writer:
-        writer.append(0, make_batch(rng, 0, 30))
+        writer.append(make_batch(rng, 0, 30))
     shard = store.root / "broker=b"
     committed = shard_files(shard)
     lost = make_batch(rng, 30, 30)
@@ -272,8 +314,8 @@ def test_scan_ranges_cover_the_window(store):
     with store.writer("b") as writer:
         for batch_id in range(6):
             batch = make_batch(rng, batch_id * 25, 25)
-            writer.append(batch_id, batch)
-            model.append(batch_id, batch)
+            writer.append(batch)
+            model.append(batch)
     with store.reader("b") as reader:
         assert len(reader.scan_ranges()) > 1  # several segments
         for begin, end in [(None, None), (BASE + 5000, None), (None, BASE + 3000), (BASE + 4000, BASE + 4500)]:
@@ -287,7 +329,7 @@ def test_scan_ranges_cover_the_window(store):
 
 def test_bytes_keys_are_kafka_key_bytes(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(0, ["\udcffbin"]), rec(1, ["plain"])])
+        writer.append([rec(0, ["\udcffbin"]), rec(1, ["plain"])])
     with store.reader("b") as reader:
         assert reader.lookup(b"\xffbin").num_rows == 1
         assert reader.lookup([b"plain", "plain"]).num_rows == 1
@@ -295,19 +337,23 @@ def test_bytes_keys_are_kafka_key_bytes(store):
 
 def test_bad_records_are_rejected_before_anything_is_written(store):
     with store.writer("b") as writer:
-        with pytest.raises(InvalidAppendError, match="shard 'b', batch 0: record 1"):
-            writer.append(0, [rec(0, ["a"]), "not a record"])
-        with pytest.raises(InvalidAppendError, match="batch_id"):
-            writer.append(-1, [])
-        assert writer.committed_batch_id == -1
+        with pytest.raises(InvalidAppendError, match="topic"):
+            writer.append([rec(0, ["a"]), "not a record"])
+        with pytest.raises(InvalidAppendError, match="shard 'b': record 1"):
+            writer.append([rec(0, ["a"]), MessageRecord("t", 0, 1, BASE, None, ("k", 5))])
+        with pytest.raises(InvalidAppendError, match="2 source coordinates for 1 records"):
+            from msgindex.storage.source_ranges import SourceRows
+
+            writer.append([rec(0, ["a"])], SourceRows.of(["t", "t"], [0, 0], [1, 2]))
+        assert writer.committed_ranges == SourceRanges() and writer.checkpoint.record_count == 0
 
 
 def test_corrupt_checkpoint_is_named(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(0, ["a"])])
+        writer.append([rec(0, ["a"])])
     path = store.root / "broker=b" / CHECKPOINT_FILE
     raw = path.read_bytes()
-    for damaged in (raw[:-10], b"", b"garbage", raw.replace(b'"batch_id":0', b'"batch_id":7')):
+    for damaged in (raw[:-10], b"", b"garbage", raw.replace(b'"record_count":1', b'"record_count":7')):
         path.write_bytes(damaged)
         with pytest.raises(CorruptFileError, match="checkpoint"):
             store.reader("b")
@@ -317,7 +363,7 @@ def test_corrupt_checkpoint_is_named(store):
 
 def test_missing_index_file_is_named(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(0, ["a"])])
+        writer.append([rec(0, ["a"])])
         name = writer.checkpoint.index_files[0].name
     (store.root / "broker=b" / "index" / name).unlink()
     with pytest.raises(CorruptFileError, match=name):
@@ -328,7 +374,7 @@ def test_missing_index_file_is_named(store):
 
 def test_wrong_size_index_file_is_named(store):
     with store.writer("b") as writer:
-        writer.append(0, [rec(0, ["a"])])
+        writer.append([rec(0, ["a"])])
         name = writer.checkpoint.index_files[0].name
     path = store.root / "broker=b" / "index" / name
     path.write_bytes(path.read_bytes()[:50])
@@ -345,7 +391,7 @@ def test_garbage_in_a_fresh_broker_dir_is_cleared(store):
     with store.reader("g") as reader:  # nothing was ever committed
         assert reader.record_count == 0 and reader.lookup("a").num_rows == 0
     with store.writer("g") as writer:  # a first batch that never committed: wiped
-        writer.append(0, [rec(0, ["a"])])
+        writer.append([rec(0, ["a"])])
     with store.reader("g") as reader:
         assert reader.lookup("a").num_rows == 1
 
@@ -354,7 +400,7 @@ def test_default_settings_file_sizes(tmp_path):
     settings = StoreSettings(hash_slot_num=1000, index_num=4000)
     with open_store(tmp_path / "s", create=True, settings=settings) as store:
         with store.writer("b") as writer:
-            writer.append(0, [rec(0, ["a"])])
+            writer.append([rec(0, ["a"])])
             path = writer.index_file_paths()[0]
         assert path.stat().st_size == IndexFile.file_size(1000, 4000)
 
@@ -388,10 +434,10 @@ def test_failed_append_is_forgotten(store, tmp_path, monkeypatch):
     rng = random.Random(9)
     first, second = make_batch(rng, 0, 20), make_batch(rng, 20, 30)
     with open_store(tmp_path / "clean", create=True, settings=TINY) as clean, clean.writer("b") as writer:
-        writer.append(0, first)
-        writer.append(1, second)
+        writer.append(first)
+        writer.append(second)
     with store.writer("b") as writer:
-        writer.append(0, first)
+        writer.append(first)
         real_commit = shard_module.ShardWriter._commit
 
         def disk_full(self, *args):
@@ -399,8 +445,8 @@ def test_failed_append_is_forgotten(store, tmp_path, monkeypatch):
 
         monkeypatch.setattr(shard_module.ShardWriter, "_commit", disk_full)
         with pytest.raises(OSError, match="No space"):
-            writer.append(1, second)
+            writer.append(second)
         monkeypatch.setattr(shard_module.ShardWriter, "_commit", real_commit)
-        assert writer.committed_batch_id == 0
-        writer.append(1, second)  # the same batch again, on a writer that forgot the failed one
+        assert writer.checkpoint.record_count == len(first)
+        writer.append(second)  # the same batch again, on a writer that forgot the failed one
     assert shard_files(store.root / "broker=b") == shard_files(tmp_path / "clean" / "broker=b")

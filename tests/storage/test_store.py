@@ -64,7 +64,7 @@ def test_broker_names(tmp_path):
         with pytest.raises(InvalidOptionError, match="no shard for broker 'nope'"):
             store.reader("nope")
         with store.writer("broker-1:9092") as w:
-            w.append(0, [])
+            w.append([])
         assert store.brokers() == ["broker-1:9092"]
 
 
@@ -78,8 +78,8 @@ def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
                 batch = make_batch(rng, offset, 15)
                 offset += 15
                 with store.writer(broker) as writer:
-                    writer.append(batch_id, batch)
-                model.append(batch_id, batch)
+                    writer.append(batch)
+                model.append(batch)
                 assert table_rows(store.lookup("Aa")) == model_lookup(
                     [m for m in models.values() if m.records], ["Aa"]
                 )  # cached readers refresh after every commit
@@ -101,7 +101,7 @@ def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
 def test_lookup_arguments_are_checked(tmp_path):
     with open_store(tmp_path / "s", create=True, settings=TINY) as store:
         with store.writer("a") as w:
-            w.append(0, [MessageRecord("t", 0, 0, BASE, "k", ("k",))])
+            w.append([MessageRecord("t", 0, 0, BASE, "k", ("k",))])
         with pytest.raises(InvalidOptionError, match="key"):
             store.lookup([1, 2])
         with pytest.raises(InvalidOptionError, match="begin_ms"):
@@ -115,10 +115,10 @@ def test_lookup_arguments_are_checked(tmp_path):
 def test_scan_survives_commits_and_lookups_while_it_runs(tmp_path):
     with open_store(tmp_path / "s", create=True, settings=TINY) as store:
         with store.writer("a") as writer:
-            writer.append(0, [MessageRecord("t", 0, i, BASE + i, None, ("k",)) for i in range(50)])
+            writer.append([MessageRecord("t", 0, i, BASE + i, None, ("k",)) for i in range(50)])
             scan = store.scan()
             first = next(scan)
-            writer.append(1, [MessageRecord("t", 0, 50, BASE, None, ("k",))])
+            writer.append([MessageRecord("t", 0, 50, BASE, None, ("k",))])
             assert store.lookup("k").num_rows == 51  # refreshes the cached reader
             rest = sum(batch.num_rows for batch in scan)
         assert first.num_rows + rest == 50  # the scan kept its own snapshot

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import zlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from msgindex.cli import main
 from msgindex.errors import UpgradeRequiredError
 from msgindex.storage import upgrade as upgrade_module
-from msgindex.storage.checkpoint import read_checkpoint, write_checkpoint
+from msgindex.storage.checkpoint import read_checkpoint
 from msgindex.storage.durable import versioned_json, write_atomically
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import MANIFEST_FILE, STORE_FORMAT, StoreSettings, open_store
@@ -41,7 +42,7 @@ def make_v1_store(root: Path, batches: list[list[MessageRecord]]) -> None:
     them (they did not change), the log rewritten by the old per-record writer, manifest 1."""
     with open_store(root, create=True, settings=SETTINGS) as store, store.writer("b1") as writer:
         for batch_id, batch in enumerate(batches):
-            writer.append(batch_id, batch)
+            writer.append(batch)
     shard = root / "broker=b1"
     for path in (shard / "log").iterdir():
         path.unlink()
@@ -55,10 +56,18 @@ def make_v1_store(root: Path, batches: list[list[MessageRecord]]) -> None:
                     "segment_bytes": len(files[last]), "offset_index_entries": len(files[last[:20] + ".index"]) // 8,
                     "time_index_entries": len(files[last[:20] + ".timeindex"]) // 12,
                     "min_timestamp": None, "max_timestamp": None}  # format 1 had no log_format member
-    import dataclasses
-    write_checkpoint(shard / "checkpoint", dataclasses.replace(checkpoint, log_position=old_position))
+    _write_v1_checkpoint(shard / "checkpoint", checkpoint, old_position, batch_id=len(batches) - 1)
     body = json.loads((root / MANIFEST_FILE).read_text())
     write_atomically(root / MANIFEST_FILE, versioned_json(STORE_FORMAT, 1, {"settings": body["settings"]}))
+
+
+def _write_v1_checkpoint(path: Path, checkpoint, log_position: dict, batch_id: int) -> None:
+    """The checkpoint as format-1 stores have it: version 1, the last Spark batch id, no source ranges."""
+    body = {key: value for key, value in checkpoint.to_dict().items() if key != "source_ranges"}
+    body.update(format="msgindex-shard-checkpoint", version=1, batch_id=batch_id, log_position=log_position)
+    canonical = lambda doc: json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()  # noqa: E731
+    body["crc32"] = zlib.crc32(canonical(body))
+    write_atomically(path, canonical(body) + b"\n")
 
 
 def hash_files(root: Path) -> dict[str, bytes]:
@@ -102,7 +111,8 @@ def test_old_store_is_refused_then_upgraded_in_place(old_store, capsys):
     assert main(["upgrade", str(root)]) == 0  # again: nothing to do
     assert "already format 2" in capsys.readouterr().out
     with open_store(root) as store, store.writer("b1") as writer:  # and the shard takes appends again
-        writer.append(3, make_records(10, seed=9))
+        writer.adopt_log_offsets()  # its version-1 checkpoint knew batch ids, not offsets (issue 8)
+        writer.append(make_records(10, seed=9))
 
 
 @pytest.mark.parametrize("crash_at", ["build", "verify", "first_rename", "second_rename", "checkpoint"])

@@ -1,7 +1,8 @@
 """`msgindex index`: the continuous indexing pipeline (Kafka -> Spark -> per-broker shards).
 
     msgindex index --bootstrap-servers 127.0.0.1:9092 --subscribe orders,payments --path ./index-data --available-now
-    spark-submit --jars "$(msgindex kafka jars)" streaming_jobs/index_job.py ...     (the same job)
+    msgindex index --master spark://host:7077 --conf spark.executor.memory=2g ... --path /shared/index
+    spark-submit --master spark://host:7077 --jars "$(msgindex kafka jars)" streaming_jobs/index_job.py ...
 
 Flags follow the Spark Kafka source's vocabulary; this module turns them into
 ``msgindex.spark.pipeline.IndexJobOptions`` (every check argparse cannot make, with an error naming
@@ -55,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "when the checkpoint is new")
     source.add_argument("--max-offsets-per-trigger", type=int, metavar="N",
                         help="cap on Kafka records per micro-batch (all partitions together)")
+    source.add_argument("--min-partitions", type=int, metavar="N",
+                        help="Spark's minPartitions: split big partitions' offset ranges over at least N tasks")
     source.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Kafka consumer setting passed as kafka.KEY (e.g. security.protocol=SSL); repeatable")
     source.add_argument("--fail-on-data-loss", choices=("true", "false"), default="true",
@@ -79,7 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--trigger-interval", metavar="INTERVAL",
                       help="micro-batch interval, e.g. '10 seconds' (default: as fast as possible)")
     when.add_argument("--available-now", action="store_true", help="index what is in Kafka now, then stop")
-    run.add_argument("--master", help="Spark master (default: the session builder's local[2]; ignored under spark-submit)")
+    run.add_argument("--master", help="Spark master URL (default: what spark-submit or spark-defaults.conf "
+                                      "says, else local[2])")
+    run.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", dest="spark_conf",
+                     help="a Spark setting, as spark-submit's --conf (e.g. spark.executor.memory=2g); repeatable")
     run.add_argument("--query-name", default=DEFAULT_QUERY_NAME, help=f"streaming query name (default {DEFAULT_QUERY_NAME})")
     run.add_argument("--quiet-spark", action="store_true", help="do not print Spark's own progress lines")
 
@@ -109,6 +115,14 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
             ) from None
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger <= 0:
         raise InvalidOptionError(f"--max-offsets-per-trigger must be > 0, got {args.max_offsets_per_trigger}")
+    if args.min_partitions is not None and args.min_partitions <= 0:
+        raise InvalidOptionError(f"--min-partitions must be > 0, got {args.min_partitions}")
+    spark_conf = {}
+    for item in args.spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise InvalidOptionError(f"--conf {item!r} is not spark.KEY=VALUE")
+        spark_conf[key.strip()] = value
     if args.quarantine is not None and args.input != "metadata":
         raise InvalidOptionError("--quarantine only applies to --input metadata (Kafka records are never malformed)")
     if args.trigger_interval is not None and not _TRIGGER_INTERVAL.match(args.trigger_interval.strip()):
@@ -133,7 +147,8 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         max_offsets_per_trigger=args.max_offsets_per_trigger, kafka_options=kafka_options,
         fail_on_data_loss=args.fail_on_data_loss, sizing=sizing, lock_timeout_s=args.lock_timeout,
         trigger_interval=args.trigger_interval, available_now=args.available_now, master=args.master,
-        query_name=args.query_name, spark_progress=not args.quiet_spark,
+        query_name=args.query_name, spark_progress=not args.quiet_spark, min_partitions=args.min_partitions,
+        spark_conf=spark_conf,
     )
 
 

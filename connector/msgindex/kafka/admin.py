@@ -18,13 +18,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from msgindex.errors import BrokerError, InvalidOptionError, KafkaUnreachableError, TopicNotFoundError
+from msgindex.storage.message import KEYS_PROPERTY as KEYS_HEADER
+from msgindex.storage.message import UNIQ_KEY_PROPERTY as UNIQ_KEY_HEADER
 
 DEFAULT_TIMEOUT_S = 60.0
 SOURCE_CHECK_TIMEOUT_S = 15.0  # how long a job waits for Kafka before saying it cannot reach it
 CLIENT_ID = "msgindex-admin"
-# RocketMQ's property names, carried as Kafka record headers (see DESIGN.md: input shapes)
-KEYS_HEADER = "KEYS"
-UNIQ_KEY_HEADER = "UNIQ_KEY"
 
 
 @contextlib.contextmanager
@@ -159,11 +158,14 @@ def broker_addresses(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict
     return {b["broker_id"]: f"{b['host']}:{b['port']}" for b in cluster["brokers"]}
 
 
-def latest_offsets(bootstrap: str, topics: Iterable[str],
-                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, int], int]:
-    """``{(topic, partition): end offset}`` (the offset the next record will get)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
-                             request_timeout_ms=int(timeout * 1000) + 1000, enable_auto_commit=False)
+def latest_offsets(bootstrap: str, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT_S, *,
+                   consumer: KafkaConsumer | None = None) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): end offset}`` (the offset the next record will get). `consumer`: one
+    from ``offsets_consumer`` to reuse across calls (creating one costs a metadata round trip and
+    ~100 ms of CPU); without it a consumer is made and closed here."""
+    own = consumer is None
+    if own:
+        consumer = offsets_consumer(bootstrap, timeout)
     try:
         wanted = []
         for topic in topics:
@@ -173,8 +175,15 @@ def latest_offsets(bootstrap: str, topics: Iterable[str],
             wanted.extend(TopicPartition(topic, p) for p in sorted(found))
         ends = consumer.end_offsets(wanted)
     finally:
-        consumer.close()
+        if own:
+            consumer.close()
     return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+
+def offsets_consumer(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> KafkaConsumer:
+    """A consumer that only reads offsets (no group, no commits), for ``latest_offsets``."""
+    return KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
+                         request_timeout_ms=int(timeout * 1000) + 1000, enable_auto_commit=False)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.kafka.admin import KEYS_HEADER, UNIQ_KEY_HEADER
-from msgindex.storage.message import APPEND_SCHEMA, NO_VALUE, MessageRecord, decode_key_bytes
+from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -38,8 +37,8 @@ def project_records(kafka_df: "DataFrame", broker: "Column") -> "DataFrame":
         "topic", "partition", "offset",
         F.expr("unix_millis(timestamp)").alias("timestamp_ms"),
         F.col("key").alias(KEY_RAW),
-        header_values(KEYS_HEADER).alias(KEYS_HEADERS),
-        header_values(UNIQ_KEY_HEADER).alias(UNIQ_HEADERS),
+        header_values(KEYS_PROPERTY).alias(KEYS_HEADERS),
+        header_values(UNIQ_KEY_PROPERTY).alias(UNIQ_HEADERS),
     )
 
 

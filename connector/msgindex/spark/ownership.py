@@ -1,63 +1,88 @@
-"""Which streaming query feeds an index (``<index root>/pipeline-owner.json``).
+"""One indexing job per index at a time: the driver holds ``<index root>/pipeline.lock``.
 
-Shards skip every batch id they already committed. That is what makes replays exactly once, and
-it would silently drop data if a second query, whose batch ids start again at 0 (a new or
-deleted checkpoint, or another job), wrote into the same index. So the first query to write
-records its id (Spark keeps it in ``<checkpoint>/metadata``) and any other query is refused with
-an error saying what to do.
+Exactly once no longer depends on which Spark query writes an index (shards commit Kafka source
+offsets, so a new or deleted checkpoint, or another job, converges to the same index). What
+must not happen is two jobs writing one index AT THE SAME TIME: their tasks would contend for
+every shard lock, and their partition -> broker assignments could race. So the driver of a job
+takes an exclusive ``flock`` on the lock file for the life of its query (released when the
+process ends, however it ends) and writes who it is to ``pipeline-owner.json``; a second
+driver fails at once with a message naming the holder. It works whatever the checkpoint
+location is (a local path or any URI): the lock lives with the index, on the shared filesystem
+the index requires anyway (flock works on NFS v4, EFS, CephFS).
 """
 
 from __future__ import annotations
 
-import json
+import os
+import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from msgindex.errors import CorruptFileError, InvalidOptionError
+from msgindex.errors import CorruptFileError, IndexInUseError
 from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
+from msgindex.storage.file_lock import try_lock, unlock
 
+LOCK_FILE = "pipeline.lock"
 FILE_NAME = "pipeline-owner.json"
 FORMAT = "msgindex-pipeline-owner"
-FORMAT_VERSION = 1
-SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's {"id": "<query id>"} file in a checkpoint
+FORMAT_VERSION = 2  # 1 recorded a Spark query id that other queries were refused for
 
 
-def spark_query_id(checkpoint: str | Path) -> str | None:
-    """The id Spark recorded for the query of a local checkpoint directory (None when it has none yet)."""
-    path = Path(checkpoint) / SPARK_CHECKPOINT_METADATA
-    try:
-        return str(json.loads(path.read_text(encoding="utf-8").splitlines()[0])["id"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise CorruptFileError(f"{path}: not a Spark checkpoint metadata file ({error})") from error
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who runs an indexing job (what a refused second job is told)."""
+
+    host: str
+    pid: int
+    query_name: str
+    checkpoint: str
+    started_ms: int
+
+    @classmethod
+    def current(cls, query_name: str, checkpoint: str) -> JobIdentity:
+        return cls(socket.gethostname(), os.getpid(), query_name, str(checkpoint), int(time.time() * 1000))
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_ms / 1000))
+        return f"host {self.host} pid {self.pid}, query {self.query_name!r}, checkpoint {self.checkpoint}, since {started}"
 
 
-def claim_index(root: str | Path, query_id: str, checkpoint: str | Path) -> None:
-    """Record `query_id` as the writer of the index at `root`, or refuse when another query is."""
+class IndexClaim:
+    """The driver's hold on an index for the life of its query (a context manager)."""
+
+    def __init__(self, root: str | os.PathLike[str], identity: JobIdentity) -> None:
+        self.root = Path(root)
+        self.identity = identity
+        self._fd: int | None = None
+
+    def __enter__(self) -> IndexClaim:
+        fd = try_lock(self.root / LOCK_FILE)
+        if fd is None:
+            holder = read_owner(self.root)
+            who = holder.describe() if holder is not None else "a job that has not recorded itself yet"
+            raise IndexInUseError(
+                f"--path {self.root} is being indexed by another job right now ({who}); "
+                f"stop that job first, or index into another --path"
+            )
+        self._fd = fd
+        write_atomically(self.root / FILE_NAME, versioned_json(FORMAT, FORMAT_VERSION, vars(self.identity)))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._fd is not None:
+            unlock(self._fd)
+            self._fd = None
+
+
+def read_owner(root: str | os.PathLike[str]) -> JobIdentity | None:
+    """The job that last claimed the index (None when none did, or its record is unreadable:
+    it is informational only, the lock decides)."""
     path = Path(root) / FILE_NAME
-    if path.exists():
-        owner = _read_owner(path)
-        recorded = owner.get("query_id")
-        if not isinstance(recorded, str):
-            raise CorruptFileError(f"{path}: not a pipeline owner record (no query_id)")
-        if recorded == query_id:
-            return
-        raise InvalidOptionError(
-            f"--path {root} is fed by streaming query {recorded} (checkpoint {owner.get('checkpoint')}), "
-            f"but --checkpoint {checkpoint} belongs to query {query_id}: their batch ids would collide "
-            f"and shards would skip new data. Restart with the original checkpoint, or index into a new --path."
-        )
-    write_atomically(path, versioned_json(FORMAT, FORMAT_VERSION, {"query_id": query_id, "checkpoint": str(checkpoint)}))
-
-
-def _read_owner(path: Path) -> dict:
-    raw = path.read_bytes()
     try:
-        legacy = json.loads(raw)
-    except ValueError:
-        legacy = None
-    if isinstance(legacy, dict) and "format" not in legacy and "query_id" in legacy:
-        return legacy  # written before msgindex's JSON files carried a format and version
-    _, owner = parse_versioned_json(raw, source=path, what="pipeline owner record", format_name=FORMAT,
-                                    versions=(FORMAT_VERSION,))
-    return owner
+        _, body = parse_versioned_json(path.read_bytes(), source=path, what="pipeline owner record",
+                                       format_name=FORMAT, versions=(FORMAT_VERSION,))
+        return JobIdentity(str(body["host"]), int(body["pid"]), str(body["query_name"]),
+                           str(body["checkpoint"]), int(body["started_ms"]))
+    except (OSError, CorruptFileError, KeyError, TypeError, ValueError):
+        return None

@@ -2,10 +2,10 @@
 
 A Kafka partition's messages go to the shard of the broker that led the partition when the
 pipeline first saw it. Leaders move (restarts, reassignments), but a replayed or restarted batch
-must write every message to the same shard it went to the first time, or a shard would skip a
-batch id it never saw the rows of. So the first answer is recorded here, by the driver, before
-any write of the batch that needs it, and an entry is never changed or removed: the file only
-grows.
+must write every message to the same shard it went to the first time: shards skip the source
+offsets THEY hold, so a record sent to another shard on replay would be indexed twice. So the
+first answer is recorded here, by the driver, before any write of the batch that needs it, and an
+entry is never changed or removed: the file only grows.
 """
 
 from __future__ import annotations

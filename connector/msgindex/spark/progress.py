@@ -1,16 +1,42 @@
-"""Spark's own view of the indexing query, one line per progress event (a StreamingQueryListener).
+"""Progress of the indexing query: msgindex's batch log, and Spark's own view of each trigger.
 
-The sink prints msgindex's line per batch (records/s, keys, shards, lag, quarantined); this adds
-what only Spark knows: how long each phase of the trigger took and the input/processing rates.
+* ``<index root>/_batches.jsonl``: one JSON object per micro-batch (what sink.BatchStats.to_json
+  says: records, new, already committed, keys, quarantined, shards, seconds), appended by the
+  batch function itself, so that a client that does not see the driver's output (Spark Connect)
+  reads the counts with ``read_batch_log`` or ``spark.read.json``. Informational: not fsynced.
+* ``SparkProgressListener``: one line per Spark progress event: how long each phase of the
+  trigger took and the input/processing rates (the sink prints msgindex's own line per batch).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from pyspark.sql.streaming import StreamingQueryListener
+
+BATCH_LOG_FILE = "_batches.jsonl"
+
+
+def append_batch_log(root: str | os.PathLike[str], entry: dict) -> None:
+    """Append one batch's counts (with the wall-clock time) to the index's batch log."""
+    line = json.dumps({"time_ms": int(time.time() * 1000), **entry}, separators=(",", ":")) + "\n"
+    with open(Path(root) / BATCH_LOG_FILE, "a", encoding="utf-8") as log:
+        log.write(line)  # one write of a short line: concurrent appenders do not interleave
+
+
+def read_batch_log(root: str | os.PathLike[str]) -> list[dict]:
+    """Every batch entry the index's batch log holds, oldest first."""
+    try:
+        with open(Path(root) / BATCH_LOG_FILE, encoding="utf-8") as log:
+            return [json.loads(line) for line in log if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
 
 _PHASES = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
 

@@ -1,42 +1,73 @@
-"""Where malformed input goes: a directory of JSON-lines files, one per (batch id, group).
+"""Where malformed input goes: a directory of JSON-lines files, exactly once by source offsets.
 
-``<quarantine>/batch-<20-digit batch id>-<tag>.jsonl``, one JSON object per set-aside record::
+``<quarantine>/src-<start 20 digits>-<end 20 digits>-<partition>-<topic>.jsonl`` holds the
+malformed events of source partition ``topic-partition`` from one slice, one JSON object per
+line::
 
     {"batch_id": 7, "reason": "missing brokerName",
      "source": {"topic": "rmq-dispatch", "partition": 0, "offset": 1234, "timestamp_ms": 1700000000000},
      "value": "<the record value as text, or null when it is not UTF-8>",
      "value_base64": "<the exact value bytes, or null when the value is null>"}
 
-Exactly once per batch id: a file is written under a temporary name, fsynced and renamed into
-place, and a replay of the batch (same rows, by the source's replay guarantee) finds the file and
-writes nothing. Users read it back with ``read_quarantine(path)`` (a pyarrow Table), with
+Exactly once, like a shard (``storage/source_ranges.py``): the file names ARE the committed
+source offset ranges ([start, end) of the slice the file's events came from: every malformed
+event of the partition inside it is in some file). A writer holds ``<quarantine>/.lock``, reads
+the ranges off the names, sets aside only events outside them, and writes each new file
+atomically: a replay, a retried or speculative task, or a new Spark checkpoint that starts again
+from ``earliest`` never writes an event twice. (A topic name too long for a file name is
+replaced by ``sha1-<hex>``; its files' lines still carry it.) ``batch-<id>-<tag>.jsonl`` files of
+older msgindex versions are read, and their events count as set aside.
+
+Users read the events back with ``read_quarantine(path)`` (a pyarrow Table), with
 ``spark.read.json(path)``, or with any JSON-lines tool.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
-from msgindex.storage.durable import write_atomically
+from msgindex.errors import ShardLockedError
+from msgindex.storage.durable import is_temporary, write_atomically
+from msgindex.storage.file_lock import unlock, wait_for_lock
+from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 
-FILE_PREFIX = "batch-"
+FILE_PREFIX = "src-"
+LEGACY_FILE_PREFIX = "batch-"
 FILE_SUFFIX = ".jsonl"
-BATCH_ID_DIGITS = 20
+LOCK_FILE = ".lock"
+OFFSET_DIGITS = 20
+MAX_FILE_NAME = 255
+HASHED_TOPIC_PREFIX = "sha1-"
 
-# The columns a group function hands to `write_quarantine` (see sink.py).
+# The columns a task hands to `write_quarantine` (see task_writer.py).
 SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP = "src_topic", "src_partition", "src_offset", "src_timestamp_ms"
 RAW_VALUE, REASON = "raw_value", "reason"
 
 
-def quarantine_file(directory: str | os.PathLike[str], batch_id: int, tag: str) -> Path:
-    """The file holding batch `batch_id`'s records set aside by group `tag`."""
-    return Path(directory) / f"{FILE_PREFIX}{batch_id:0{BATCH_ID_DIGITS}d}-{tag}{FILE_SUFFIX}"
+@dataclass(frozen=True)
+class QuarantineResult:
+    """Malformed events set aside by one call, and those found set aside already."""
+
+    written: int
+    already: int
+
+
+def quarantine_file(directory: str | os.PathLike[str], topic: str, partition: int, start: int, end: int) -> Path:
+    """The file holding the malformed events of `topic`-`partition` from the slice [start, end)."""
+    name = f"{FILE_PREFIX}{start:0{OFFSET_DIGITS}d}-{end:0{OFFSET_DIGITS}d}-{partition}-{topic}{FILE_SUFFIX}"
+    if len(name.encode("utf-8")) > MAX_FILE_NAME or "/" in topic or topic.startswith("."):
+        hashed = HASHED_TOPIC_PREFIX + hashlib.sha1(topic.encode("utf-8", "surrogatepass")).hexdigest()
+        name = f"{FILE_PREFIX}{start:0{OFFSET_DIGITS}d}-{end:0{OFFSET_DIGITS}d}-{partition}-{hashed}{FILE_SUFFIX}"
+    return Path(directory) / name
 
 
 def _value_text(raw: bytes | None) -> str | None:
@@ -63,37 +94,109 @@ def _lines(batch_id: int, table: pa.Table, reasons: list[str]) -> Iterator[str]:
         )
 
 
-def write_quarantine(directory: str | os.PathLike[str], batch_id: int, tag: str, table: pa.Table,
-                     reasons: list[str]) -> bool:
-    """Set aside `table`'s rows (columns named above) with one reason each; False when a previous
-    attempt of this batch already wrote the file (nothing is written twice)."""
-    target = quarantine_file(directory, batch_id, tag)
-    if target.exists():
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(target, "".join(line + "\n" for line in _lines(batch_id, table, reasons)).encode("utf-8"))
-    return True
+def write_quarantine(directory: str | os.PathLike[str], batch_id: int, table: pa.Table, reasons: list[str],
+                     slices: np.ndarray | None = None, *, lock_timeout_s: float = 120.0) -> QuarantineResult:
+    """Set aside `table`'s rows (columns named above) with one reason each, except those whose
+    source offsets are set aside already. `slices`: each row's source slice (see SourceRows)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = SourceRows.of(table.column(SOURCE_TOPIC), table.column(SOURCE_PARTITION), table.column(SOURCE_OFFSET), slices)
+    with _locked(folder, lock_timeout_s):
+        done = committed_ranges(folder)
+        fresh = sources.first_occurrences()
+        fresh = fresh[~done.covered(sources.take(fresh))] if len(fresh) else fresh
+        if len(fresh):
+            kept = sources.take(fresh)
+            for (topic, partition), where in kept.groups():
+                rows = fresh[where]
+                slice_ids = kept.slice_id[where] if kept.slice_id is not None else np.zeros(len(where), np.int64)
+                for slice_id in np.unique(slice_ids):
+                    part = rows[slice_ids == slice_id]
+                    offsets = sources.offset[part]
+                    order = part[np.argsort(offsets, kind="stable")]
+                    target = quarantine_file(folder, topic, partition, int(offsets.min()), int(offsets.max()) + 1)
+                    text = "".join(line + "\n" for line in _lines(batch_id, table.take(pa.array(order)), [reasons[i] for i in order.tolist()]))
+                    write_atomically(target, text.encode("utf-8"))
+    return QuarantineResult(written=len(fresh), already=len(table) - len(fresh))
+
+
+def committed_ranges(directory: str | os.PathLike[str]) -> SourceRanges:
+    """The source offsets whose malformed events are in the quarantine (read off the file names;
+    hashed topic names and legacy batch files are opened)."""
+    found: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    folder = Path(directory)
+    if not folder.is_dir():
+        return SourceRanges()
+    for entry in os.scandir(folder):
+        name = entry.name
+        if is_temporary(name) or not name.endswith(FILE_SUFFIX):
+            continue
+        if name.startswith(FILE_PREFIX):
+            start, end, partition, topic = name[len(FILE_PREFIX):-len(FILE_SUFFIX)].split("-", 3)
+            if topic.startswith(HASHED_TOPIC_PREFIX):
+                topic = _first_source(Path(entry.path))[0]
+            found.setdefault((topic, int(partition)), []).append((int(start), int(end)))
+        elif name.startswith(LEGACY_FILE_PREFIX):
+            for topic, partition, offset in _legacy_sources(Path(entry.path)):
+                found.setdefault((topic, partition), []).append((offset, offset + 1))
+    return SourceRanges({source: merge_intervals(intervals) for source, intervals in found.items()})
+
+
+def _first_source(path: Path) -> tuple[str, int]:
+    with open(path, encoding="utf-8") as handle:
+        source = json.loads(handle.readline())["source"]
+    return source["topic"], int(source["partition"])
+
+
+def _legacy_sources(path: Path) -> Iterator[tuple[str, int, int]]:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            source = json.loads(line)["source"]
+            yield source["topic"], int(source["partition"]), int(source["offset"])
+
+
+class _locked:
+    """The quarantine directory's writer lock, waited for (bounded)."""
+
+    def __init__(self, folder: Path, timeout_s: float) -> None:
+        self.path = folder / LOCK_FILE
+        self.timeout_s = timeout_s
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        self.fd = wait_for_lock(self.path, self.timeout_s)
+        if self.fd is None:
+            raise ShardLockedError(f"{self.path}: quarantine lock still held after {self.timeout_s:g} s")
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.fd is not None:
+            unlock(self.fd)
+            self.fd = None
 
 
 def read_quarantine(directory: str | os.PathLike[str]) -> pa.Table:
-    """Every quarantined record under `directory`, in batch order, as a table with columns
+    """Every quarantined event under `directory`, in source order, as a table with columns
     batch_id, reason, topic, partition, offset, timestamp_ms, value, value_base64."""
-    rows: dict[str, list] = {name: [] for name in ("batch_id", "reason", "topic", "partition", "offset", "timestamp_ms", "value", "value_base64")}
+    names = ("batch_id", "reason", "topic", "partition", "offset", "timestamp_ms", "value", "value_base64")
+    rows: dict[str, list] = {name: [] for name in names}
     folder = Path(directory)
-    files = sorted(folder.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}")) if folder.is_dir() else []
+    files = sorted(p for p in folder.glob(f"*{FILE_SUFFIX}") if p.name.startswith((FILE_PREFIX, LEGACY_FILE_PREFIX))) \
+        if folder.is_dir() else []
+    entries = []
     for path in files:
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                entry = json.loads(line)
-                source = entry["source"]
-                rows["batch_id"].append(entry["batch_id"])
-                rows["reason"].append(entry["reason"])
-                rows["topic"].append(source["topic"])
-                rows["partition"].append(source["partition"])
-                rows["offset"].append(source["offset"])
-                rows["timestamp_ms"].append(source["timestamp_ms"])
-                rows["value"].append(entry["value"])
-                rows["value_base64"].append(entry["value_base64"])
+            entries.extend(json.loads(line) for line in handle)
+    entries.sort(key=lambda e: (e["source"]["topic"], e["source"]["partition"], e["source"]["offset"]))
+    for entry in entries:
+        source = entry["source"]
+        rows["batch_id"].append(entry["batch_id"])
+        rows["reason"].append(entry["reason"])
+        rows["topic"].append(source["topic"])
+        rows["partition"].append(source["partition"])
+        rows["offset"].append(source["offset"])
+        rows["timestamp_ms"].append(source["timestamp_ms"])
+        rows["value"].append(entry["value"])
+        rows["value_base64"].append(entry["value_base64"])
     schema = pa.schema([("batch_id", pa.int64()), ("reason", pa.string()), ("topic", pa.string()),
                         ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp_ms", pa.int64()),
                         ("value", pa.string()), ("value_base64", pa.string())])

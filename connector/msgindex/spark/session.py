@@ -2,14 +2,18 @@
 
 It puts Spark's Kafka connector (not shipped in the pyspark wheel) on ``spark.jars`` as local
 files staged once with Maven, so no Ivy download happens at run time, and it fixes the settings
-msgindex relies on (UTC session time zone, Arrow, Python data source filter pushdown, the
-project's own interpreter on the executors).
+msgindex relies on (UTC session time zone, Arrow, Python data source filter pushdown). Cluster
+settings are the user's, as a Spark user expects: ``spark.master`` only when nothing else
+(spark-submit, ``--master``, spark-defaults.conf) set one, loopback binding and this interpreter
+for the workers only for ``local`` masters, and never over the user's PYSPARK_PYTHON /
+``spark.pyspark.python`` (see ``session_conf``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -32,6 +36,13 @@ TOKEN_PROVIDER_FALLBACK = "4.0.0"
 DRIVER_MEMORY_ENV = "MSGINDEX_SPARK_DRIVER_MEMORY"
 DEFAULT_DRIVER_MEMORY = "1g"  # 2 cores / 24 GiB shared: local[2] runs everything in this JVM
 SHUFFLE_PARTITIONS = 4
+DEFAULT_MASTER = "local[2]"  # when neither the caller nor the user's Spark configuration names one
+# Settings msgindex's reads and writes rely on: always applied.
+REQUIRED_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.python.filterPushdown.enabled": "true",
+}
 
 # artifact-version.jar, where the version starts with digits.digits (artifacts may hold digits:
 # spark-sql-kafka-0-10_2.13-4.2.0.jar, zstd-jni-1.5.7-7.jar)
@@ -121,50 +132,145 @@ def _log_config() -> Path:
     return path
 
 
-def session_conf(app_name: str = "msgindex", master: str = "local[2]",
-                 extra_conf: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The configuration `build_spark_session` applies: extra_conf wins over the defaults, except
-    that extra ``spark.jars`` are added to the connector's."""
-    conf = {
-        "spark.app.name": app_name,
-        "spark.master": master,
-        "spark.jars": ",".join(str(jar) for jar in kafka_connector_jars()),
-        "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV, DEFAULT_DRIVER_MEMORY),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_config().as_uri()}",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.python.filterPushdown.enabled": "true",
-        # executors must import this project's packages, i.e. run this interpreter
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-    }
-    extra = {key: str(value) for key, value in (extra_conf or {}).items()}
-    if extra.get("spark.jars"):  # the caller's jars join the connector's instead of replacing them
-        extra["spark.jars"] = f"{conf['spark.jars']},{extra['spark.jars']}"
-    conf.update(extra)
+def _properties_file(path: Path) -> dict[str, str]:
+    """A Java properties file as Spark reads spark-defaults.conf (key, then '=', ':' or blanks, then value)."""
+    conf = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return conf
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = re.match(r"^(\S+?)\s*[=:\s]\s*(.*)$", line)
+        if match:
+            conf[match.group(1)] = match.group(2).strip()
     return conf
 
 
-def build_spark_session(app_name: str = "msgindex", master: str = "local[2]",
+def _spark_defaults() -> dict[str, str]:
+    """spark-defaults.conf where spark-submit looks for it: $SPARK_CONF_DIR, else $SPARK_HOME/conf
+    (pyspark's package directory is SPARK_HOME for a pip install)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        directory = Path(os.environ["SPARK_CONF_DIR"])
+    elif os.environ.get("SPARK_HOME"):
+        directory = Path(os.environ["SPARK_HOME"]) / "conf"
+    else:
+        directory = _pyspark_jars_dir().parent / "conf"
+    return _properties_file(directory / "spark-defaults.conf")
+
+
+_SUBMIT_FLAGS = {"--master": "spark.master", "--jars": "spark.jars", "--driver-memory": "spark.driver.memory",
+                 "--name": "spark.app.name", "--py-files": "spark.submit.pyFiles"}
+
+
+def _submit_args(text: str) -> dict[str, str]:
+    """The settings in PYSPARK_SUBMIT_ARGS (the spark-submit flags a plain `python` driver's JVM gets)."""
+    conf: dict[str, str] = {}
+    words = shlex.split(text)
+    for n, word in enumerate(words):
+        flag, _, inline = word.partition("=")
+        value = inline if inline else (words[n + 1] if n + 1 < len(words) else "")
+        if flag in _SUBMIT_FLAGS:
+            conf[_SUBMIT_FLAGS[flag]] = value
+        elif flag in ("--conf", "-c"):
+            key, sep, setting = (inline if inline else value).partition("=")
+            if sep:
+                conf[key] = setting
+    return conf
+
+
+def _running_jvm_conf() -> dict[str, str]:
+    """The spark.* settings of a JVM that already runs this Python driver (spark-submit starts
+    the JVM first: its --master, --conf, --jars and spark-defaults.conf are system properties)."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return {}
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
+def user_spark_conf() -> dict[str, str]:
+    """Spark settings made outside msgindex, which msgindex's defaults never override:
+    spark-defaults.conf, PYSPARK_SUBMIT_ARGS, the MASTER variable, and under spark-submit the
+    running JVM's settings (its flags and spark-defaults.conf)."""
+    conf = _spark_defaults()
+    if os.environ.get("MASTER"):
+        conf["spark.master"] = os.environ["MASTER"]
+    conf.update(_submit_args(os.environ.get("PYSPARK_SUBMIT_ARGS", "")))
+    conf.update(_running_jvm_conf())
+    return conf
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``, ``local-cluster[...]``: one machine."""
+    return master.startswith("local")
+
+
+def session_conf(app_name: str = "msgindex", master: str | None = None,
+                 extra_conf: Mapping[str, str] | None = None,
+                 user_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The configuration `build_spark_session` applies, in this order of precedence:
+
+    1. `extra_conf` and `master` (the caller's explicit settings: ``--conf``, ``--master``);
+    2. `user_conf` (default: ``user_spark_conf()``: spark-submit, spark-defaults.conf, ...), never
+       overridden by msgindex's defaults -- those keys are simply not set here;
+    3. msgindex's defaults: ``spark.master`` local[2], loopback driver binding for local masters
+       only, this interpreter for the Python workers of local masters only, quiet logs, no UI;
+    and always: UTC session time zone, Arrow, Python data source filter pushdown (msgindex
+    relies on them), and the Kafka connector's jars joined to any others (``spark.jars``)."""
+    user = dict(user_spark_conf() if user_conf is None else user_conf)
+    explicit = {key: str(value) for key, value in (extra_conf or {}).items()}
+    if master is not None:
+        explicit["spark.master"] = master
+    chosen_master = explicit.get("spark.master") or user.get("spark.master") or DEFAULT_MASTER
+    defaults = {
+        "spark.app.name": app_name,
+        "spark.master": DEFAULT_MASTER,
+        "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV, DEFAULT_DRIVER_MEMORY),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_config().as_uri()}",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
+    }
+    if is_local_master(chosen_master):
+        # everything in this process and its workers: stay on loopback, run this interpreter
+        defaults.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+        if not os.environ.get("PYSPARK_PYTHON"):
+            defaults.update({"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable})
+    conf = {key: value for key, value in defaults.items() if key not in user and key not in explicit}
+    conf.update(REQUIRED_CONF)
+    conf.update(explicit)
+    jars = [str(jar) for jar in kafka_connector_jars()]
+    for given in (user.get("spark.jars"), explicit.get("spark.jars")):
+        jars += [jar for jar in (given or "").split(",") if jar and jar not in jars]
+    conf["spark.jars"] = ",".join(jars)
+    return conf
+
+
+def build_spark_session(app_name: str = "msgindex", master: str | None = None,
                         extra_conf: Mapping[str, str] | None = None) -> "SparkSession":
-    """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath.
+    """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath; see
+    `session_conf` for which settings it makes and which it leaves to the user.
 
     When a session already runs in this process it is returned as is (jars and JVM options only
-    take effect on the first session), with the SQL settings above re-applied."""
+    take effect on the first session), with the SQL settings re-applied."""
     from pyspark.sql import SparkSession
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything stays on loopback
+    conf = session_conf(app_name, master, extra_conf)
+    # A plain `python` driver's Python workers run PYSPARK_PYTHON (spark.pyspark.python is read
+    # by spark-submit only): do what spark-submit does with it, never override the user's choice.
+    if conf.get("spark.pyspark.python"):
+        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+    if conf.get("spark.pyspark.driver.python") and not os.environ.get("PYSPARK_DRIVER_PYTHON"):
+        os.environ["PYSPARK_DRIVER_PYTHON"] = conf["spark.pyspark.driver.python"]
+    if is_local_master(conf.get("spark.master") or DEFAULT_MASTER):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything stays on loopback
     builder = SparkSession.builder
-    for key, value in session_conf(app_name, master, extra_conf).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-

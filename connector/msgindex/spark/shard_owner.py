@@ -1,72 +1,71 @@
-"""The executor side of the pipeline: who writes a shard, and how a batch lands in it exactly once.
+"""The shards' writers inside one Python worker: opened once, kept open between tasks.
 
-A ``ShardOwner`` is cached per Python worker process (Spark reuses workers between tasks, so the
-cache lives across micro-batches) and keeps the store handle open. It takes the shard's OS lock
-only while it writes one group and releases it at the end of the task. Why not keep the lock
-between batches: with ``local[2]`` (or any executor with several cores) Spark runs one Python
-worker per concurrent task, and the next batch's group of the same shard may be scheduled on a
-different worker; a lock parked in an idle worker would then block it forever. Taking the lock
-per task costs one writer open (lock file, checkpoint read, map of the active files: a few ms,
-noise next to a micro-batch) and makes waiting bounded: a second attempt of the same task
-(retry or speculative copy) waits for the first to finish (``lock_timeout_s``), then sees the
-batch id committed and skips it.
+Spark reuses a Python worker for many tasks (one worker per concurrently running task), so a
+module-level cache lives across micro-batches. A cached ``ShardWriter`` holds no lock while
+idle: Spark may run the next task that touches the same shard on another worker or executor,
+and a lock parked here would block it. Each append takes the shard lock (waiting, bounded, for
+another attempt or task that holds it) and revalidates the writer's view on acquisition, which
+is cheap when nothing changed and only rolls back when a writer died mid-append (see
+``ShardWriter``). The owner of a shard is whichever task holds its lock, on any executor.
 """
 
 from __future__ import annotations
-
-import time
 
 from typing import TYPE_CHECKING
 
 from msgindex.errors import ShardLockedError
 
 if TYPE_CHECKING:
-    from msgindex.storage.store import AppendResult, Store
+    import pyarrow as pa
 
-LOCK_POLL_FIRST_S = 0.01
-LOCK_POLL_MAX_S = 0.5
-
-
-class ShardOwner:
-    """Appends micro-batches to one shard of one store, from whichever worker runs the task."""
-
-    def __init__(self, store: "Store", broker: str, lock_timeout_s: float) -> None:
-        self.store = store
-        self.broker = broker
-        self.lock_timeout_s = lock_timeout_s
-
-    def append(self, batch_id: int, records) -> "AppendResult":
-        """Append `records` as batch `batch_id` (a no-op when the shard already committed it)."""
-        writer = self._acquire()
-        try:
-            return writer.append(batch_id, records)
-        finally:
-            writer.close()
-
-    def _acquire(self):
-        deadline = time.monotonic() + self.lock_timeout_s
-        pause = LOCK_POLL_FIRST_S
-        while True:
-            try:
-                return self.store.writer(self.broker)
-            except ShardLockedError as locked:
-                if time.monotonic() + pause > deadline:
-                    raise ShardLockedError(
-                        f"{locked} -- still held after waiting {self.lock_timeout_s:g} s "
-                        f"(another indexing job writing the same index?)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, LOCK_POLL_MAX_S)
-
+    from msgindex.storage.shard import AppendResult, ShardWriter
+    from msgindex.storage.source_ranges import SourceRows
+    from msgindex.storage.store import Store
 
 _STORES: dict[str, "Store"] = {}  # per Python worker: index root -> open store
+_WRITERS: dict[tuple[str, str], "ShardWriter"] = {}  # (index root, broker) -> writer kept open
 
 
-def shard_owner(root: str, broker: str, lock_timeout_s: float) -> ShardOwner:
-    """The owner of `broker`'s shard of the store at `root`, on a cached store handle."""
+def _writer(root: str, broker: str) -> "ShardWriter":
     from msgindex.storage.store import open_store
 
-    store = _STORES.get(root)
-    if store is None:
-        store = _STORES[root] = open_store(root)
-    return ShardOwner(store, broker, lock_timeout_s)
+    writer = _WRITERS.get((root, broker))
+    if writer is None:
+        store = _STORES.get(root)
+        if store is None:
+            store = _STORES[root] = open_store(root)
+        writer = _WRITERS[(root, broker)] = store.writer(broker, hold_lock=False)
+    return writer
+
+
+def append_to_shard(root: str, broker: str, records: "pa.Table | list", sources: "SourceRows", *,
+                    lock_timeout_s: float, adopt_legacy_offsets: bool) -> "AppendResult":
+    """Append `records` (with their source coordinates) to `broker`'s shard of the index at
+    `root` under the shard lock; rows whose source offsets the shard holds are skipped.
+
+    `adopt_legacy_offsets`: a version-1 shard (batch-id checkpoint) is upgraded from its log's own
+    offsets first; only right when the log's topic/partition/offset are the source's (--input
+    records)."""
+    writer = _writer(root, broker)
+    try:
+        with writer.locked(lock_timeout_s):
+            if writer.committed_ranges is None and adopt_legacy_offsets:
+                writer.adopt_log_offsets()
+            return writer.append(records, sources)
+    except ShardLockedError as locked:
+        raise ShardLockedError(f"{locked} (a stuck task of this job, or another job writing the same index?)") from None
+    except BaseException:
+        # Whatever went wrong, the next task here starts from a cold writer (full recovery).
+        _WRITERS.pop((root, broker), None)
+        writer.close()
+        raise
+
+
+def forget_writers() -> None:
+    """Close every cached writer and store of this process (tests, benchmarks)."""
+    for writer in _WRITERS.values():
+        writer.close()
+    _WRITERS.clear()
+    for store in _STORES.values():
+        store.close()
+    _STORES.clear()

@@ -1,9 +1,16 @@
 """The shard checkpoint: the commit point of a shard.
 
 A shard's files may hold bytes past what was committed (a writer killed mid-batch). The
-checkpoint says exactly which prefix is real: the last committed batch id, the metadata log's
-committed position, the list of hash index files with each one's committed header, and the set
-of topics. Readers use it as their snapshot; the next writer rolls everything back to it.
+checkpoint says exactly which prefix is real: the metadata log's committed position, the list of
+hash index files with each one's committed header, and the set of topics. Readers use it as
+their snapshot; the next writer rolls everything back to it. It also says which source offsets
+the shard holds (``source_ranges.SourceRanges``), committed atomically with the data: appends
+skip every record already in them.
+
+Versions: 2 is current. Version 1 (msgindex before exactly-once-by-offsets) recorded the last
+committed Spark batch id instead of source ranges; it is read as ``source_ranges=None``
+("unknown"), which a writer refuses to append to until the ranges are rebuilt
+(``ShardWriter.adopt_log_offsets``). A batch id is never read as anything else.
 
 On disk it is one line of canonical JSON (sorted keys, no spaces) whose ``crc32`` member covers
 the canonical JSON of all other members, so a torn or edited file is detected. It carries no
@@ -23,11 +30,12 @@ from typing import Any
 from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import FORMAT_FIELD, VERSION_FIELD, parse_versioned_json, write_atomically
 from msgindex.storage.index_file import IndexHeader
+from msgindex.storage.source_ranges import SourceRanges
 
 CHECKPOINT_FILE = "checkpoint"
 CHECKPOINT_FORMAT = "msgindex-shard-checkpoint"
-CHECKPOINT_VERSION = 1
-NO_BATCH = -1  # committed_batch_id of a shard that has committed nothing
+CHECKPOINT_VERSION = 2
+LEGACY_BATCH_ID_VERSION = 1  # committed a Spark batch id, not source offsets
 # the six RocketMQ IndexHeader fields, in on-disk order
 HEADER_FIELDS = tuple(field.name for field in dataclasses.fields(IndexHeader))
 
@@ -60,18 +68,20 @@ class IndexFileState:
 class Checkpoint:
     """The committed state of a shard (see the module docstring)."""
 
-    batch_id: int = NO_BATCH
     log_position: dict[str, Any] | None = None  # MetadataLog's LogPosition.to_dict(); None = empty log
     log_start_seq: int = 0  # first sequence number still retained (retention moves it up)
     index_files: tuple[IndexFileState, ...] = ()  # oldest first; the last one is the active file
     topics: tuple[str, ...] = ()  # sorted
     record_count: int = 0  # records appended over the shard's life (= the log's next sequence number)
+    # source offsets the shard holds; None: unknown (a version-1 checkpoint, see the module doc)
+    source_ranges: SourceRanges | None = field(default_factory=SourceRanges)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for later format additions
 
     def to_dict(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["index_files"] = [dataclasses.asdict(state) for state in self.index_files]
         body["topics"] = list(self.topics)
+        body["source_ranges"] = None if self.source_ranges is None else self.source_ranges.to_json()
         return body
 
     @classmethod
@@ -86,14 +96,15 @@ class Checkpoint:
                 )
                 for item in body["index_files"]
             )
+            ranges = body["source_ranges"]
             checkpoint = cls(
-                batch_id=int(body["batch_id"]),
                 log_position=body["log_position"],
                 log_start_seq=int(body["log_start_seq"]),
                 index_files=files,
                 topics=tuple(str(topic) for topic in body["topics"]),
                 record_count=int(body["record_count"]),
                 extra=dict(body.get("extra") or {}),
+                source_ranges=None if ranges is None else SourceRanges.from_json(ranges, source=source),
             )
         except (KeyError, TypeError, ValueError) as bad:
             raise CorruptFileError(f"{source}: checkpoint is malformed ({bad!r})") from None
@@ -103,8 +114,6 @@ class Checkpoint:
     def _validate(self, source: Path | str) -> None:
         names = [state.name for state in self.index_files]
         problems = []
-        if self.batch_id < NO_BATCH:
-            problems.append(f"batch_id {self.batch_id} < {NO_BATCH}")
         if not 0 <= self.log_start_seq <= self.record_count:
             problems.append(f"log_start_seq {self.log_start_seq} outside [0, {self.record_count}]")
         if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
@@ -125,11 +134,17 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 def decode_checkpoint(raw: bytes, *, source: Path | str = "<checkpoint>") -> Checkpoint:
     """Parse and verify checkpoint bytes; anything wrong is a CorruptFileError naming `source`."""
     version, body = parse_versioned_json(
-        raw, source=source, what="shard checkpoint", format_name=CHECKPOINT_FORMAT, versions=(CHECKPOINT_VERSION,)
+        raw, source=source, what="shard checkpoint", format_name=CHECKPOINT_FORMAT,
+        versions=(LEGACY_BATCH_ID_VERSION, CHECKPOINT_VERSION),
     )
     stored_crc = body.pop("crc32", None)
     if stored_crc != zlib.crc32(_canonical({FORMAT_FIELD: CHECKPOINT_FORMAT, VERSION_FIELD: version, **body})):
         raise CorruptFileError(f"{source}: checkpoint checksum mismatch (the file was altered or torn)")
+    if version == LEGACY_BATCH_ID_VERSION:
+        if "batch_id" not in body or "source_ranges" in body:
+            raise CorruptFileError(f"{source}: version-1 checkpoint without its batch_id")
+        del body["batch_id"]  # a Spark batch id says nothing about offsets: never read it as such
+        body["source_ranges"] = None
     return Checkpoint.from_dict(body, source=source)
 
 

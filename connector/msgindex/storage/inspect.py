@@ -202,7 +202,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None) -> dict[str, 
     checkpoint = read_checkpoint(directory / CHECKPOINT_FILE)
     broker = directory.name[len(SHARD_DIR_PREFIX) :] if directory.name.startswith(SHARD_DIR_PREFIX) else directory.name
     if checkpoint is None:
-        return {"kind": "shard", "path": str(directory), "broker": broker, "committed_batch_id": None, "note": "no checkpoint: nothing committed"}
+        return {"kind": "shard", "path": str(directory), "broker": broker, "source_ranges": None, "note": "no checkpoint: nothing committed"}
     with ShardReader(directory, broker, settings) as reader:
         log = reader.log
         segments = [_segment_summary(log, info) for info in log.segments()] if log else []
@@ -220,7 +220,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None) -> dict[str, 
         "kind": "shard",
         "path": str(directory),
         "broker": broker,
-        "committed_batch_id": checkpoint.batch_id,
+        "source_ranges": None if checkpoint.source_ranges is None else checkpoint.source_ranges.to_json(),
         "records": checkpoint.record_count - checkpoint.log_start_seq,
         "log_start_seq": checkpoint.log_start_seq,
         "next_seq": checkpoint.record_count,

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key
+# RocketMQ's property names of a message's keys, carried as Kafka record headers (DESIGN.md: input shapes)
+KEYS_PROPERTY = "KEYS"
+UNIQ_KEY_PROPERTY = "UNIQ_KEY"
 NO_VALUE = -1  # commit_log_offset / size when the source has none
 DISK_TEXT_ERRORS = "surrogatepass"
 
@@ -72,7 +75,7 @@ class MessageRecord:
     size: int = NO_VALUE
 
 
-# Appends may arrive as Arrow (the pipeline's applyInArrow groups): one row per message.
+# Appends may arrive as Arrow (the pipeline's task chunks, split by shard): one row per message.
 APPEND_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),

@@ -21,11 +21,12 @@ after a crash then produces byte-identical files under the same names.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
+import json
 import os
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -34,7 +35,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, ShardLockedError
+from msgindex.errors import (
+    CorruptFileError,
+    InvalidAppendError,
+    InvalidOptionError,
+    LegacyCheckpointError,
+    ShardLockedError,
+)
 from msgindex.storage import hash_run
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
@@ -42,10 +49,15 @@ from msgindex.storage.checkpoint import (
     HEADER_FIELDS,
     Checkpoint,
     IndexFileState,
+    decode_checkpoint,
+    encode_checkpoint,
     read_checkpoint,
-    write_checkpoint,
 )
-from msgindex.storage.durable import fsync_directory, is_temporary
+from msgindex.storage.durable import fsync_directory, is_temporary, write_atomically
+from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
+from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
+from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
+from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
 from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
@@ -53,6 +65,7 @@ from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
 from msgindex.storage.message import MessageRecord, encode_text, index_key
 from msgindex.storage.settings import StoreSettings
+from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
     RESULT_ORDER,
     KeysArg,
@@ -74,6 +87,11 @@ MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
+# What a writer found when it took the lock (ShardWriter.last_revalidation)
+REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
+REVALIDATION_ADOPTED = "adopted"  # another writer had committed: its state was reloaded
+REVALIDATION_ROLLED_BACK = "rolled back"  # bytes past the checkpoint (a writer died mid-append)
+REVALIDATION_RECOVERED = "recovered"  # a cold writer: full recovery
 
 
 def shard_directory(root: Path, broker: str) -> Path:
@@ -116,12 +134,19 @@ def header_dict(index_file: IndexFile) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class AppendResult:
-    """What ShardWriter.append did: `skipped` when the batch id was already committed."""
+    """What ShardWriter.append did with its input rows: `appended` were written and committed
+    by this call, `already_committed` were dropped before writing because their source offsets
+    were committed before (a replay, a retried or speculative task, a new Spark checkpoint) or
+    repeat an earlier row of the same input."""
 
-    batch_id: int
-    skipped: bool
-    records: int
+    appended: int
+    already_committed: int
     keys_indexed: int
+
+    @property
+    def records(self) -> int:
+        """Input rows the shard now holds (both kinds): what the caller's batch contributed."""
+        return self.appended + self.already_committed
 
 
 class _Committed(ABC):
@@ -140,19 +165,34 @@ class _Committed(ABC):
         self.close()
 
     @property
-    def committed_batch_id(self) -> int:
-        return self._checkpoint.batch_id
-
-    @property
     def checkpoint(self) -> Checkpoint:
         return self._checkpoint
 
+    @property
+    def committed_ranges(self) -> SourceRanges | None:
+        """The source offsets the shard holds (None: a version-1 shard, not yet upgraded)."""
+        return self._checkpoint.source_ranges
+
 
 class ShardWriter(_Committed):
-    """The one writer of a shard (holds its OS file lock while open). Opening it rolls the
-    shard back to its checkpoint; `append` commits one batch atomically and idempotently."""
+    """The one writer of a shard at a time: only the holder of the shard's OS file lock writes.
 
-    def __init__(self, directory: Path, broker: str, settings: StoreSettings) -> None:
+    Two ways to hold the lock:
+    * ``ShardWriter(...)`` (``hold_lock=True``): locked from construction to ``close`` (tools,
+      retention, tests). Opening it rolls the shard back to its checkpoint.
+    * ``hold_lock=False``: the writer stays open between appends without the lock; each append
+      runs inside ``with writer.locked(timeout):``, which takes the lock and revalidates the
+      writer's view first (``_revalidate``): unchanged and nothing past the checkpoint -> append
+      at once; another writer committed -> reload the committed state; bytes past the checkpoint
+      (a writer died mid-append) -> roll back. The pipeline's per-worker writers work this way,
+      because Spark may run the next task of a shard on any worker, and a lock parked in an idle
+      worker would block it.
+
+    `append` drops every row whose source offsets are already committed and commits the rest,
+    with their source ranges, atomically.
+    """
+
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, hold_lock: bool = True) -> None:
         self.broker = broker
         self.directory = Path(directory)
         self.settings = settings
@@ -160,50 +200,146 @@ class ShardWriter(_Committed):
         self._log: MetadataLog | None = None
         self._files: list[IndexFile] = []  # same order as the checkpoint's index_files
         self._states: list[IndexFileState] = []
+        self._checkpoint = Checkpoint()
+        self._seen: bytes | None = None  # the checkpoint file's bytes as this writer last read or wrote them
+        self._loaded = False  # whether _log/_files/_states reflect a checkpoint (else: cold)
+        self.last_revalidation = ""  # what the last lock acquisition found: REVALIDATION_* (tests, benchmarks)
         (self.directory / INDEX_DIR).mkdir(parents=True, exist_ok=True)
-        self._lock()
+        if hold_lock:
+            self._lock()
+            try:
+                self._revalidate()
+            except BaseException:
+                self.close()
+                raise
+
+    # --- locking -------------------------------------------------------------------------------
+
+    @contextmanager
+    def locked(self, timeout_s: float) -> Iterator[Self]:
+        """Hold the shard lock for the block (waiting up to `timeout_s` for another holder), with
+        this writer's view revalidated against the files first."""
+        if self._lock_fd is not None:
+            raise InvalidAppendError(f"shard {self.broker!r}: this writer already holds the lock")
+        self._lock_fd = wait_for_lock(self.directory / LOCK_FILE, timeout_s)
+        if self._lock_fd is None:
+            raise ShardLockedError(f"{self.directory / LOCK_FILE}: shard {self.broker!r} lock still held after "
+                                   f"waiting {timeout_s:g} s")
         try:
-            self._checkpoint = self._recover()
-        except BaseException:
-            self.close()
-            raise
+            self._revalidate()
+            yield self
+        finally:
+            self._unlock()
+
+    def _lock(self) -> None:
+        self._lock_fd = try_lock(self.directory / LOCK_FILE)
+        if self._lock_fd is None:
+            raise ShardLockedError(f"{self.directory / LOCK_FILE}: shard {self.broker!r} already has a writer (lock held)")
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            unlock(self._lock_fd)
+            self._lock_fd = None
+
+    def _require_locked(self) -> None:
+        if self._lock_fd is None or not self._loaded:
+            raise InvalidAppendError(f"shard {self.broker!r}: write only while holding the lock (writer.locked())")
 
     # --- public ---------------------------------------------------------------------------------
 
-    def append(self, batch_id: int, records: pa.Table | Sequence[MessageRecord]) -> AppendResult:
-        """Append one batch and commit it. A batch id <= the committed one is skipped (the
-        replay of a batch this shard already has). Crash-safe at every point."""
-        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
-            raise InvalidAppendError(f"shard {self.broker!r}: batch_id must be an int >= 0, got {batch_id!r}")
-        if batch_id <= self.committed_batch_id:
-            return AppendResult(batch_id, skipped=True, records=0, keys_indexed=0)
-        self._require_open()
+    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None) -> AppendResult:
+        """Append the rows whose source offsets the shard does not hold yet and commit them with
+        their source ranges. Crash-safe at every point.
+
+        `sources`: each row's source coordinates and slice (default: the records' own topic,
+        partition and offset, all rows of a partition one slice). The caller guarantees the
+        invariant of ``source_ranges``: the rows of each slice are every record of that slice's
+        offset range (of their source partition) that belongs to this shard."""
+        self._require_locked()
+        if self._checkpoint.source_ranges is None:
+            raise LegacyCheckpointError(
+                f"{checkpoint_path(self.directory)}: shard {self.broker!r} has a version-1 checkpoint (it "
+                f"recorded Spark batch ids, not Kafka offsets); it cannot skip replayed records until its "
+                f"offsets are rebuilt: `ShardWriter.adopt_log_offsets()` when the log's topic/partition/offset "
+                f"are the source's (--input records), otherwise re-index into a new path"
+            )
+        if not isinstance(records, (pa.Table, pa.RecordBatch)):
+            records = list(records)
+        if sources is None:
+            sources = _own_coordinates(records)
+        elif len(sources) != len(records):
+            raise InvalidAppendError(f"shard {self.broker!r}: {len(sources)} source coordinates for {len(records)} records")
+        committed = self._checkpoint.source_ranges
+        fresh = sources.first_occurrences()
+        fresh = fresh[~committed.covered(sources.take(fresh))] if len(fresh) else fresh
+        ranges = committed.union(sources.ranges())
+        skipped = len(records) - len(fresh)
+        if not len(fresh):
+            if ranges != committed:
+                self._commit(set(), [], ranges)  # gaps of this slice become committed too
+            return AppendResult(0, skipped, 0)
+        if len(fresh) < len(records):
+            records = records.take(pa.array(fresh)) if isinstance(records, (pa.Table, pa.RecordBatch)) \
+                else [records[i] for i in fresh.tolist()]
         try:
             columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
-            seqs = self._log.append(columns)
+            seqs = self._append_to_log(columns, ranges)
         except InvalidAppendError as bad:
-            raise InvalidAppendError(f"shard {self.broker!r}, batch {batch_id}: {bad}") from None
+            raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         try:
             batch = AppendColumns.from_log_columns(columns)
             keys, phy_offsets, timestamps = batch.index_entries(seqs.start)
             first_touched = max(len(self._files) - 1, 0)
             self._put_keys(keys, phy_offsets, timestamps)
-            self._commit(batch_id, batch.topics(), self._files[first_touched:])
+            self._commit(batch.topics(), self._files[first_touched:], ranges)
         except BaseException:
             self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
             raise
-        return AppendResult(batch_id, skipped=False, records=len(seqs), keys_indexed=len(keys))
+        return AppendResult(len(seqs), skipped, len(keys))
+
+    def _append_to_log(self, columns: LogColumns, ranges: SourceRanges) -> range:
+        """The log append of `columns`, carrying the shard's cumulative committed source ranges
+        after this append as the log's annotation (compact JSON): a lost checkpoint can then be
+        rebuilt from the log alone."""
+        return self._log.append(columns, annotation=_ranges_annotation(ranges))
+
+    def adopt_log_offsets(self) -> SourceRanges:
+        """Upgrade a version-1 shard (batch ids) whose records' own topic/partition/offset are the
+        source coordinates (input ``records``): commit, as its source ranges, exactly the offsets
+        its log holds (runs of consecutive offsets). Refused when retention already deleted
+        records, whose offsets the log can no longer tell."""
+        self._require_locked()
+        if self._checkpoint.source_ranges is not None:
+            return self._checkpoint.source_ranges
+        if self._checkpoint.log_start_seq > 0:
+            raise LegacyCheckpointError(
+                f"{checkpoint_path(self.directory)}: shard {self.broker!r} has a version-1 checkpoint and retention "
+                f"deleted its oldest records, so its committed offsets cannot be rebuilt; re-index into a new path"
+            )
+        found: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for batch in self._log.scan_range(0, self._log.next_seq, self.broker):
+            rows = SourceRows.of(batch.column("topic"), batch.column("partition"), batch.column("offset"))
+            for source, where in rows.groups():
+                offsets = np.unique(rows.offset[where])
+                runs = np.split(offsets, np.flatnonzero(np.diff(offsets) != 1) + 1)
+                found.setdefault(source, []).extend((int(run[0]), int(run[-1]) + 1) for run in runs)
+        ranges = SourceRanges({source: merge_intervals(runs) for source, runs in found.items()})
+        self._commit(set(), [], ranges)
+        return ranges
 
     def close(self) -> None:
-        self._close_files()
+        """Release the files and the lock. A writer that does not hold the lock only forgets its
+        view: another process may be writing these files right now."""
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+            self._close_files()
+        else:
+            self._release_files()
+        self._unlock()
 
     # --- used by retention ----------------------------------------------------------------------
     @property
     def log(self) -> MetadataLog:
-        self._require_open()
+        self._require_locked()
         return self._log
 
     def data_directories(self) -> list[Path]:
@@ -216,7 +352,7 @@ class ShardWriter(_Committed):
         """Commit the removal of the `index_files` oldest hash index files and of the log
         segments below `log_start_seq`, then delete them. The checkpoint is written first: a
         crash in between leaves files that the next open deletes."""
-        self._require_open()
+        self._require_locked()
         if index_files >= len(self._states) and index_files:
             raise InvalidOptionError(f"shard {self.broker!r}: the active index file cannot be deleted")
         doomed = self._files[:index_files]
@@ -227,7 +363,7 @@ class ShardWriter(_Committed):
             index_files=tuple(self._states),
             log_start_seq=max(self._checkpoint.log_start_seq, log_start_seq),
         )
-        write_checkpoint(checkpoint_path(self.directory), self._checkpoint)
+        self._write_checkpoint(self._checkpoint)
         for index_file in doomed:
             index_file.close()
             Path(index_file.path).unlink(missing_ok=True)
@@ -235,7 +371,64 @@ class ShardWriter(_Committed):
         self._delete_segments_below(self._checkpoint.log_start_seq)
         fsync_directory(self.directory / INDEX_DIR)
 
-    # --- recovery -------------------------------------------------------------------------------
+    # --- revalidation and recovery --------------------------------------------------------------
+    def _revalidate(self) -> None:
+        """Bring this writer's view to the shard's committed state (the lock is held)."""
+        path = checkpoint_path(self.directory)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if self._loaded and raw is not None and raw == self._seen:
+            if self._tail_is_clean():
+                self.last_revalidation = REVALIDATION_UNCHANGED  # nobody wrote since our last commit or look
+                return
+            self._reload()  # a writer died mid-append after our commit: roll its bytes back
+            self.last_revalidation = REVALIDATION_ROLLED_BACK
+        elif self._loaded and raw is not None:
+            self._adopt(decode_checkpoint(raw, source=path), raw)  # another writer committed
+            self.last_revalidation = REVALIDATION_ADOPTED
+        else:
+            self._reload()
+            self.last_revalidation = REVALIDATION_RECOVERED
+
+    def _tail_is_clean(self) -> bool:
+        """Nothing lies past the checkpoint this writer holds: no log bytes or segments, no hash
+        index entries or files (a writer that died mid-append leaves some)."""
+        position = LogPosition.from_dict(self._checkpoint.log_position)
+        if not self._log.unchanged_on_disk(position):
+            return False
+        if {entry.name for entry in os.scandir(self.directory / INDEX_DIR)} != {s.name for s in self._states}:
+            return False
+        return not self._files or not _written_past(self._files[-1], self._states[-1])
+
+    def _reload(self) -> None:
+        """Full recovery: forget this view and roll the shard back to its checkpoint on disk."""
+        self._release_files()
+        self._checkpoint = self._recover()
+        self._seen = checkpoint_path(self.directory).read_bytes()
+        self._loaded = True
+
+    def _adopt(self, checkpoint: Checkpoint, raw: bytes) -> None:
+        """Another writer committed `checkpoint`: reopen the log at it (cutting whatever a writer
+        that died since left past it) and the hash index files that changed, keep the rest."""
+        self._log.release()
+        self._log = None
+        kept = dict(zip((s.name for s in self._states), zip(self._states, self._files)))
+        self._files, self._states = [], []
+        self._checkpoint = checkpoint
+        try:
+            self._open_committed(checkpoint, kept)
+        except BaseException:
+            for _, index_file in kept.values():
+                index_file.close()
+            self._release_files()
+            self._loaded = False
+            raise
+        for _, index_file in kept.values():
+            index_file.close()  # files retention removed
+        self._seen = raw
+
     def _close_files(self) -> None:
         for index_file in self._files:
             index_file.close()
@@ -243,21 +436,17 @@ class ShardWriter(_Committed):
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._loaded = False
 
-    def _reload(self) -> None:
-        """Roll back to the checkpoint on disk, keeping the lock (after a failed append)."""
-        self._close_files()
-        self._checkpoint = self._recover()
-
-    def _lock(self) -> None:
-        path = self.directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ShardLockedError(f"{path}: shard {self.broker!r} already has a writer (lock held)") from None
-        self._lock_fd = fd
+    def _release_files(self) -> None:
+        """Forget the view without writing anything (see MetadataLog.release)."""
+        for index_file in self._files:
+            index_file.close()  # hash index files are never resized: unmapping is harmless
+        self._files, self._states = [], []
+        if self._log is not None:
+            self._log.release()
+            self._log = None
+        self._loaded = False
 
     def _recover(self) -> Checkpoint:
         """Roll the shard back to its checkpoint; a shard that never committed starts empty."""
@@ -272,24 +461,42 @@ class ShardWriter(_Committed):
                 _remove(stray)
             self._log = open_log(self.directory, self.settings, writable=True, committed=None)
             checkpoint = Checkpoint(log_position=self._log.position().to_dict())
-            write_checkpoint(checkpoint_path(self.directory), checkpoint)
+            self._write_checkpoint(checkpoint)
             return checkpoint
+        self._checkpoint = checkpoint
+        self._open_committed(checkpoint, {})
+        return checkpoint
+
+    def _open_committed(self, checkpoint: Checkpoint, kept: dict[str, tuple[IndexFileState, IndexFile]]) -> None:
+        """Open the log and hash index files at `checkpoint`, rolling back anything past it.
+        `kept`: files this writer still has open; one whose committed state is unchanged is
+        reused (popped), the others are reopened (another host's writes are then seen, NFS)."""
         position = LogPosition.from_dict(checkpoint.log_position)
+        # opening at the committed position cuts whatever lies past it (no close-and-trim cycle)
         self._log = open_log(self.directory, self.settings, writable=True, committed=position)
-        self._log.truncate_to(position)
         self._delete_segments_below(checkpoint.log_start_seq)
         self._delete_unlisted_index_files(checkpoint)
-        for state in checkpoint.index_files:
-            self._files.append(self._open_rolled_back(state))
+        last = len(checkpoint.index_files) - 1
+        for n, state in enumerate(checkpoint.index_files):
+            reuse = kept.get(state.name)
+            if reuse is not None and reuse[0] == state and n < last:
+                del kept[state.name]
+                self._files.append(reuse[1])
+            else:
+                self._files.append(self._open_rolled_back(state))
             self._states.append(state)
-        return checkpoint
 
     def _open_rolled_back(self, state: IndexFileState) -> IndexFile:
         path = self.directory / INDEX_DIR / state.name
         if not path.is_file():
             raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
         index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
-        index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+        try:
+            if _written_past(index_file, state):  # the slot-table scan of a rollback only when needed
+                index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+        except BaseException:
+            index_file.close()
+            raise
         return index_file
 
     def _delete_unlisted_index_files(self, checkpoint: Checkpoint) -> None:
@@ -354,24 +561,26 @@ class ShardWriter(_Committed):
             low, high = min(low, state.min_timestamp_ms), max(high, state.max_timestamp_ms)
         return IndexFileState(state.name, header_dict(index_file), low, high)
 
-    def _commit(self, batch_id: int, topics: set[str], touched: list[IndexFile]) -> None:
-        self._log.flush()
-        for index_file in touched:
-            index_file.flush()
-        self._checkpoint = Checkpoint(
-            batch_id=batch_id,
+    def _commit(self, topics: set[str], touched: list[IndexFile], ranges: SourceRanges) -> None:
+        if touched or self._log.next_seq != self._checkpoint.record_count:
+            self._log.flush()
+            for index_file in touched:
+                index_file.flush()
+            fsync_directory(self.directory / INDEX_DIR)
+        self._write_checkpoint(Checkpoint(
             log_position=self._log.position().to_dict(),
             log_start_seq=self._checkpoint.log_start_seq,
             index_files=tuple(self._states),
             topics=tuple(sorted(set(self._checkpoint.topics) | topics)),
             record_count=self._log.next_seq,
-        )
-        fsync_directory(self.directory / INDEX_DIR)
-        write_checkpoint(checkpoint_path(self.directory), self._checkpoint)
+            source_ranges=ranges,
+            extra=self._checkpoint.extra,
+        ))
 
-    def _require_open(self) -> None:
-        if self._log is None:
-            raise InvalidAppendError(f"shard {self.broker!r}: the writer is closed")
+    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        raw = encode_checkpoint(checkpoint)
+        write_atomically(checkpoint_path(self.directory), raw)
+        self._checkpoint, self._seen = checkpoint, raw
 
 
 class ShardReader(_Committed):
@@ -600,6 +809,39 @@ def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], 
     """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
     each record, in record order, a key repeated within one record indexed once (first place)."""
     return AppendColumns.of(records).index_entries(seqs.start)
+
+
+def _ranges_annotation(ranges: SourceRanges) -> bytes:
+    """Committed source ranges as the log annotation: compact canonical JSON."""
+    return json.dumps(ranges.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+
+
+def _own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -> SourceRows:
+    """The records' own (topic, partition, offset) as their source coordinates, one slice."""
+    if isinstance(records, (pa.Table, pa.RecordBatch)):
+        return SourceRows.of(records.column("topic"), records.column("partition"), records.column("offset"))
+    for number, record in enumerate(records):
+        if not isinstance(record, MessageRecord):
+            raise InvalidAppendError(f"record {number} is a {type(record).__name__}, not a MessageRecord (no topic/partition/offset)")
+    return SourceRows.of([r.topic for r in records], [r.partition for r in records], [r.offset for r in records])
+
+
+def _written_past(index_file: IndexFile, state: IndexFileState) -> bool:
+    """Whether a writer wrote into `index_file` past its committed `state` (and died). A put
+    writes entry, then slot, then header, so look at all three: the header, the first entry past
+    the committed count, and slot 0 (the slot of an entry that can be all zeros: key hash 0)."""
+    if index_file.header != IndexHeader(**state.header):
+        return True
+    count = state.index_count
+    if count < index_file.index_num:
+        fd = os.open(index_file.path, os.O_RDONLY)
+        try:
+            entry = os.pread(fd, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE + index_file.hash_slot_num * INDEX_SLOT_SIZE + count * INDEX_ENTRY_SIZE)
+        finally:
+            os.close(fd)
+        if any(entry):
+            return True
+    return int(index_file.slot_array()[0]) >= count
 
 
 def _name_ms(name: str) -> int:

@@ -99,10 +99,11 @@ class Store:
                 if entry.name.startswith(SHARD_DIR_PREFIX) and entry.is_dir()
             )
 
-    def writer(self, broker: str) -> ShardWriter:
-        """The writer of `broker`'s shard (created when new); holds the shard's lock until closed."""
+    def writer(self, broker: str, *, hold_lock: bool = True) -> ShardWriter:
+        """The writer of `broker`'s shard (created when new). It holds the shard's lock until
+        closed, or with hold_lock=False only inside ``with writer.locked(timeout):`` blocks."""
         validate_broker_name(broker)
-        return ShardWriter(shard_directory(self.root, broker), broker, self.settings)
+        return ShardWriter(shard_directory(self.root, broker), broker, self.settings, hold_lock=hold_lock)
 
     def reader(self, broker: str) -> ShardReader:
         """A new reader on the committed snapshot of `broker`'s shard (the caller closes it)."""

@@ -480,6 +480,24 @@ class MetadataLog:
         return b""
 
     # ---- lifecycle -------------------------------------------------------------------------
+    def unchanged_on_disk(self, position: LogPosition) -> bool:
+        """True when the files still are exactly what this writer's view of `position` (its own
+        last commit) says: no segment past the active one, the active segment and its sparse
+        indexes at the lengths this view has them. False after another writer appended, rolled
+        or closed (trimmed) meanwhile, or died mid-append: the view must then be released and
+        the log reopened."""
+        if not self._segments or self.position() != position:
+            return False
+        active = self._segments[-1]
+        return active.files_match_mappings() and max(self._bases_on_disk(), default=-1) == active.base_seq
+
+    def release(self) -> None:
+        """Forget every file without writing anything (see ``LogSegment.release``): for a writer
+        whose view went stale while another process held the shard."""
+        for segment in self._segments:
+            segment.release()
+        self._segments = []
+
     def close(self) -> None:
         """Release every file (a writer's active indexes are trimmed, as Kafka does on close)."""
         for segment in self._segments:

@@ -518,6 +518,28 @@ class LogSegment:
             os.close(self._fd)
             self._fd = None
 
+    def release(self) -> None:
+        """Drop the file handle and mappings without writing, trimming or syncing anything:
+        another writer may have changed these files since they were opened (the shard lock was
+        released in between), so nothing of this stale view may be touched."""
+        for index in ("offset_index", "time_index"):
+            if hasattr(self, index):
+                getattr(self, index).close_handler()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._map = None
+
+    def files_match_mappings(self) -> bool:
+        """True when the segment file and its sparse index files still have the lengths this
+        view was opened with (a writer that closed meanwhile trims them: never write then)."""
+        try:
+            if os.path.getsize(self.path) != self.size:
+                return False
+            return all(os.path.getsize(index.path) == index.length for index in (self.offset_index, self.time_index))
+        except FileNotFoundError:
+            return False
+
     def delete(self) -> None:
         """Close and remove every file of this segment."""
         self.close()

@@ -1,0 +1,51 @@
+"""What one task of a micro-batch reports back to the driver: one row per shard it wrote (and one
+for the quarantine). The schema is declared once, here, as the fields of ``TaskCommit``; the
+Arrow schema the executor builds and the DDL string Spark is given both derive from them.
+
+Counts are what the batch contributed, whoever committed it: ``appended`` rows this task wrote,
+``already_committed`` rows of this task whose source offsets the shard already held (written by
+an earlier attempt of the task, a speculative copy, or an earlier run). Both are the batch's
+records; only the first are new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class TaskCommit:
+    """One shard's (or the quarantine's, ``broker`` None) share of one task of a micro-batch."""
+
+    broker: str | None
+    appended: int = 0
+    already_committed: int = 0
+    keys_indexed: int = 0
+    unkeyed: int = 0
+    quarantined: int = 0  # malformed events of this task set aside now
+    quarantined_before: int = 0  # malformed events of this task found in the quarantine already
+    attempt: int = 0  # Spark's attempt number of the task that reported (>0: a retry or speculative copy)
+    write_ms: float = 0.0
+
+
+_ARROW_TYPES = {"broker": pa.string(), "write_ms": pa.float64()}
+COMMIT_ARROW_SCHEMA = pa.schema([
+    (f.name, _ARROW_TYPES.get(f.name, pa.int64())) for f in dataclasses.fields(TaskCommit)
+])
+_DDL_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.float64(): "double"}
+COMMIT_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in COMMIT_ARROW_SCHEMA)
+
+
+def commits_batch(commits: list[TaskCommit]) -> pa.RecordBatch:
+    """The Arrow rows a task yields."""
+    columns = {f.name: [getattr(c, f.name) for c in commits] for f in dataclasses.fields(TaskCommit)}
+    return pa.RecordBatch.from_pydict(columns, schema=COMMIT_ARROW_SCHEMA)
+
+
+def commit_of_row(row) -> TaskCommit:
+    """A collected Spark Row (or dict) back to the value type."""
+    get = row.asDict() if hasattr(row, "asDict") else row
+    return TaskCommit(**{f.name: get[f.name] for f in dataclasses.fields(TaskCommit)})

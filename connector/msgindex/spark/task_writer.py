@@ -1,0 +1,187 @@
+"""The executor side of the pipeline: one task of a micro-batch writes its own rows.
+
+No shuffle: a task gets whole Kafka input partitions (the source's slices, possibly several,
+coalesced), splits its rows by shard and appends each part to that shard under the shard lock,
+one lock at a time (shard_owner.py). Rows carry their source coordinates and the id of the
+slice they came from, so each append commits exactly the source offset ranges it covers
+(storage/source_ranges.py): whatever attempt of whatever task wrote a row first, every other
+one skips it. Malformed metadata events go to the quarantine, exactly once the same way.
+
+A task appends in chunks of at most ``APPEND_ROWS`` rows (bounded memory in the Python worker
+whatever the batch size) and reports one ``TaskCommit`` per shard it touched; ``SliceOrder``
+checks the one assumption chunking adds.
+
+This module must import on executors that have only pyspark and its Arrow dependencies (the job
+ships msgindex itself): no kafka-python, no driver-side modules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msgindex.errors import MsgIndexError
+from msgindex.spark.commits import TaskCommit, commits_batch
+from msgindex.spark.kafka_records import records_to_append
+from msgindex.spark.quarantine import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, write_quarantine
+from msgindex.spark.shard_owner import append_to_shard
+from msgindex.storage.message import APPEND_SCHEMA
+from msgindex.storage.source_ranges import SourceRows
+
+INPUT_RECORDS = "records"
+INPUT_METADATA = "metadata"
+INPUT_KINDS = (INPUT_RECORDS, INPUT_METADATA)
+DEFAULT_LOCK_TIMEOUT_S = 120.0
+APPEND_ROWS = 131_072  # rows per append: big enough that the per-commit fsyncs are noise
+BROKER, SLICE = "broker", "slice"  # the shard column, and the source slice (Spark input partition) of a row
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """Everything an executor needs to write a batch (pickled into the task function)."""
+
+    root: str
+    input_kind: str
+    quarantine_dir: str
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+
+
+def task_function(config: SinkConfig, batch_id: int):
+    """The ``mapInArrow`` function of batch `batch_id` (the id travels in its closure; it only
+    labels quarantined events). Deliberately without annotations: pyspark infers UDF kinds from
+    type hints and fails on postponed ones."""
+
+    def write(batches):
+        return write_task(config, batch_id, batches)
+
+    return write
+
+
+def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Write one task's rows (Arrow batches of the prepared columns) and yield its commits."""
+    totals: dict[str | None, TaskCommit] = {}
+    order = SliceOrder()
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows:
+            pending.append(batch)
+            rows += batch.num_rows
+        if rows >= APPEND_ROWS:
+            _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
+            pending, rows = [], 0
+    if pending:
+        _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
+    if totals:
+        attempt = _attempt_number()
+        yield commits_batch([_with_attempt(commit, attempt) for _, commit in sorted(totals.items(), key=lambda i: i[0] or "")])
+
+
+class SliceOrder:
+    """Guards the rule chunked appends rely on: a chunk commits [min, max + 1) of its rows of each
+    source slice, so the rows of one slice must arrive in offset order (Spark's Kafka source reads
+    each offset range front to back). A row behind an earlier chunk of its slice would be skipped
+    as committed: fail the task instead."""
+
+    def __init__(self) -> None:
+        self.high: dict[tuple[int, str, int], int] = {}
+
+    def check(self, sources: SourceRows) -> None:
+        for (topic, partition), where in sources.groups():
+            slices, offsets = sources.slice_id[where], sources.offset[where]
+            for slice_id in np.unique(slices).tolist():
+                mine = offsets[slices == slice_id]
+                key = (slice_id, topic, partition)
+                if key in self.high and int(mine.min()) <= self.high[key]:
+                    raise MsgIndexError(
+                        f"{topic}-{partition}: offset {int(mine.min())} arrived after offset {self.high[key]} of the "
+                        f"same source slice; the task's rows are not in offset order, refusing to commit ranges"
+                    )
+                self.high[key] = max(self.high.get(key, -1), int(mine.max()))
+
+
+def _source_rows(config: SinkConfig, table: pa.Table) -> SourceRows:
+    """Each row's source coordinates: the record's own for records, the event's Kafka ones for metadata."""
+    names = (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET) if config.input_kind == INPUT_METADATA \
+        else ("topic", "partition", "offset")
+    return SourceRows.of(*(table.column(name) for name in names), table.column(SLICE))
+
+
+def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: SliceOrder) -> list[TaskCommit]:
+    order.check(_source_rows(config, table))
+    commits = []
+    brokers = table.column(BROKER)
+    if config.input_kind == INPUT_METADATA:
+        malformed = pc.is_null(brokers)
+        if pc.any(malformed).as_py():
+            commits.append(_quarantine(config, batch_id, table.filter(malformed)))
+            table = table.filter(pc.invert(malformed))
+            brokers = table.column(BROKER)
+    elif brokers.null_count:
+        lost = table.filter(pc.is_null(brokers))
+        raise MsgIndexError(
+            f"batch {batch_id}: {lost.num_rows} records of partitions with no recorded broker (e.g. "
+            f"{lost.column('topic')[0].as_py()}-{lost.column('partition')[0].as_py()}); the partition had no "
+            f"leader when the batch started. The batch is retried on restart."
+        )
+    for broker in pc.unique(brokers).to_pylist():
+        commits.append(_append(config, broker, table.filter(pc.equal(brokers, broker))))
+    return commits
+
+
+def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
+    started = time.perf_counter()
+    if config.input_kind == INPUT_METADATA:
+        records, unkeyed = part.select(APPEND_SCHEMA.names), 0
+    else:
+        records, unkeyed = records_to_append(part)
+    result = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
+                             adopt_legacy_offsets=config.input_kind == INPUT_RECORDS)
+    return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
+                      keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000)
+
+
+def _quarantine(config: SinkConfig, batch_id: int, table: pa.Table) -> TaskCommit:
+    started = time.perf_counter()
+    slices = table.column(SLICE).to_numpy(zero_copy_only=False).astype(np.int64)
+    result = write_quarantine(config.quarantine_dir, batch_id, table, table.column(REASON).to_pylist(), slices,
+                              lock_timeout_s=config.lock_timeout_s)
+    return TaskCommit(None, quarantined=result.written, quarantined_before=result.already,
+                      write_ms=(time.perf_counter() - started) * 1000)
+
+
+def _merge(totals: dict[str | None, TaskCommit], commits: list[TaskCommit]) -> None:
+    for commit in commits:
+        have = totals.get(commit.broker)
+        if have is None:
+            totals[commit.broker] = commit
+            continue
+        totals[commit.broker] = TaskCommit(
+            commit.broker,
+            appended=have.appended + commit.appended,
+            already_committed=have.already_committed + commit.already_committed,
+            keys_indexed=have.keys_indexed + commit.keys_indexed,
+            unkeyed=have.unkeyed + commit.unkeyed,
+            quarantined=have.quarantined + commit.quarantined,
+            quarantined_before=have.quarantined_before + commit.quarantined_before,
+            write_ms=have.write_ms + commit.write_ms,
+        )
+
+
+def _attempt_number() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
+def _with_attempt(commit: TaskCommit, attempt: int) -> TaskCommit:
+    from dataclasses import replace
+
+    return replace(commit, attempt=attempt)
+
