@@ -576,6 +576,9 @@ class ShardWriter(_Committed):
             source_ranges=ranges,
             extra=self._checkpoint.extra,
         ))
+        # Hash runs for the active file too (a store with default sizing has only that one file):
+        # they cover what this checkpoint committed and cost nothing until a run is due.
+        hash_run.seal_committed(self._files[-1:], {state.name: state.index_count for state in self._states})
 
     def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
         raw = encode_checkpoint(checkpoint)
