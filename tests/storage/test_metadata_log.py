@@ -330,7 +330,7 @@ def test_bad_log_files_give_clear_errors(tmp_path, records):
         open_log(path, writable=False)
 
 
-@pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 60, 90, -1])  # header fields, body
+@pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 58, 62, 70, 82, 120, -1])  # head, blocks
 def test_corrupt_batch_detected_on_read(tmp_path, field):
     records = make_records(120)
     path = tmp_path / "log"
@@ -340,7 +340,8 @@ def test_corrupt_batch_detected_on_read(tmp_path, field):
         victim = log.segments()[0].path
     data = bytearray(victim.read_bytes())
     start = len(encode_records(0, records[:BATCH]))  # the second batch: records 40..79
-    length = len(encode_records(BATCH, records[BATCH : 2 * BATCH]))
+    second = encode_records(BATCH, records[BATCH : 2 * BATCH])
+    length, head_length = len(second), bf.check_head(second, 0, len(second)).header.head_length
     data[start + field % length] ^= 0xFF
     victim.write_bytes(bytes(data))
     with open_log(path, writable=False, committed=committed) as reader:
@@ -348,7 +349,7 @@ def test_corrupt_batch_detected_on_read(tmp_path, field):
             list(reader.scan_range(0, 120, "b"))
         with pytest.raises(CorruptFileError, match=str(victim)):
             reader.read_rows([50], "b")
-        if field % length >= bf.HEADER_SIZE:  # a damaged body harms its batch only
+        if field % length >= head_length:  # a damaged block harms its batch only
             assert reader.read_many([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
     with pytest.raises(CorruptFileError, match=f"{victim}: invalid batch at byte {start}"):
         open_log(path)  # recovery: a bad batch followed by more batches is not a torn tail

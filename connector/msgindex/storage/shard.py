@@ -51,10 +51,9 @@ from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
-from msgindex.storage.message import MessageRecord, encode_text, index_key
+from msgindex.storage.message import MessageRecord, arrow_text, decode_text, encode_text, index_key
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.query import (
-    RESULT_ORDER,
     KeysArg,
     empty_rows,
     normalize_keys,
@@ -454,13 +453,10 @@ class ShardReader(_Committed):
             return empty_rows()
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
-        table = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
-        if not table.num_rows:
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+        if not found:
             return empty_rows()
-        table = table.sort_by(RESULT_ORDER)
-        if max_results is not None and table.num_rows > max_results:
-            table = table.slice(0, max_results)
-        return table.combine_chunks()
+        return _in_result_order(found, max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -526,35 +522,78 @@ class ShardReader(_Committed):
         return np.concatenate(seqs), np.concatenate(whos)
 
     def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                  end_ms: int | None, partitions: Iterable[int] | None) -> pa.Table:
-        """ROW_SCHEMA rows of the candidates whose log record really is in the topic, carries the
-        key and lies in the window: hash collisions and second-granularity times end here. Each
-        touched batch is decoded once; the checks are Arrow/numpy kernels over all candidates of
-        the batch at once."""
+                  end_ms: int | None, partitions: Iterable[int] | None) -> list[_Matched]:
+        """The log records of the candidates that really are in the topic, carry the key and lie
+        in the window, in seq order, rendered: hash collisions and second-granularity times end
+        here. Each touched block is read once; the checks are numpy/Arrow kernels over a chunk of
+        blocks' candidates at once, run by the log's reading threads (``MetadataLog.chunks``)."""
         if not len(seqs):
-            return empty_rows()
-        unique, inverse = _unique_with_inverse(seqs)
-        batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
-        keep = np.ones(len(unique), dtype=bool)
-        if begin_ms is not None:
-            keep &= batch.timestamp_ms >= begin_ms
-        if end_ms is not None:
-            keep &= batch.timestamp_ms <= end_ms
-        if partitions is not None:
-            keep &= np.isin(batch.partition.astype(np.int64), np.array(sorted(set(partitions)), dtype=np.int64))
-        pair = np.flatnonzero(keep[inverse])  # the (candidate, wanted key) pairs still in the running
-        row, key_number = inverse[pair], who[pair]
-        topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
-        lists = batch.keys.take(pa.array(row))
-        parents = pc.list_parent_indices(lists).to_numpy()
-        key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
-        has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
-        # once per record (found under two wanted keys, it is still one result)
-        matched = np.flatnonzero(np.bincount(row[topic_ok.to_numpy(zero_copy_only=False) & has_key],
-                                             minlength=len(unique)))
-        if not len(matched):
-            return empty_rows()
-        return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
+            return []
+        # the (candidate, wanted key) pairs by seq (each key's candidates come newest first: a
+        # stable sort merges those runs); `record` numbers the distinct seqs
+        by_seq = np.argsort(seqs, kind="stable")
+        seqs, who = seqs[by_seq], who[by_seq]
+        new = np.empty(len(seqs), dtype=bool)
+        new[0] = True
+        np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
+        unique = seqs[new]
+        record = np.cumsum(new) - 1
+        bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
+        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
+
+        def verify(first: int, records: bf.Selection) -> _Matched | None:
+            end = first + len(records)
+            row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
+            keep = np.ones(len(records), dtype=bool)
+            if begin_ms is not None:
+                keep &= records.timestamp_ms >= begin_ms
+            if end_ms is not None:
+                keep &= records.timestamp_ms <= end_ms
+            if wanted_partitions is not None:
+                keep &= np.isin(records.partition, wanted_partitions)
+            topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
+            wanted_topic = np.array([topic_numbers.get(t, -1) for t in wanted.topics], dtype=np.int64)
+            # the pairs whose record is in the window and in the wanted key's topic
+            pair = np.flatnonzero(keep[row] & (records.topic_ids[row] == wanted_topic[key_number]))
+            row, key_number = row[pair], key_number[pair]
+            pairs_of = np.bincount(row, minlength=len(records))
+            candidates = np.flatnonzero(pairs_of)
+            if not len(candidates):
+                return None
+            # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
+            topic_ranks = _topic_ranks(records.topics)
+            ordered = candidates[_result_order(
+                records.timestamp_ms[candidates], topic_ranks[records.topic_ids[candidates]],
+                records.partition[candidates], records.offset[candidates], records.seqs[candidates])]
+            found = records.rows(ordered)
+            place = np.empty(len(records), dtype=np.int64)
+            place[ordered] = np.arange(len(ordered))  # where each candidate record is in `found`
+            if (pairs_of[candidates] == 1).all():  # one wanted key per record (the usual case): no copy
+                lists, pair_of_list = found.keys, np.empty(len(ordered), dtype=np.int64)
+                pair_of_list[place[row]] = key_number
+                owner = None
+            else:
+                lists, pair_of_list, owner = found.keys.take(pa.array(place[row])), key_number, place[row]
+            parents = pc.list_parent_indices(lists).to_numpy()
+            key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(pair_of_list[parents])))
+            has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(lists)) > 0
+            # once per record (found under two wanted keys, it is still one result)
+            matched = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered)) > 0
+            if not matched.any():
+                return None
+            if not matched.all():
+                found = found.take(np.flatnonzero(matched))
+            return _Matched(bf.rows(found, self.broker), found)
+
+        return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
+
+
+@dataclass(frozen=True)
+class _Matched:
+    """A chunk's verified records, in RESULT_ORDER among themselves: rendered, and as columns."""
+
+    rows: pa.RecordBatch
+    records: bf.DecodedRows
 
 
 @dataclass(frozen=True)
@@ -563,28 +602,71 @@ class _WantedKeys:
     stores them (encode_text bytes), in one order."""
 
     hashes: np.ndarray
-    topics: pa.Array
-    keys: pa.Array
+    topics: tuple[bytes, ...]
+    keys: pa.Array  # large_binary
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
         pairs = [(t, k) for t in topics for k in keys]
         index_keys = [index_key(t, k) for t, k in pairs]
-        return cls(_hashes(index_keys), pa.array([encode_text(t) for t, _ in pairs], bf.TEXT),
+        return cls(_hashes(index_keys), tuple(encode_text(t) for t, _ in pairs),
                    pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
 
 
-def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(values, return_inverse=True) for non-negative ints; a hot key's hundreds of
-    thousands of candidate seqs go through a bitmap over their range (linear) instead of a sort."""
-    if len(values) < 65_536:
-        return np.unique(values, return_inverse=True)
-    low = int(values.min())
-    present = np.zeros(int(values.max()) - low + 1, dtype=bool)
-    present[values - low] = True
-    unique = np.flatnonzero(present) + low
-    rank = np.cumsum(present) - 1  # rank[v - low] = position of v in unique
-    return unique, rank[values - low]
+def _topic_ranks(topics: Sequence[bytes]) -> np.ndarray:
+    """Each topic's rank in RESULT_ORDER (which compares topics as rendered)."""
+    rendered = [arrow_text(decode_text(t)).encode("utf-8") for t in topics]
+    return np.argsort(np.array(sorted(range(len(rendered)), key=rendered.__getitem__), dtype=np.int64)).astype(np.int64)
+
+
+def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
+                  seqs: np.ndarray) -> np.ndarray:
+    """The permutation that puts rows (of one shard) in RESULT_ORDER: by timestamp, then topic,
+    partition, offset, seq. A stable sort by timestamp, then only the runs of equal timestamps
+    sorted by the rest: far cheaper than a sort on all keys for a hot key's rows."""
+    order = np.argsort(stamps, kind="stable")
+    stamps = stamps[order]
+    tie = stamps[1:] == stamps[:-1]
+    if tie.any():
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[1:] |= tie
+        in_run[:-1] |= tie
+        runs = np.flatnonzero(in_run)
+        run = np.cumsum(np.concatenate(([True], ~tie)))[runs]
+        picked = order[runs]
+        order[runs] = picked[np.lexsort((seqs[picked], offsets[picked], partitions[picked], topic_ranks[picked], run))]
+    return order
+
+
+def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table:
+    """The rows of `parts` (each in RESULT_ORDER, one after the other in seq order) in
+    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so parts overlap
+    only where they meet: rows that keep their place are sliced (zero-copy), only the others
+    are taken."""
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part.records, name) for part in parts])
+
+    topics: dict[bytes, int] = {}
+    topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
+                                         dtype=np.int64)[part.records.topic_ids] for part in parts])
+    order = _result_order(joined("timestamp_ms"), _topic_ranks(list(topics))[topic_ids], joined("partition"),
+                          joined("offset"), joined("seqs"))
+    if max_results is not None:
+        order = order[:max_results]
+    if not len(order):
+        return empty_rows()
+    table = pa.Table.from_batches([part.rows for part in parts])
+    kept = order == np.arange(len(order))
+    bounds = [0, *(np.flatnonzero(kept[1:] != kept[:-1]) + 1).tolist(), len(order)]
+    pieces = []
+    for a, b in zip(bounds, bounds[1:]):
+        if kept[a]:
+            pieces.append(table.slice(a, b - a))
+        elif b > a:
+            # a take from a sliced table: a take from the whole would first concatenate all parts
+            low = int(order[a:b].min())
+            pieces.append(table.slice(low, int(order[a:b].max()) + 1 - low).take(pa.array(order[a:b] - low)))
+    return pa.concat_tables(pieces).combine_chunks()
 
 
 SCALAR_HASH_MAX_KEYS = 16
