@@ -55,6 +55,7 @@ from msgindex.storage.message import MessageRecord, arrow_text, decode_text, enc
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.query import (
     KeysArg,
+    rows_from_records,
     empty_rows,
     normalize_keys,
     validate_window,
@@ -72,6 +73,9 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
+# Up to this many hash candidates a lookup reads and checks them record by record (measured in
+# BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
+FEW_CANDIDATES = 32
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
 
 
@@ -453,6 +457,8 @@ class ShardReader(_Committed):
             return empty_rows()
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
+        if len(seqs) <= FEW_CANDIDATES:
+            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, partitions, max_results)
         found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
         if not found:
             return empty_rows()
@@ -521,6 +527,29 @@ class ShardReader(_Committed):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
 
+    def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
+                      end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
+        """``_verified`` and ordering for a few candidates, record by record in Python: below
+        FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
+        pairs: dict[int, list[int]] = {}
+        for seq, key_number in zip(seqs.tolist(), who.tolist()):
+            pairs.setdefault(seq, []).append(key_number)
+        wanted_partitions = None if partitions is None else set(partitions)
+        matched = []
+        for seq, record in zip(sorted(pairs), self._log.read_few(sorted(pairs))):
+            if (begin_ms is not None and record.timestamp_ms < begin_ms) or (
+                    end_ms is not None and record.timestamp_ms > end_ms) or (
+                    wanted_partitions is not None and record.partition not in wanted_partitions):
+                continue
+            if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
+                matched.append((seq, record))
+        if not matched:
+            return empty_rows()
+        matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
+                                    m[1].offset, m[0]))
+        matched = matched[:max_results] if max_results is not None else matched
+        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
+
     def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
                   end_ms: int | None, partitions: Iterable[int] | None) -> list[_Matched]:
         """The log records of the candidates that really are in the topic, carry the key and lie
@@ -562,10 +591,11 @@ class ShardReader(_Committed):
                 return None
             # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
             topic_ranks = _topic_ranks(records.topics)
-            ordered = candidates[_result_order(
+            order = _result_order(
                 records.timestamp_ms[candidates], topic_ranks[records.topic_ids[candidates]],
-                records.partition[candidates], records.offset[candidates], records.seqs[candidates])]
-            found = records.rows(ordered)
+                records.partition[candidates], records.offset[candidates], records.seqs[candidates])
+            found = records.rows(candidates, order)
+            ordered = candidates[order]
             place = np.empty(len(records), dtype=np.int64)
             place[ordered] = np.arange(len(ordered))  # where each candidate record is in `found`
             if (pairs_of[candidates] == 1).all():  # one wanted key per record (the usual case): no copy
@@ -598,18 +628,19 @@ class _Matched:
 
 @dataclass(frozen=True)
 class _WantedKeys:
-    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as the log
-    stores them (encode_text bytes), in one order."""
+    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
+    the log stores them (encode_text bytes), in one order."""
 
     hashes: np.ndarray
+    texts: tuple[tuple[str, str], ...]
     topics: tuple[bytes, ...]
     keys: pa.Array  # large_binary
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
-        pairs = [(t, k) for t in topics for k in keys]
+        pairs = tuple((t, k) for t in topics for k in keys)
         index_keys = [index_key(t, k) for t, k in pairs]
-        return cls(_hashes(index_keys), tuple(encode_text(t) for t, _ in pairs),
+        return cls(_hashes(index_keys), pairs, tuple(encode_text(t) for t, _ in pairs),
                    pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
 
 
@@ -640,33 +671,56 @@ def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.nd
 
 def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table:
     """The rows of `parts` (each in RESULT_ORDER, one after the other in seq order) in
-    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so parts overlap
-    only where they meet: rows that keep their place are sliced (zero-copy), only the others
-    are taken."""
+    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so neighbouring parts
+    overlap only where they meet: only the rows of those overlaps are ordered again (and taken),
+    the others keep their place (zero-copy slices)."""
     def joined(name: str) -> np.ndarray:
         return np.concatenate([getattr(part.records, name) for part in parts])
 
-    topics: dict[bytes, int] = {}
-    topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
-                                         dtype=np.int64)[part.records.topic_ids] for part in parts])
-    order = _result_order(joined("timestamp_ms"), _topic_ranks(list(topics))[topic_ids], joined("partition"),
-                          joined("offset"), joined("seqs"))
-    if max_results is not None:
-        order = order[:max_results]
-    if not len(order):
-        return empty_rows()
+    stamps = joined("timestamp_ms")
+    windows = _overlaps(stamps, np.cumsum([len(part.records) for part in parts])[:-1])
     table = pa.Table.from_batches([part.rows for part in parts])
-    kept = order == np.arange(len(order))
-    bounds = [0, *(np.flatnonzero(kept[1:] != kept[:-1]) + 1).tolist(), len(order)]
-    pieces = []
-    for a, b in zip(bounds, bounds[1:]):
-        if kept[a]:
-            pieces.append(table.slice(a, b - a))
-        elif b > a:
-            # a take from a sliced table: a take from the whole would first concatenate all parts
-            low = int(order[a:b].min())
-            pieces.append(table.slice(low, int(order[a:b].max()) + 1 - low).take(pa.array(order[a:b] - low)))
-    return pa.concat_tables(pieces).combine_chunks()
+    if windows:
+        topics: dict[bytes, int] = {}
+        topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
+                                             dtype=np.int64)[part.records.topic_ids] for part in parts])
+        topic_ranks = _topic_ranks(list(topics))[topic_ids]
+        partitions, offsets, seqs = joined("partition"), joined("offset"), joined("seqs")
+    pieces, at = [], 0
+    for low, high in windows:
+        pieces.append(table.slice(at, low - at))
+        window = slice(low, high)
+        order = _result_order(stamps[window], topic_ranks[window], partitions[window], offsets[window], seqs[window])
+        pieces.append(table.slice(low, high - low).take(pa.array(order)))
+        at = high
+    pieces.append(table.slice(at))
+    result = pa.concat_tables(pieces)
+    if max_results is not None:
+        result = result.slice(0, max_results)
+    return result.combine_chunks()
+
+
+def _overlaps(stamps: np.ndarray, cuts: np.ndarray) -> list[tuple[int, int]]:
+    """The [low, high) windows of rows that may be out of place, for runs of `stamps` each in
+    order (a run starts at each of `cuts`). A row is in its final place when its stamp is above
+    every stamp of the runs before it and below every stamp of the runs after it: exactly the
+    rows before it rank before it. So the rows between two such rows are exactly the ones whose
+    places lie there, and each window is ordered on its own."""
+    bounds = np.array([0, *cuts.tolist(), len(stamps)], dtype=np.int64)
+    firsts, lasts = stamps[bounds[:-1]], stamps[bounds[1:] - 1]
+    highest_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], lasts[:-1])))
+    lowest_after = np.minimum.accumulate(np.concatenate((firsts[1:], [np.iinfo(np.int64).max]))[::-1])[::-1]
+    windows: list[tuple[int, int]] = []
+    for start, end, high, low in zip(bounds[:-1].tolist(), bounds[1:].tolist(), highest_before.tolist(),
+                                     lowest_after.tolist()):
+        run = stamps[start:end]
+        for low_at, high_at in ((start, start + int(np.searchsorted(run, high, side="right"))),
+                                (start + int(np.searchsorted(run, low, side="left")), end)):
+            if low_at < high_at:
+                if windows and windows[-1][1] >= low_at:
+                    low_at, high_at = windows[-1][0], max(windows.pop()[1], high_at)
+                windows.append((low_at, high_at))
+    return windows
 
 
 SCALAR_HASH_MAX_KEYS = 16
