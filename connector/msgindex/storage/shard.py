@@ -558,10 +558,16 @@ class ShardReader(_Committed):
         blocks' candidates at once, run by the log's reading threads (``MetadataLog.chunks``)."""
         if not len(seqs):
             return []
-        # the (candidate, wanted key) pairs by seq (each key's candidates come newest first: a
-        # stable sort merges those runs); `record` numbers the distinct seqs
-        by_seq = np.argsort(seqs, kind="stable")
-        seqs, who = seqs[by_seq], who[by_seq]
+        # the (candidate, wanted key) pairs by seq, sorted as one int64 (each key's candidates
+        # come in long runs: timsort merges them); `record` numbers the distinct seqs
+        keys = len(wanted.hashes)
+        if int(seqs.max()) < np.iinfo(np.int64).max // keys:
+            pairs = seqs * keys + who
+            pairs.sort(kind="stable")
+            seqs, who = np.divmod(pairs, keys)
+        else:
+            by_seq = np.argsort(seqs, kind="stable")
+            seqs, who = seqs[by_seq], who[by_seq]
         new = np.empty(len(seqs), dtype=bool)
         new[0] = True
         np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
@@ -655,7 +661,7 @@ def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.nd
     """The permutation that puts rows (of one shard) in RESULT_ORDER: by timestamp, then topic,
     partition, offset, seq. A stable sort by timestamp, then only the runs of equal timestamps
     sorted by the rest: far cheaper than a sort on all keys for a hot key's rows."""
-    order = np.argsort(stamps, kind="stable")
+    order = _by_timestamp(stamps)
     stamps = stamps[order]
     tie = stamps[1:] == stamps[:-1]
     if tie.any():
@@ -666,6 +672,20 @@ def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.nd
         run = np.cumsum(np.concatenate(([True], ~tie)))[runs]
         picked = order[runs]
         order[runs] = picked[np.lexsort((seqs[picked], offsets[picked], partitions[picked], topic_ranks[picked], run))]
+    return order
+
+
+def _by_timestamp(stamps: np.ndarray) -> np.ndarray:
+    """np.argsort(stamps, kind="stable"), as two stable 16-bit passes when the stamps span less
+    than 2**32 ms (49 days): numpy sorts 16-bit keys by radix, ~4x faster than its int64 timsort."""
+    low = int(stamps.min()) if len(stamps) else 0
+    span = int(stamps.max()) - low if len(stamps) else 0
+    if span >= 1 << 32:
+        return np.argsort(stamps, kind="stable")
+    relative = stamps - low
+    order = np.argsort((relative & 0xFFFF).astype(np.uint16), kind="stable")
+    if span >= 1 << 16:
+        order = order[np.argsort((relative >> 16).astype(np.uint16)[order], kind="stable")]
     return order
 
 
@@ -694,10 +714,8 @@ def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table
         pieces.append(table.slice(low, high - low).take(pa.array(order)))
         at = high
     pieces.append(table.slice(at))
-    result = pa.concat_tables(pieces)
-    if max_results is not None:
-        result = result.slice(0, max_results)
-    return result.combine_chunks()
+    result = pa.concat_tables(pieces)  # several record batches: one copy of a hot key's rows is enough
+    return result.slice(0, max_results) if max_results is not None else result
 
 
 def _overlaps(stamps: np.ndarray, cuts: np.ndarray) -> list[tuple[int, int]]:

@@ -135,7 +135,8 @@ class Store:
     ) -> pa.Table:
         """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
-        offset); `max_results` keeps the first ones in that order (None: all)."""
+        offset); `max_results` keeps the first ones in that order (None: all). A big result is a
+        table of several record batches (``to_batches()``; ``combine_chunks()`` makes one)."""
         partitions = None if partitions is None else list(partitions)
         tables = [
             self._cached_reader(broker).lookup(

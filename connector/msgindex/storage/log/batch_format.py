@@ -600,13 +600,20 @@ class BlockSet:
         return values
 
     def _deltas(self, positions: np.ndarray, planes: np.ndarray, width: int) -> np.ndarray:
-        """The unsigned `width`-byte deltas at `positions` of byte planes `planes` apart, as
-        int64 (8-byte ones wrap, as stored: adding the int64 base restores the value)."""
-        deltas = self._bytes[positions].astype(np.uint64)
-        for i in range(1, width):
-            positions = positions + planes
-            deltas |= self._bytes[positions].astype(np.uint64) << np.uint64(8 * i)
-        return deltas.view(np.int64)
+        """The unsigned `width`-byte deltas at `positions` of byte planes `planes` apart, in the
+        unsigned type of that width (8-byte ones as int64: they wrap, as stored, so adding the
+        int64 base restores the value). Planes are combined from the most significant one down,
+        in the narrow type: a quarter of the memory traffic of combining in int64."""
+        if width == 1:
+            return self._bytes[positions]
+        unsigned = np.dtype(f"<u{width}")
+        top = positions + (width - 1) * planes
+        deltas = self._bytes[top].astype(unsigned)
+        for _ in range(width - 1):
+            top -= planes
+            deltas <<= 8
+            deltas |= self._bytes[top]
+        return deltas.view(np.int64) if width == 8 else deltas
 
     def _end_before(self, name: str, block: np.ndarray, index: np.ndarray) -> np.ndarray:
         """The `name` end of the row/text before each index (0 for the first): where it starts."""
@@ -664,7 +671,11 @@ class BlockSet:
         bounds[1::2] = heap + range_end
         spans = pa.Array.from_buffers(TEXT, len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(self._data)])
         data = spans.take(pa.array(2 * order)).buffers()[2]
-        lengths = (end - text_start)[_ranges(text_of_range[order], count[order])]
+        lengths = end - text_start
+        if len(text) != len(count) or (count != 1).any():  # some records have several texts, or none
+            lengths = lengths[_ranges(text_of_range[order], count[order])]
+        else:
+            lengths = lengths[order]
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return pa.Array.from_buffers(TEXT, len(lengths), [None, pa.py_buffer(offsets), data])

@@ -571,6 +571,7 @@ def _window_mask(records: bf.Selection, start_seq: int, end_seq: int, begin_ms: 
 # (~1-2 MB decompressed) keep every array a read builds small enough to stay in the CPU's caches.
 READ_CHUNK_BLOCKS = 256
 READ_AHEAD_CHUNKS = 4
+PARALLEL_MIN_CHUNKS = 8
 CPUS = os.cpu_count() or 1
 T = TypeVar("T")
 R = TypeVar("R")
@@ -578,9 +579,10 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def _in_order(work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
-    """work(task) of each task, in order; with several, up to READ_AHEAD_CHUNKS run ahead on a
-    thread pool while the caller consumes the results."""
-    if len(tasks) < 2 or CPUS < 2:
+    """work(task) of each task, in order; with many, up to READ_AHEAD_CHUNKS run ahead on a
+    thread pool while the caller consumes the results (fewer run inline: the GIL hand-offs of
+    many short C calls cost more than a second core gives them, measured on 2 cores)."""
+    if len(tasks) < PARALLEL_MIN_CHUNKS or CPUS < 2:
         yield from map(work, tasks)
         return
     global _POOL
