@@ -144,6 +144,7 @@ def test_log_files_match_the_oracle(tmp_path_factory, records, sizes, interval, 
         for append in appends:
             log.append(as_table(append) if arrow else append)
         assert log.read_many(range(len(records))) == records  # the vectorized reader
+        assert log.read_few(range(len(records))) == records  # the record-by-record reader
     assert read_log(directory) == records  # the scalar oracle
     written = {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.endswith(".summary")}
     logs = sorted(p for p in directory.glob("*.log"))

@@ -349,8 +349,11 @@ def test_corrupt_batch_detected_on_read(tmp_path, field):
             list(reader.scan_range(0, 120, "b"))
         with pytest.raises(CorruptFileError, match=str(victim)):
             reader.read_rows([50], "b")
+        with pytest.raises(CorruptFileError, match=str(victim)):
+            reader.read_few([50])
         if field % length >= head_length:  # a damaged block harms its batch only
             assert reader.read_many([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
+            assert reader.read_few([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
     with pytest.raises(CorruptFileError, match=f"{victim}: invalid batch at byte {start}"):
         open_log(path)  # recovery: a bad batch followed by more batches is not a torn tail
 
