@@ -493,3 +493,40 @@ def test_log_matches_a_list_model(tmp_path_factory, ops, seed):
             assert reader.read_many(range(committed_count)) == records[:committed_count]
     finally:
         log.close()
+
+
+def test_readers_of_later_commits_reuse_walked_heads_but_not_a_rewritten_file(tmp_path):
+    records = make_records(900, seed=4)
+    path = tmp_path / "log"
+    with open_log(path, segment_bytes=1 << 20) as writer:
+        writer.append(records[:500])
+        writer.flush()
+        first = writer.position()
+        with open_log(path, writable=False, committed=first) as reader:
+            assert reader.read_many([0, 499]) == [records[0], records[499]]  # walks the heads: remembered
+        writer.append(records[500:])
+        writer.flush()
+        second = writer.position()
+    with open_log(path, writable=False, committed=second) as reader:
+        segment = reader.segment(0)
+        calls = []
+        check = segment._check_at
+        segment._check_at = lambda *args: calls.append(args) or check(*args)
+        assert reader.read_many(range(900)) == records
+        # one check of the last remembered head, then only the heads written since
+        assert len(calls) == 1 + -(-400 // BATCH)
+    # the same file (path and inode) rewritten with other records
+    other = make_records(900, seed=5)
+    with open_log(tmp_path / "other", segment_bytes=1 << 20) as log:
+        log.append(other)
+        log.flush()
+        rewritten = log.position()
+    victim = path / "00000000000000000000.log"
+    inode = victim.stat().st_ino
+    victim.write_bytes((tmp_path / "other" / "00000000000000000000.log").read_bytes())
+    assert victim.stat().st_ino == inode
+    for suffix in (".index", ".timeindex"):
+        (path / f"00000000000000000000{suffix}").write_bytes(
+            (tmp_path / "other" / f"00000000000000000000{suffix}").read_bytes())
+    with open_log(path, writable=False, committed=rewritten) as reader:
+        assert reader.read_many(range(900)) == other

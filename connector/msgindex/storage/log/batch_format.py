@@ -195,12 +195,17 @@ class BatchHeader:
 
 @dataclass(frozen=True)
 class BatchHead:
-    """A batch's header, block table (BLOCK_ENTRY_DTYPE) and topics: what a reader keeps of each
-    batch in a segment's batch directory, checked against the head checksum."""
+    """A batch's header, block table and topics: what a reader keeps of each batch in a
+    segment's batch directory, checked against the head checksum."""
 
     header: BatchHeader
-    blocks: np.ndarray
+    table: bytes  # the block table as stored (BLOCK_ENTRY_STRUCT entries)
     topics: tuple[bytes, ...]
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """The block table as a BLOCK_ENTRY_DTYPE array."""
+        return np.frombuffer(self.table, BLOCK_ENTRY_DTYPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,17 +257,17 @@ def check_head(buf, position: int, end: int, expected_seq: int | None = None) ->
     if expected_seq is not None and header.base_seq != expected_seq:
         return BatchProblem(position, f"base sequence {header.base_seq} where {expected_seq} was expected", False)
     table_start = position + HEADER_SIZE
-    blocks = np.frombuffer(buf, BLOCK_ENTRY_DTYPE, header.block_count, table_start).copy()
-    if (blocks["records"] < 1).any() or int(blocks["records"].sum(dtype=np.int64)) != header.record_count or (
-        int(blocks["length"].sum(dtype=np.int64)) != header.body_length
-        or int(blocks["raw_length"].sum(dtype=np.int64)) != header.raw_length
-        or (blocks["raw_length"] < BLOCK_HEADER_SIZE).any()
+    table = bytes(buf[table_start : table_start + BLOCK_ENTRY_STRUCT.size * header.block_count])
+    # struct, not numpy: a reader checks every batch's head when it first walks a segment
+    records, lengths, raw_lengths, _ = zip(*BLOCK_ENTRY_STRUCT.iter_unpack(table))
+    if min(records) < 1 or sum(records) != header.record_count or sum(lengths) != header.body_length or (
+        sum(raw_lengths) != header.raw_length or min(raw_lengths) < BLOCK_HEADER_SIZE
     ):
         return BatchProblem(position, "block table does not match the header", False)
-    topics = _parse_topics(buf, table_start + BLOCK_ENTRY_STRUCT.size * header.block_count, head_end)
+    topics = _parse_topics(buf, table_start + len(table), head_end)
     if topics is None:
         return BatchProblem(position, "malformed topic table", False)
-    return BatchHead(header, blocks, topics)
+    return BatchHead(header, table, topics)
 
 
 def _parse_topics(buf, start: int, end: int) -> tuple[bytes, ...] | None:
@@ -294,7 +299,7 @@ def check_batch(buf, position: int, end: int, expected_seq: int | None = None) -
     if zlib.crc32(view[at : at + header.annotation_length]) != header.annotation_crc:
         return BatchProblem(position, "checksum mismatch", False)
     at += header.annotation_length
-    for length, crc in zip(head.blocks["length"].tolist(), head.blocks["crc"].tolist()):
+    for _, length, _, crc in BLOCK_ENTRY_STRUCT.iter_unpack(head.table):
         if zlib.crc32(view[at : at + length]) != crc:
             return BatchProblem(position, "checksum mismatch", False)
         at += length

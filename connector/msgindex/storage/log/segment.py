@@ -31,7 +31,10 @@ A missing or corrupt index is rebuilt (in memory for a reader).
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +120,7 @@ class BatchDirectory:
 
         headers = [head.header for _, head in heads]
         positions = column(position for position, _ in heads)
-        blocks = np.concatenate([head.blocks for _, head in heads]) if heads else np.zeros(0, bf.BLOCK_ENTRY_DTYPE)
+        blocks = np.frombuffer(b"".join(head.table for _, head in heads), bf.BLOCK_ENTRY_DTYPE)
         per_batch = column(header.block_count for header in headers)
         first_blocks = np.zeros(len(heads) + 1, dtype=np.int64)
         np.cumsum(per_batch, out=first_blocks[1:])
@@ -139,6 +142,42 @@ class BatchDirectory:
             blocks["raw_length"].astype(np.int64), blocks["crc"].astype(np.int64), block_counts, block_batches,
             tuple(head.topics for _, head in heads),
         )
+
+
+class _WalkedHeads:
+    """Heads of batches the readers of this process walked, per segment file, so that the reader
+    of each new commit walks only the batches committed since (a segment holds thousands). Sound
+    because committed bytes never change; a reused prefix is checked by finding its last head
+    again (a file replaced under the same name and inode number is not taken for the old one)."""
+
+    def __init__(self, files: int) -> None:
+        self._files = files
+        self._known: OrderedDict[tuple[str, int, int], tuple[list[tuple[int, bf.BatchHead]], BatchDirectory]] = (
+            OrderedDict())
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(fd: int, path: Path) -> tuple[str, int, int]:
+        info = os.fstat(fd)
+        return str(path), info.st_dev, info.st_ino
+
+    def recall(self, fd: int, path: Path) -> tuple[list[tuple[int, bf.BatchHead]], BatchDirectory] | None:
+        """(the heads walked in the file, in order, and their directory), or None."""
+        with self._lock:
+            return self._known.get(self._key(fd, path))
+
+    def remember(self, fd: int, path: Path, heads: list[tuple[int, bf.BatchHead]], directory: BatchDirectory) -> None:
+        key = self._key(fd, path)
+        with self._lock:
+            known = self._known.get(key)
+            if known is None or len(known[0]) < len(heads):
+                self._known[key] = (list(heads), directory)
+            self._known.move_to_end(key)
+            while len(self._known) > self._files:
+                self._known.popitem(last=False)
+
+
+_WALKED = _WalkedHeads(files=256)
 
 
 class LogSegment:
@@ -448,10 +487,33 @@ class LogSegment:
     def batches(self) -> BatchDirectory:
         """The batch directory of the committed extent (built on first use)."""
         if self._walked < self.size:
-            self._walk_to(self.size, verify=False)
+            if not self.writable and not self._heads:
+                self._reuse_walked_heads()
+            if self._walked < self.size:
+                self._walk_to(self.size, verify=False)
         if self._directory is None:
             self._directory = BatchDirectory.of(self._heads)
+            if not self.writable:
+                _WALKED.remember(self._fd, self.path, self._heads, self._directory)
         return self._directory
+
+    def _reuse_walked_heads(self) -> None:
+        """Start from the heads another reader of this file walked (up to this reader's extent),
+        once the last of them is found again where it was."""
+        known = _WALKED.recall(self._fd, self.path)
+        if known is None:
+            return
+        walked, directory = known
+        heads = walked[: bisect.bisect_right([p + h.header.batch_length for p, h in walked], self.size)]
+        if not heads:
+            return
+        position, last = heads[-1]
+        again = self._check_at(position, self.size, last.header.base_seq, False)
+        if isinstance(again, bf.BatchHead) and again.header == last.header:
+            self._heads = list(heads)
+            self._walked = position + last.header.batch_length
+            self._walked_seq = last.header.next_seq
+            self._directory = directory if len(heads) == len(walked) else None
 
     # ---- raw bytes -------------------------------------------------------------------------
     def read_bytes(self, position: int, length: int) -> bytes:
