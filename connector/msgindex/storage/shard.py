@@ -645,9 +645,10 @@ class _WantedKeys:
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
         pairs = tuple((t, k) for t in topics for k in keys)
-        index_keys = [index_key(t, k) for t, k in pairs]
-        return cls(_hashes(index_keys), pairs, tuple(encode_text(t) for t, _ in pairs),
-                   pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
+        encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
+        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs,
+                   tuple(encoded for encoded in (encode_text(t) for t in topics) for _ in keys),
+                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
 
 
 def _topic_ranks(topics: Sequence[bytes]) -> np.ndarray:

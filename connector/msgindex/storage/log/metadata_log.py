@@ -359,8 +359,8 @@ class MetadataLog:
         return self._segment_of(seq).read(seq)
 
     def chunks(self, seqs: np.ndarray, work: Callable[[int, bf.Selection], R]) -> Iterator[R]:
-        """work(first, records) for the records of sorted unique `seqs`, a chunk of at most
-        READ_CHUNK_BLOCKS blocks at a time, in order: `first` is the position in `seqs` of the
+        """work(first, records) for the records of sorted unique `seqs`, a chunk of blocks (about
+        READ_CHUNK_RECORDS records) at a time, in order: `first` is the position in `seqs` of the
         chunk's first record. Each block holding some of them is read once (checksum verified).
         Chunks are read, decoded and worked on by a thread pool, a few ahead of the caller: a
         caller keeping only some records of each chunk never holds the blocks of all of them, and
@@ -382,8 +382,11 @@ class MetadataLog:
             firsts = start + np.searchsorted(seqs[start:stop], directory.block_base_seqs)
             ends = np.append(firsts[1:], stop)
             touched = np.flatnonzero(ends > firsts)
-            for piece in range(0, len(touched), READ_CHUNK_BLOCKS):
-                blocks = touched[piece : piece + READ_CHUNK_BLOCKS]
+            # about READ_CHUNK_RECORDS wanted records a chunk: cache-sized arrays for a hot key's
+            # dense blocks, few chunks (each has a fixed cost) for scattered keys
+            per_chunk = max(1, min(READ_CHUNK_BLOCKS, READ_CHUNK_RECORDS * len(touched) // (stop - start)))
+            for piece in range(0, len(touched), per_chunk):
+                blocks = touched[piece : piece + per_chunk]
                 tasks.append((segment, directory, blocks, firsts[blocks], ends[blocks]))
 
         def read(task: tuple[LogSegment, BatchDirectory, np.ndarray, np.ndarray, np.ndarray]) -> R:
@@ -567,11 +570,12 @@ def _window_mask(records: bf.Selection, start_seq: int, end_seq: int, begin_ms: 
 
 
 # Reading a block (pread, CRC, LZ4) runs outside the GIL, so a read touching many blocks reads
-# them on every core, as DuckDB scans Parquet on every core. Chunks of READ_CHUNK_BLOCKS blocks
-# (~1-2 MB decompressed) keep every array a read builds small enough to stay in the CPU's caches.
-READ_CHUNK_BLOCKS = 256
+# them on every core, as DuckDB scans Parquet on every core. Chunks of about READ_CHUNK_RECORDS
+# wanted records keep every array a read builds small enough to stay in the CPU's caches.
+READ_CHUNK_RECORDS = 24_576
+READ_CHUNK_BLOCKS = 4096
 READ_AHEAD_CHUNKS = 4
-PARALLEL_MIN_CHUNKS = 8
+PARALLEL_MIN_CHUNKS = 16
 CPUS = os.cpu_count() or 1
 T = TypeVar("T")
 R = TypeVar("R")
