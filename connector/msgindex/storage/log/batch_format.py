@@ -516,20 +516,23 @@ def concat_rows(parts: Sequence[DecodedRows]) -> DecodedRows:
     for part in parts:
         mapping = np.array([topics.setdefault(t, len(topics)) for t in part.topics], dtype=np.int64)
         ids.append(mapping[part.topic_ids])
-    return DecodedRows(np.concatenate([p.seqs for p in parts]), tuple(topics), np.concatenate(ids),
-                       *(np.concatenate([getattr(p, f) for p in parts]) for f in ("partition", "offset", "timestamp_ms")),
-                       pa.concat_arrays([p.key for p in parts]), pa.concat_arrays([p.keys for p in parts]),
-                       *(np.concatenate([getattr(p, f) for p in parts]) for f in ("commit_log_offset", "size")))
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part, name) for part in parts])
+
+    return DecodedRows(joined("seqs"), tuple(topics), np.concatenate(ids), joined("partition"), joined("offset"),
+                       joined("timestamp_ms"), pa.concat_arrays([p.key for p in parts]),
+                       pa.concat_arrays([p.keys for p in parts]), joined("commit_log_offset"), joined("size"))
 
 
 class BlockSet:
-    """Decompressed blocks (of any batches and segments) read together. Row r of the set is row
-    r - row_starts[b] of block b; each column is read for any rows with a few numpy operations
-    whatever the number of blocks: the blocks' headers are read as one numpy array, and the
-    rows' fields are gathered from the blocks' bytes laid end to end.
+    """Decompressed blocks (of any batches and segments) read together: records are addressed
+    as (block, row in the block) pairs, and each column is read for any of them with a few numpy
+    operations whatever the number of blocks: the blocks' headers are read as one numpy array,
+    and the records' fields are gathered from the blocks' bytes laid end to end.
 
-    `raws` are the blocks' raw bytes, `base_seqs` their first seqs, `topic_tables` the topic
-    table of each block's batch, `origins` (file, batch position) of each block for errors."""
+    `raws` are the blocks' raw bytes, `base_seqs` their first seqs, `records` their record counts
+    (from the block table, checked against each block's header), `topic_tables` the topic table
+    of each block's batch, `origins` (file, batch position) of each block for errors."""
 
     def __init__(self, raws: Sequence, base_seqs: np.ndarray, records: np.ndarray,
                  topic_tables: Sequence[tuple[bytes, ...]], origins: Sequence[tuple[object, int]]) -> None:
@@ -557,8 +560,6 @@ class BlockSet:
         if bad.any():
             self._corrupt(int(np.argmax(bad)), "a block does not match its layout")
         self.base_seqs = np.asarray(base_seqs, dtype=np.int64)
-        self.row_starts = np.zeros(len(raws) + 1, dtype=np.int64)
-        np.cumsum(self.count, out=self.row_starts[1:])
         self._topics: dict[bytes, int] = {}
         maps: dict[tuple[bytes, ...], tuple[int, int]] = {}
         flat: list[int] = []
@@ -572,10 +573,6 @@ class BlockSet:
             self._topic_map_start[b], self._topic_count[b] = where
         self._topic_map = np.array(flat, dtype=np.int64)
         self._present_widths: dict[str, list[int]] = {}
-
-    @property
-    def rows(self) -> int:
-        return int(self.row_starts[-1])
 
     def _corrupt(self, block: int, reason: str) -> None:
         name, position = self._origins[block]
@@ -638,9 +635,6 @@ class BlockSet:
     @property
     def topics(self) -> tuple[bytes, ...]:
         return tuple(self._topics)
-
-    def timestamps(self, block: np.ndarray, row: np.ndarray) -> np.ndarray:
-        return self.column("timestamp", block, row)
 
     def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(block, row in the block) of every row of the set, in order."""

@@ -356,7 +356,7 @@ class MetadataLog:
 
     def read(self, seq: int) -> MessageRecord:
         """The record with sequence number `seq`."""
-        return self._segment_of(seq).read(seq)
+        return self.read_few([seq])[0]
 
     def chunks(self, seqs: np.ndarray, work: Callable[[int, bf.Selection], R]) -> Iterator[R]:
         """work(first, records) for the records of sorted unique `seqs`, a chunk of blocks (about
@@ -443,7 +443,8 @@ class MetadataLog:
             if len(reaching):
                 i = int(reaching[0])
                 blocks = np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
-                records = segment.block_set(blocks, directory).select(*_all_rows(directory, blocks))
+                block_set = segment.block_set(blocks, directory)
+                records = block_set.select(*block_set.all_rows())
                 return int(directory.base_seqs[i]) + int(np.argmax(records.timestamp_ms >= timestamp_ms))
         return None
 
@@ -493,7 +494,8 @@ class MetadataLog:
             for piece in np.split(batches, np.flatnonzero(np.diff(piece_of)) + 1) if len(batches) else ():
                 touched = np.concatenate([np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
                                           for i in piece.tolist()])
-                records = segment.block_set(touched, directory).select(*_all_rows(directory, touched))
+                block_set = segment.block_set(touched, directory)
+                records = block_set.select(*block_set.all_rows())
                 keep = _window_mask(records, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
                 if keep is None:
                     yield bf.rows(records.rows(), broker)
@@ -534,13 +536,6 @@ class MetadataLog:
 
 def _overlaps(low: int, high: int, begin_ms: int | None, end_ms: int | None) -> bool:
     return (begin_ms is None or high >= begin_ms) and (end_ms is None or low <= end_ms)
-
-
-def _all_rows(directory: BatchDirectory, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(block in `blocks`, row in the block) of every record of the blocks, in order."""
-    counts = directory.block_counts[blocks]
-    block = np.repeat(np.arange(len(blocks)), counts)
-    return block, np.arange(int(counts.sum()), dtype=np.int64) - (np.cumsum(counts) - counts)[block]
 
 
 def _window_mask(records: bf.Selection, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,

@@ -45,7 +45,6 @@ from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
-from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -527,6 +526,8 @@ class LogSegment:
     def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> list[pa.Buffer]:
         """The raw bytes of blocks `blocks` (sorted indexes in `directory`), each checksum
         verified: one pread per run of blocks lying close together in the file."""
+        if not len(blocks):
+            return []
         positions = directory.block_positions[blocks]
         ends = positions + directory.block_lengths[blocks]
         # a new read where the gap to the previous block would cost more than a second pread
@@ -548,15 +549,10 @@ class LogSegment:
     def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
         """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
         directory = self.batches() if directory is None else directory
-        return bf.BlockSet(self.read_blocks(blocks, directory), *self.block_facts(blocks, directory))
-
-    def block_facts(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple:
-        """What ``BlockSet`` needs besides the raw bytes of blocks `blocks`: base seqs, record
-        counts, topic tables and origins (for errors)."""
-        batches = directory.block_batches[blocks]
-        return (directory.block_base_seqs[blocks], directory.block_counts[blocks],
-                [directory.topic_tables[b] for b in batches.tolist()],
-                [(self.path, int(directory.positions[b])) for b in batches.tolist()])
+        batches = directory.block_batches[blocks].tolist()
+        return bf.BlockSet(self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
+                           directory.block_counts[blocks], [directory.topic_tables[b] for b in batches],
+                           [(self.path, int(directory.positions[b])) for b in batches])
 
     # ---- appending -------------------------------------------------------------------------
     def append(self, batch: bytes, head: bf.BatchHead) -> None:
@@ -606,14 +602,6 @@ class LogSegment:
         position, length = int(directory.positions[index]), int(directory.lengths[index])
         data = self.read_bytes(position, length)
         return bf.annotation_of(data, bf.checked_batch(data, length, self.path, position))
-
-    def read(self, seq: int) -> MessageRecord:
-        if not self.base_seq <= seq < self.next_seq:
-            raise IndexError(f"{self.path}: sequence {seq} is not in [{self.base_seq}, {self.next_seq})")
-        directory = self.batches()
-        block = directory.block_of(np.array([seq]))
-        blocks = self.block_set(block, directory)
-        return bf.records(blocks.select(np.zeros(1, np.int64), seq - directory.block_base_seqs[block]).rows())[0]
 
     def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
         """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
