@@ -89,7 +89,9 @@ def empty_rows() -> pa.Table:
 
 
 def sort_and_limit(tables: list[pa.Table], max_results: int | None) -> pa.Table:
-    """Merge result tables that are each in RESULT_ORDER, keeping the first `max_results`."""
+    """Merge result tables that are each in RESULT_ORDER, keeping the first `max_results`. The
+    result may hold several record batches: copying a big result into one costs as much as
+    building it."""
     tables = [table for table in tables if table.num_rows]
     if not tables:
         return empty_rows()
@@ -99,4 +101,4 @@ def sort_and_limit(tables: list[pa.Table], max_results: int | None) -> pa.Table:
         table = pa.concat_tables(tables).sort_by(RESULT_ORDER)
     if max_results is not None and table.num_rows > max_results:
         table = table.slice(0, max_results)
-    return table.combine_chunks() if table.num_rows else empty_rows()
+    return table if table.num_rows else empty_rows()

@@ -63,12 +63,12 @@ from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
-from msgindex.storage.message import MessageRecord, encode_text, index_key
+from msgindex.storage.message import MessageRecord, arrow_text, decode_text, encode_text, index_key
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
-    RESULT_ORDER,
     KeysArg,
+    rows_from_records,
     empty_rows,
     normalize_keys,
     validate_window,
@@ -86,6 +86,9 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
+# Up to this many hash candidates a lookup reads and checks them record by record (measured in
+# BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
+FEW_CANDIDATES = 32
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
 # What a writer found when it took the lock (ShardWriter.last_revalidation)
 REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
@@ -666,13 +669,12 @@ class ShardReader(_Committed):
             return empty_rows()
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
-        table = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
-        if not table.num_rows:
+        if len(seqs) <= FEW_CANDIDATES:
+            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, partitions, max_results)
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+        if not found:
             return empty_rows()
-        table = table.sort_by(RESULT_ORDER)
-        if max_results is not None and table.num_rows > max_results:
-            table = table.slice(0, max_results)
-        return table.combine_chunks()
+        return _in_result_order(found, max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -737,66 +739,219 @@ class ShardReader(_Committed):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
 
+    def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
+                      end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
+        """``_verified`` and ordering for a few candidates, record by record in Python: below
+        FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
+        pairs: dict[int, list[int]] = {}
+        for seq, key_number in zip(seqs.tolist(), who.tolist()):
+            pairs.setdefault(seq, []).append(key_number)
+        wanted_partitions = None if partitions is None else set(partitions)
+        matched = []
+        for seq, record in zip(sorted(pairs), self._log.read_few(sorted(pairs))):
+            if (begin_ms is not None and record.timestamp_ms < begin_ms) or (
+                    end_ms is not None and record.timestamp_ms > end_ms) or (
+                    wanted_partitions is not None and record.partition not in wanted_partitions):
+                continue
+            if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
+                matched.append((seq, record))
+        if not matched:
+            return empty_rows()
+        matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
+                                    m[1].offset, m[0]))
+        matched = matched[:max_results] if max_results is not None else matched
+        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
+
     def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                  end_ms: int | None, partitions: Iterable[int] | None) -> pa.Table:
-        """ROW_SCHEMA rows of the candidates whose log record really is in the topic, carries the
-        key and lies in the window: hash collisions and second-granularity times end here. Each
-        touched batch is decoded once; the checks are Arrow/numpy kernels over all candidates of
-        the batch at once."""
+                  end_ms: int | None, partitions: Iterable[int] | None) -> list[_Matched]:
+        """The log records of the candidates that really are in the topic, carry the key and lie
+        in the window, in seq order, rendered: hash collisions and second-granularity times end
+        here. Each touched block is read once; the checks are numpy/Arrow kernels over a chunk of
+        blocks' candidates at once, run by the log's reading threads (``MetadataLog.chunks``)."""
         if not len(seqs):
-            return empty_rows()
-        unique, inverse = _unique_with_inverse(seqs)
-        batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
-        keep = np.ones(len(unique), dtype=bool)
-        if begin_ms is not None:
-            keep &= batch.timestamp_ms >= begin_ms
-        if end_ms is not None:
-            keep &= batch.timestamp_ms <= end_ms
-        if partitions is not None:
-            keep &= np.isin(batch.partition.astype(np.int64), np.array(sorted(set(partitions)), dtype=np.int64))
-        pair = np.flatnonzero(keep[inverse])  # the (candidate, wanted key) pairs still in the running
-        row, key_number = inverse[pair], who[pair]
-        topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
-        lists = batch.keys.take(pa.array(row))
-        parents = pc.list_parent_indices(lists).to_numpy()
-        key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
-        has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
-        # once per record (found under two wanted keys, it is still one result)
-        matched = np.flatnonzero(np.bincount(row[topic_ok.to_numpy(zero_copy_only=False) & has_key],
-                                             minlength=len(unique)))
-        if not len(matched):
-            return empty_rows()
-        return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
+            return []
+        # the (candidate, wanted key) pairs by seq, sorted as one int64 (each key's candidates
+        # come in long runs: timsort merges them); `record` numbers the distinct seqs
+        keys = len(wanted.hashes)
+        if int(seqs.max()) < np.iinfo(np.int64).max // keys:
+            pairs = seqs * keys + who
+            pairs.sort(kind="stable")
+            seqs, who = np.divmod(pairs, keys)
+        else:
+            by_seq = np.argsort(seqs, kind="stable")
+            seqs, who = seqs[by_seq], who[by_seq]
+        new = np.empty(len(seqs), dtype=bool)
+        new[0] = True
+        np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
+        unique = seqs[new]
+        record = np.cumsum(new) - 1
+        bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
+        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
+
+        def verify(first: int, records: bf.Selection) -> _Matched | None:
+            end = first + len(records)
+            row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
+            keep = np.ones(len(records), dtype=bool)
+            if begin_ms is not None:
+                keep &= records.timestamp_ms >= begin_ms
+            if end_ms is not None:
+                keep &= records.timestamp_ms <= end_ms
+            if wanted_partitions is not None:
+                keep &= np.isin(records.partition, wanted_partitions)
+            topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
+            wanted_topic = np.array([topic_numbers.get(t, -1) for t in wanted.topics], dtype=np.int64)
+            # the pairs whose record is in the window and in the wanted key's topic
+            pair = np.flatnonzero(keep[row] & (records.topic_ids[row] == wanted_topic[key_number]))
+            row, key_number = row[pair], key_number[pair]
+            pairs_of = np.bincount(row, minlength=len(records))
+            candidates = np.flatnonzero(pairs_of)
+            if not len(candidates):
+                return None
+            # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
+            topic_ranks = _topic_ranks(records.topics)
+            order = _result_order(
+                records.timestamp_ms[candidates], topic_ranks[records.topic_ids[candidates]],
+                records.partition[candidates], records.offset[candidates], records.seqs[candidates])
+            found = records.rows(candidates, order)
+            ordered = candidates[order]
+            place = np.empty(len(records), dtype=np.int64)
+            place[ordered] = np.arange(len(ordered))  # where each candidate record is in `found`
+            if (pairs_of[candidates] == 1).all():  # one wanted key per record (the usual case): no copy
+                lists, pair_of_list = found.keys, np.empty(len(ordered), dtype=np.int64)
+                pair_of_list[place[row]] = key_number
+                owner = None
+            else:
+                lists, pair_of_list, owner = found.keys.take(pa.array(place[row])), key_number, place[row]
+            parents = pc.list_parent_indices(lists).to_numpy()
+            key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(pair_of_list[parents])))
+            has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(lists)) > 0
+            # once per record (found under two wanted keys, it is still one result)
+            matched = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered)) > 0
+            if not matched.any():
+                return None
+            if not matched.all():
+                found = found.take(np.flatnonzero(matched))
+            return _Matched(bf.rows(found, self.broker), found)
+
+        return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
+
+
+@dataclass(frozen=True)
+class _Matched:
+    """A chunk's verified records, in RESULT_ORDER among themselves: rendered, and as columns."""
+
+    rows: pa.RecordBatch
+    records: bf.DecodedRows
 
 
 @dataclass(frozen=True)
 class _WantedKeys:
-    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as the log
-    stores them (encode_text bytes), in one order."""
+    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
+    the log stores them (encode_text bytes), in one order."""
 
     hashes: np.ndarray
-    topics: pa.Array
-    keys: pa.Array
+    texts: tuple[tuple[str, str], ...]
+    topics: tuple[bytes, ...]
+    keys: pa.Array  # large_binary
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
-        pairs = [(t, k) for t in topics for k in keys]
-        index_keys = [index_key(t, k) for t, k in pairs]
-        return cls(_hashes(index_keys), pa.array([encode_text(t) for t, _ in pairs], bf.TEXT),
-                   pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
+        pairs = tuple((t, k) for t in topics for k in keys)
+        encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
+        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs,
+                   tuple(encoded for encoded in (encode_text(t) for t in topics) for _ in keys),
+                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
 
 
-def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(values, return_inverse=True) for non-negative ints; a hot key's hundreds of
-    thousands of candidate seqs go through a bitmap over their range (linear) instead of a sort."""
-    if len(values) < 65_536:
-        return np.unique(values, return_inverse=True)
-    low = int(values.min())
-    present = np.zeros(int(values.max()) - low + 1, dtype=bool)
-    present[values - low] = True
-    unique = np.flatnonzero(present) + low
-    rank = np.cumsum(present) - 1  # rank[v - low] = position of v in unique
-    return unique, rank[values - low]
+def _topic_ranks(topics: Sequence[bytes]) -> np.ndarray:
+    """Each topic's rank in RESULT_ORDER (which compares topics as rendered)."""
+    rendered = [arrow_text(decode_text(t)).encode("utf-8") for t in topics]
+    return np.argsort(np.array(sorted(range(len(rendered)), key=rendered.__getitem__), dtype=np.int64)).astype(np.int64)
+
+
+def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
+                  seqs: np.ndarray) -> np.ndarray:
+    """The permutation that puts rows (of one shard) in RESULT_ORDER: by timestamp, then topic,
+    partition, offset, seq. A stable sort by timestamp, then only the runs of equal timestamps
+    sorted by the rest: far cheaper than a sort on all keys for a hot key's rows."""
+    order = _by_timestamp(stamps)
+    stamps = stamps[order]
+    tie = stamps[1:] == stamps[:-1]
+    if tie.any():
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[1:] |= tie
+        in_run[:-1] |= tie
+        runs = np.flatnonzero(in_run)
+        run = np.cumsum(np.concatenate(([True], ~tie)))[runs]
+        picked = order[runs]
+        order[runs] = picked[np.lexsort((seqs[picked], offsets[picked], partitions[picked], topic_ranks[picked], run))]
+    return order
+
+
+def _by_timestamp(stamps: np.ndarray) -> np.ndarray:
+    """np.argsort(stamps, kind="stable"), as two stable 16-bit passes when the stamps span less
+    than 2**32 ms (49 days): numpy sorts 16-bit keys by radix, ~4x faster than its int64 timsort."""
+    low = int(stamps.min()) if len(stamps) else 0
+    span = int(stamps.max()) - low if len(stamps) else 0
+    if span >= 1 << 32:
+        return np.argsort(stamps, kind="stable")
+    relative = stamps - low
+    order = np.argsort((relative & 0xFFFF).astype(np.uint16), kind="stable")
+    if span >= 1 << 16:
+        order = order[np.argsort((relative >> 16).astype(np.uint16)[order], kind="stable")]
+    return order
+
+
+def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table:
+    """The rows of `parts` (each in RESULT_ORDER, one after the other in seq order) in
+    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so neighbouring parts
+    overlap only where they meet: only the rows of those overlaps are ordered again (and taken),
+    the others keep their place (zero-copy slices)."""
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part.records, name) for part in parts])
+
+    stamps = joined("timestamp_ms")
+    windows = _overlaps(stamps, np.cumsum([len(part.records) for part in parts])[:-1])
+    table = pa.Table.from_batches([part.rows for part in parts])
+    if windows:
+        topics: dict[bytes, int] = {}
+        topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
+                                             dtype=np.int64)[part.records.topic_ids] for part in parts])
+        topic_ranks = _topic_ranks(list(topics))[topic_ids]
+        partitions, offsets, seqs = joined("partition"), joined("offset"), joined("seqs")
+    pieces, at = [], 0
+    for low, high in windows:
+        pieces.append(table.slice(at, low - at))
+        window = slice(low, high)
+        order = _result_order(stamps[window], topic_ranks[window], partitions[window], offsets[window], seqs[window])
+        pieces.append(table.slice(low, high - low).take(pa.array(order)))
+        at = high
+    pieces.append(table.slice(at))
+    result = pa.concat_tables(pieces)  # several record batches: one copy of a hot key's rows is enough
+    return result.slice(0, max_results) if max_results is not None else result
+
+
+def _overlaps(stamps: np.ndarray, cuts: np.ndarray) -> list[tuple[int, int]]:
+    """The [low, high) windows of rows that may be out of place, for runs of `stamps` each in
+    order (a run starts at each of `cuts`). A row is in its final place when its stamp is above
+    every stamp of the runs before it and below every stamp of the runs after it: exactly the
+    rows before it rank before it. So the rows between two such rows are exactly the ones whose
+    places lie there, and each window is ordered on its own."""
+    bounds = np.array([0, *cuts.tolist(), len(stamps)], dtype=np.int64)
+    firsts, lasts = stamps[bounds[:-1]], stamps[bounds[1:] - 1]
+    highest_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], lasts[:-1])))
+    lowest_after = np.minimum.accumulate(np.concatenate((firsts[1:], [np.iinfo(np.int64).max]))[::-1])[::-1]
+    windows: list[tuple[int, int]] = []
+    for start, end, high, low in zip(bounds[:-1].tolist(), bounds[1:].tolist(), highest_before.tolist(),
+                                     lowest_after.tolist()):
+        run = stamps[start:end]
+        for low_at, high_at in ((start, start + int(np.searchsorted(run, high, side="right"))),
+                                (start + int(np.searchsorted(run, low, side="left")), end)):
+            if low_at < high_at:
+                if windows and windows[-1][1] >= low_at:
+                    low_at, high_at = windows[-1][0], max(windows.pop()[1], high_at)
+                windows.append((low_at, high_at))
+    return windows
 
 
 SCALAR_HASH_MAX_KEYS = 16

@@ -14,6 +14,7 @@ never misread.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from msgindex.storage.shard import (
 from msgindex.storage.settings import StoreSettings
 
 MANIFEST_FILE = "msgindex.json"
+LISTING_SETTLED_NS = 2_000_000_000
 STORE_FORMAT = "msgindex-store"
 STORE_FORMAT_VERSION = 2
 LEGACY_STORE_VERSIONS = (1,)  # read only by `msgindex upgrade` (storage/upgrade.py)
@@ -87,17 +89,28 @@ class Store:
         self.root = Path(root)
         self.settings = settings
         self._readers: dict[str, tuple[Any, ShardReader]] = {}
+        self._checkpoints: dict[str, str] = {}  # broker -> its checkpoint's path (stat on every lookup)
+        self._listed: tuple[tuple[int, int], list[str]] | None = None  # ((inode, mtime) of the root, brokers)
 
     # --- shards -------------------------------------------------------------------------------
     def brokers(self) -> list[str]:
         """Names of the shards in the store, sorted."""
-        # scandir: every lookup lists the shards, and its entries know their type without a stat
+        # Every lookup asks: the list is kept while the root directory is unchanged. Creating or
+        # removing a shard changes the root's mtime; a listing is only kept once that mtime is
+        # LISTING_SETTLED_NS old, so that a change within the same mtime tick is never missed.
+        info = os.stat(self.root)
+        version = (info.st_ino, info.st_mtime_ns)
+        if self._listed is not None and self._listed[0] == version:
+            return list(self._listed[1])
         with os.scandir(self.root) as entries:
-            return sorted(
+            names = sorted(
                 entry.name[len(SHARD_DIR_PREFIX) :]
                 for entry in entries
                 if entry.name.startswith(SHARD_DIR_PREFIX) and entry.is_dir()
             )
+        settled = time.time_ns() - info.st_mtime_ns > LISTING_SETTLED_NS
+        self._listed = (version, names) if settled else None
+        return list(names)
 
     def writer(self, broker: str, *, hold_lock: bool = True) -> ShardWriter:
         """The writer of `broker`'s shard (created when new). It holds the shard's lock until
@@ -123,7 +136,8 @@ class Store:
     ) -> pa.Table:
         """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
-        offset); `max_results` keeps the first ones in that order (None: all)."""
+        offset); `max_results` keeps the first ones in that order (None: all). A big result is a
+        table of several record batches (``to_batches()``; ``combine_chunks()`` makes one)."""
         partitions = None if partitions is None else list(partitions)
         tables = [
             self._cached_reader(broker).lookup(
@@ -209,9 +223,11 @@ class Store:
         """A reader on the latest commit: the checkpoint is replaced by rename on every commit,
         so a changed (inode, mtime, size) means a new snapshot."""
         cached = self._readers.get(broker)
-        directory = shard_directory(self.root, broker) if cached is not None else self._existing_shard(broker)
+        checkpoint = self._checkpoints.get(broker) if cached is not None else None
+        if checkpoint is None:
+            checkpoint = self._checkpoints[broker] = str(checkpoint_path(self._existing_shard(broker)))
         try:
-            info = os.stat(checkpoint_path(directory))
+            info = os.stat(checkpoint)
             version = (info.st_ino, info.st_mtime_ns, info.st_size)
         except (FileNotFoundError, NotADirectoryError):
             version = None
