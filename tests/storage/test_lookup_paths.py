@@ -44,8 +44,8 @@ def filled(tmp_path_factory, request):
             batch = [make_record(rng, offset + i, base_ms=BASE + step * batch_id)
                      for i in range(rng.choice([1, 37, 200, 512]))]
             offset += len(batch)
-            writer.append(batch_id, batch)
-            model.append(batch_id, batch)
+            writer.append(batch)
+            model.append(batch)
     return root, model
 
 

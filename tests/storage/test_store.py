@@ -136,11 +136,11 @@ def test_listing_kept_while_the_root_is_unchanged_sees_new_and_removed_shards(tm
     monkeypatch.setattr(store_module, "LISTING_SETTLED_NS", 0)  # keep every listing at once
     with open_store(tmp_path / "s", create=True, settings=TINY) as store:
         with store.writer("a") as writer:
-            writer.append(0, [MessageRecord("t", 0, 0, BASE, "k", ("k",))])
+            writer.append([MessageRecord("t", 0, 0, BASE, "k", ("k",))])
         assert store.brokers() == ["a"] and store._listed is not None
         assert store.lookup("k").num_rows == 1
         with store.writer("b") as writer:  # a new shard directory changes the root's mtime
-            writer.append(0, [MessageRecord("t", 0, 1, BASE, "k", ("k",))])
+            writer.append([MessageRecord("t", 0, 1, BASE, "k", ("k",))])
         assert store.brokers() == ["a", "b"] and store.lookup("k").num_rows == 2
         (tmp_path / "s" / "broker=b").rename(tmp_path / "elsewhere")
         assert store.brokers() == ["a"]
