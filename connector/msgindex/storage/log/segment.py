@@ -303,6 +303,18 @@ class LogSegment:
         if self.sealed:
             self._seal_indexes()
 
+    def rule_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """The sparse indexes the index rule gives this segment's committed batches, built in
+        memory without touching this segment or its files: what its ``.index`` / ``.timeindex``
+        must hold (``verify`` compares them)."""
+        directory = self.batches()
+        twin = LogSegment(self.directory, self.base_seq, index_interval_bytes=self.index_interval_bytes,
+                          max_index_bytes=self.max_index_bytes, writable=False)
+        twin.size, twin.sealed = self.size, self.sealed
+        twin._directory, twin._walked, twin._walked_seq = directory, self.size, self.next_seq
+        twin._rebuild_indexes()
+        return twin.offset_index, twin.time_index
+
     def _index_batch(self, position: int, length: int, last_seq: int, max_timestamp: int) -> None:
         """Kafka's LogSegment.append index rule for one batch."""
         if max_timestamp > self._max_so_far:
