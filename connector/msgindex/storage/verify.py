@@ -168,7 +168,7 @@ def verify_shard(checkpoint: Checkpoint, log: MetadataLog | None,
     problems: list[Problem] = []
     if log is not None:
         problems += _verify_log_files(log)
-    stream = _ExpectedEntries(log, checkpoint) if log is not None else None
+    stream = ExpectedEntries(log, checkpoint) if log is not None else None
     previous: tuple[IndexFileState, IndexFile] | None = None
     last_phy = -1
     for state, index_file in index_files:
@@ -229,7 +229,7 @@ def _verify_log_files(log: MetadataLog) -> list[Problem]:
 
 
 def _verify_index_file(state: IndexFileState, index_file: IndexFile, previous: tuple | None,
-                       checkpoint: Checkpoint, stream: _ExpectedEntries | None, last_phy: int,
+                       checkpoint: Checkpoint, stream: ExpectedEntries | None, last_phy: int,
                        problems: list[Problem]) -> int:
     """Append what is wrong with one hash index file; returns the phyOffset of its last entry."""
     path = str(index_file.path)
@@ -375,9 +375,10 @@ class _Entries:
     stamps: np.ndarray  # int64
 
 
-class _ExpectedEntries:
-    """The hash index entries the retained committed log calls for, in put order, read batch
-    by batch (checksums verified) and handed out in any amounts."""
+class ExpectedEntries:
+    """The hash index entries the committed log (from ``log_start_seq`` to ``record_count``)
+    calls for, in put order, read batch by batch (checksums verified) and handed out in any
+    amounts."""
 
     def __init__(self, log: MetadataLog, checkpoint: Checkpoint) -> None:
         self._chunks = self._generate(log, checkpoint.log_start_seq, checkpoint.record_count)
@@ -386,27 +387,17 @@ class _ExpectedEntries:
 
     @staticmethod
     def _generate(log: MetadataLog, start: int, end: int) -> Iterator[_Entries]:
-        for info in log.segments():
-            if info.next_seq <= start or info.base_seq >= end:
-                continue
-            segment = log.segment(info.base_seq)
-            directory = segment.batches()
-            first, last = segment.batch_range(max(start, info.base_seq), min(end, info.next_seq))
-            for i in range(first, last):
-                stored = segment.decode(i, directory)
-                seqs = stored.base_seq + np.arange(len(stored))
-                keep = np.flatnonzero((seqs >= start) & (seqs < end))
-                batch = stored.all() if keep.size == len(stored) else bf.gather([(stored, keep)])
-                if len(batch):
-                    yield index_entries_of(batch)
+        for batch in decoded_batches(log, start, end):
+            yield index_entries_of(batch)
 
     def _fill(self, size: int) -> None:
         while self._pending_size < size:
             chunk = next(self._chunks, None)
             if chunk is None:
                 return
-            self._pending.append(chunk)
-            self._pending_size += chunk.hashes.size
+            if chunk.hashes.size:  # records without keys call for no entry
+                self._pending.append(chunk)
+                self._pending_size += chunk.hashes.size
 
     def take(self, size: int) -> _Entries:
         """The next `size` entries (fewer when the log has no more)."""
@@ -420,6 +411,20 @@ class _ExpectedEntries:
         self._pending_size = rest.hashes.size
         return taken
 
+    def count_before(self, end_seq: int) -> int:
+        """Take (and drop) the next entries of records before `end_seq`; returns how many."""
+        while True:
+            last = self._pending[-1].phys[-1] if self._pending else None
+            if last is not None and last >= end_seq:
+                break
+            before = self._pending_size
+            self._fill(before + 1)
+            if self._pending_size == before:
+                break
+        count = sum(int(np.count_nonzero(chunk.phys < end_seq)) for chunk in self._pending)
+        self.take(count)
+        return count
+
     def remaining(self) -> int:
         self._fill(1 << 62)
         return self._pending_size
@@ -427,6 +432,23 @@ class _ExpectedEntries:
     def next_phy(self) -> int:
         self._fill(1)
         return int(self._pending[0].phys[0]) if self._pending else -1
+
+
+def decoded_batches(log: MetadataLog, start: int, end: int) -> Iterator[bf.DecodedBatch]:
+    """The records with start <= seq < end, a decoded batch (checksum verified) at a time."""
+    for info in log.segments():
+        if info.next_seq <= start or info.base_seq >= end:
+            continue
+        segment = log.segment(info.base_seq)
+        directory = segment.batches()
+        first, last = segment.batch_range(max(start, info.base_seq), min(end, info.next_seq))
+        for i in range(first, last):
+            stored = segment.decode(i, directory)
+            seqs = stored.base_seq + np.arange(len(stored))
+            keep = np.flatnonzero((seqs >= start) & (seqs < end))
+            batch = stored.all() if keep.size == len(stored) else bf.gather([(stored, keep)])
+            if len(batch):
+                yield batch
 
 
 def index_entries_of(batch: bf.DecodedBatch) -> _Entries:
