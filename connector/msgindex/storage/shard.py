@@ -65,7 +65,16 @@ from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
 from msgindex.storage.log.segment import LOG_SUFFIX
 from msgindex.storage.manifest import MANIFEST_FILE, SHARD_DIR_PREFIX, load_manifest, register_shard
-from msgindex.storage.message import MessageRecord, encode_text, index_key
+from msgindex.storage.message import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
+    MessageRecord,
+    decode_text,
+    encode_text,
+    index_key,
+    stored_window,
+    timestamp_problem,
+)
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
@@ -327,6 +336,7 @@ class ShardWriter(_Committed):
                 else [records[i] for i in fresh.tolist()]
         try:
             columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
+            refuse_out_of_range_timestamps(columns)
             seqs = self._append_to_log(columns, ranges)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
@@ -732,8 +742,10 @@ class ShardReader(_Committed):
         validate_window(begin_ms, end_ms, max_results)
         keys = normalize_keys(keys)
         topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
-        if self._log is None or not keys or not topics or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
+        window = stored_window(begin_ms, end_ms)  # what the window means for timestamps stored before the rule
+        if self._log is None or not keys or not topics or window is None:
             return empty_rows()
+        begin_ms, end_ms = window
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
         table = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
@@ -747,8 +759,10 @@ class ShardReader(_Committed):
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
         read (found with the sparse time indexes): the natural partitions of a parallel scan."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return []
+        begin_ms, end_ms = window
         low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
         pieces = []
         for start, end in self._log.scan_ranges(begin_ms, end_ms):
@@ -769,8 +783,10 @@ class ShardReader(_Committed):
     ) -> Iterator[pa.RecordBatch]:
         """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
         ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return
+        begin_ms, end_ms = window
         start = max(start_seq, self._checkpoint.log_start_seq)
         end = min(end_seq, self._checkpoint.record_count)
         if start >= end:
@@ -882,6 +898,17 @@ def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], 
     """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
     each record, in record order, a key repeated within one record indexed once (first place)."""
     return AppendColumns.of(records).index_entries(seqs.start)
+
+
+def refuse_out_of_range_timestamps(columns: LogColumns) -> None:
+    """InvalidAppendError naming the first record whose timestamp breaks the timestamp rule
+    (``message.timestamp_problem``): the pipeline sets such records aside before appending."""
+    stamps = columns.timestamps
+    if not len(stamps) or (int(stamps.min()) >= MIN_TIMESTAMP_MS and int(stamps.max()) <= MAX_TIMESTAMP_MS):
+        return
+    i = int(np.argmax((stamps < MIN_TIMESTAMP_MS) | (stamps > MAX_TIMESTAMP_MS)))
+    where = f"{decode_text(columns.topic[i].as_py())}-{int(columns.ints['partition'][i])} offset {int(columns.ints['offset'][i])}"
+    raise InvalidAppendError(f"record {i} of the batch ({where}): {timestamp_problem(int(stamps[i]))}")
 
 
 def _ranges_annotation(ranges: SourceRanges) -> bytes:

@@ -64,7 +64,7 @@ import pyarrow.ipc as ipc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text
+from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
 
 BATCH_MAGIC = b"MXB2"
 BATCH_VERSION = 2
@@ -416,7 +416,8 @@ def _string_array(array: pa.Array) -> pa.Array:
 
 
 def rows(batch: DecodedBatch, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
-    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given)."""
+    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given). Timestamps a
+    store holds from before the timestamp rule show as the nearest bound (``shown_timestamps``)."""
     def pick(values):
         return values if take is None else values[take]
 
@@ -439,7 +440,7 @@ def rows(batch: DecodedBatch, broker: str, take: np.ndarray | None = None) -> pa
         pa.array(pick(batch.offset), pa.int64()),
         _string_array(pick_arrow(batch.key)),
         keys_column,
-        pa.array(pick(batch.timestamp_ms) * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
+        pa.array(shown_timestamps(pick(batch.timestamp_ms)) * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
         pa.array(commit_log_offset, pa.int64(), mask=commit_log_offset == NO_VALUE),
         pa.array(size, pa.int32(), mask=size == NO_VALUE),
         pa.array(pick(batch.seqs), pa.int64()),

@@ -36,10 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullError
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
+from msgindex.storage.mapped_file import storage_full
 from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
@@ -130,7 +131,10 @@ class LogSegment:
         """A new empty writable segment (its files must not exist)."""
         segment = cls(directory, base_seq, index_interval_bytes=index_interval_bytes,
                       max_index_bytes=max_index_bytes, writable=True)
-        segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as error:
+            raise storage_full(error, segment.path, "creating it") or error
         for path in (segment.index_path, segment.time_index_path, segment.summary_path):
             path.unlink(missing_ok=True)
         segment.offset_index = OffsetIndex.open(segment.index_path, base_seq, max_index_bytes, writable=True)
@@ -417,9 +421,13 @@ class LogSegment:
         """Append one encoded batch (its base seq must be next_seq) and index it."""
         if header.base_seq != self.next_seq:
             raise InvalidAppendError(f"{self.path}: batch from seq {header.base_seq} cannot follow {self.next_seq - 1}")
-        written = os.pwrite(self._fd, batch, self.size)
-        if written != len(batch):
-            raise OSError(f"{self.path}: short write ({written} of {len(batch)} bytes)")
+        try:
+            written = os.pwrite(self._fd, batch, self.size)
+        except OSError as error:
+            raise storage_full(error, self.path, f"appending {len(batch):,} bytes (the last commit is intact)") or error
+        if written != len(batch):  # a regular file only writes short when its filesystem is full
+            raise StorageFullError(f"{self.path}: only {written:,} of {len(batch):,} bytes could be written (no space "
+                                   f"left on its filesystem?); the last commit is intact")
         self._index_batch(self.size, len(batch), header.last_seq, header.max_timestamp)
         if self._walked == self.size:
             for column, value in zip(self._batches, (self.size, header.base_seq, header.record_count, len(batch),
@@ -514,7 +522,10 @@ class LogSegment:
     # ---- durability and lifecycle ----------------------------------------------------------
     def flush(self) -> None:
         if self._fd is not None and self.writable:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as error:  # delayed allocation: a full disk can show here first
+                raise storage_full(error, self.path, "syncing it") or error
         self.offset_index.flush()
         self.time_index.flush()
 
