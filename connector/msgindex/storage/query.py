@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import InvalidOptionError
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_key_bytes
+from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_key_bytes, shown_timestamps
 
 KeysArg = str | bytes | Iterable[str | bytes]
 
@@ -70,7 +71,7 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
             r.offset,
             None if r.key is None else arrow_text(r.key),
             [arrow_text(k) for k in r.keys],
-            r.timestamp_ms * 1000,
+            int(shown_timestamps(np.int64(r.timestamp_ms))) * 1000,
             None if r.commit_log_offset == NO_VALUE else r.commit_log_offset,
             None if r.size == NO_VALUE else r.size,
             seq,

@@ -42,7 +42,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -63,7 +63,19 @@ from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
-from msgindex.storage.message import MessageRecord, arrow_text, decode_text, encode_text, index_key
+from msgindex.storage.log.segment import LOG_SUFFIX
+from msgindex.storage.manifest import MANIFEST_FILE, SHARD_DIR_PREFIX, load_manifest, register_shard
+from msgindex.storage.message import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
+    MessageRecord,
+    arrow_text,
+    decode_text,
+    encode_text,
+    index_key,
+    stored_window,
+    timestamp_problem,
+)
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
@@ -75,7 +87,6 @@ from msgindex.storage.query import (
 )
 
 
-SHARD_DIR_PREFIX = "broker="
 LOCK_FILE = "lock"
 LOG_DIR = "log"
 INDEX_DIR = "index"
@@ -103,6 +114,47 @@ def shard_directory(root: Path, broker: str) -> Path:
 
 def checkpoint_path(directory: Path) -> Path:
     return Path(directory) / CHECKPOINT_FILE
+
+
+def read_committed(directory: Path, broker: str) -> Checkpoint | None:
+    """The shard's checkpoint (None: there is none). An unreadable one is a CorruptFileError
+    that says how to get the shard back (``msgindex repair``)."""
+    try:
+        return read_checkpoint(checkpoint_path(directory))
+    except CorruptFileError as bad:
+        raise CorruptFileError(f"{bad}; {_repair_hint(directory, broker)}") from None
+
+
+def has_data(directory: Path) -> bool:
+    """True when a shard directory holds records or hash index entries: a log segment with
+    bytes, or a hash index file (a shard gets its first checkpoint before its first append, so
+    such files without a checkpoint mean the checkpoint was lost, not that nothing was committed)."""
+    log_dir, index_dir = Path(directory) / LOG_DIR, Path(directory) / INDEX_DIR
+    try:
+        if any(p.suffix == LOG_SUFFIX and p.stat().st_size > 0 for p in log_dir.iterdir()):
+            return True
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    try:
+        return any(parse_index_file_name(p.name) is not None for p in index_dir.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _repair_hint(directory: Path, broker: str) -> str:
+    root = Path(directory).parent
+    return (f"the shard's data is left untouched: run `msgindex repair {root} --broker {broker}` to rebuild the "
+            f"checkpoint from its files (or restore the checkpoint from a backup)")
+
+
+def _missing_checkpoint(directory: Path, broker: str, registered: bool) -> CorruptFileError:
+    if has_data(directory):
+        return CorruptFileError(f"{checkpoint_path(directory)}: shard checkpoint is missing but the shard holds "
+                                f"committed data; {_repair_hint(directory, broker)}")
+    return CorruptFileError(
+        f"{checkpoint_path(directory)}: shard checkpoint is missing and the shard holds no data, but the store "
+        f"manifest lists shard {broker!r}: its files were deleted; restore them from a backup, or run `msgindex "
+        f"repair {Path(directory).parent} --forget-missing` to accept the loss")
 
 
 def validate_broker_name(broker: str) -> None:
@@ -195,10 +247,12 @@ class ShardWriter(_Committed):
     with their source ranges, atomically.
     """
 
-    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, hold_lock: bool = True) -> None:
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, hold_lock: bool = True,
+                 store_root: Path | None = None) -> None:
         self.broker = broker
         self.directory = Path(directory)
         self.settings = settings
+        self._store_root = None if store_root is None else Path(store_root)  # its manifest lists the shard
         self._lock_fd: int | None = None
         self._log: MetadataLog | None = None
         self._files: list[IndexFile] = []  # same order as the checkpoint's index_files
@@ -286,6 +340,7 @@ class ShardWriter(_Committed):
                 else [records[i] for i in fresh.tolist()]
         try:
             columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
+            refuse_out_of_range_timestamps(columns)
             seqs = self._append_to_log(columns, ranges)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
@@ -389,7 +444,11 @@ class ShardWriter(_Committed):
             self._reload()  # a writer died mid-append after our commit: roll its bytes back
             self.last_revalidation = REVALIDATION_ROLLED_BACK
         elif self._loaded and raw is not None:
-            self._adopt(decode_checkpoint(raw, source=path), raw)  # another writer committed
+            try:
+                checkpoint = decode_checkpoint(raw, source=path)
+            except CorruptFileError as bad:
+                raise CorruptFileError(f"{bad}; {_repair_hint(self.directory, self.broker)}") from None
+            self._adopt(checkpoint, raw)  # another writer committed
             self.last_revalidation = REVALIDATION_ADOPTED
         else:
             self._reload()
@@ -452,22 +511,30 @@ class ShardWriter(_Committed):
         self._loaded = False
 
     def _recover(self) -> Checkpoint:
-        """Roll the shard back to its checkpoint; a shard that never committed starts empty."""
-        checkpoint = read_checkpoint(checkpoint_path(self.directory))
+        """Roll the shard back to its checkpoint; a shard that never committed starts empty. A
+        missing checkpoint with data present is refused, never taken for an empty shard: the data
+        stays untouched for ``msgindex repair``."""
+        checkpoint = read_committed(self.directory, self.broker)
         for entry in self.directory.iterdir():
             if is_temporary(entry.name, CHECKPOINT_FILE):
                 _remove(entry)  # a commit torn before its rename: never real
         if checkpoint is None:
-            # Nothing was ever committed: whatever files exist are a torn first batch.
+            registered = self._store_root is not None and self.broker in (
+                load_manifest(self._store_root / MANIFEST_FILE).shards or ())
+            if registered or has_data(self.directory):
+                raise _missing_checkpoint(self.directory, self.broker, registered)
+            # A new shard (or one whose creation died before its first checkpoint: empty files).
             shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)
             for stray in (self.directory / INDEX_DIR).iterdir():
                 _remove(stray)
             self._log = open_log(self.directory, self.settings, writable=True, committed=None)
             checkpoint = Checkpoint(log_position=self._log.position().to_dict())
             self._write_checkpoint(checkpoint)
-            return checkpoint
-        self._checkpoint = checkpoint
-        self._open_committed(checkpoint, {})
+        else:
+            self._checkpoint = checkpoint
+            self._open_committed(checkpoint, {})
+        if self._store_root is not None:
+            register_shard(self._store_root, self.broker)  # after its first checkpoint (manifest.py)
         return checkpoint
 
     def _open_committed(self, checkpoint: Checkpoint, kept: dict[str, tuple[IndexFileState, IndexFile]]) -> None:
@@ -477,6 +544,7 @@ class ShardWriter(_Committed):
         position = LogPosition.from_dict(checkpoint.log_position)
         # opening at the committed position cuts whatever lies past it (no close-and-trim cycle)
         self._log = open_log(self.directory, self.settings, writable=True, committed=position)
+        verify.check_log_covers(self._log, checkpoint)
         self._delete_segments_below(checkpoint.log_start_seq)
         self._delete_unlisted_index_files(checkpoint)
         last = len(checkpoint.index_files) - 1
@@ -486,17 +554,22 @@ class ShardWriter(_Committed):
                 del kept[state.name]
                 self._files.append(reuse[1])
             else:
-                self._files.append(self._open_rolled_back(state))
+                self._files.append(self._open_rolled_back(state, active=n == last))
             self._states.append(state)
 
-    def _open_rolled_back(self, state: IndexFileState) -> IndexFile:
+    def _open_rolled_back(self, state: IndexFileState, *, active: bool) -> IndexFile:
+        """The committed file `state` names, rolled back to it, checked against it (``verify``):
+        damage is refused before anything is written into the file."""
         path = self.directory / INDEX_DIR / state.name
         if not path.is_file():
             raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
         index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
         try:
             if _written_past(index_file, state):  # the slot-table scan of a rollback only when needed
+                verify.check_index_file(index_file, state, active=active)
+                verify.check_rollback_bounds(index_file, state)
                 index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+            verify.check_index_file(index_file, state, active=active, exclusive=True)
         except BaseException:
             index_file.close()
             raise
@@ -594,14 +667,18 @@ class ShardReader(_Committed):
     blocks (or is blocked by) the writer: it ignores records past its committed log position,
     hash entries past each file's committed count, and files the checkpoint does not list."""
 
-    def __init__(self, directory: Path, broker: str, settings: StoreSettings) -> None:
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, registered: bool = False) -> None:
+        """`registered`: the store manifest lists the shard, so it has committed (a missing
+        checkpoint is then damage even when no data is left)."""
         self.broker = broker
         self.directory = Path(directory)
         self.settings = settings
         self._log: MetadataLog | None = None
         self._files: list[tuple[IndexFileState, IndexFile]] = []
         for attempt in range(OPEN_ATTEMPTS):
-            checkpoint = read_checkpoint(checkpoint_path(self.directory))
+            checkpoint = read_committed(self.directory, broker)
+            if checkpoint is None and (registered or has_data(self.directory)):
+                raise _missing_checkpoint(self.directory, broker, registered)
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
             try:
                 self._open_files()
@@ -610,23 +687,27 @@ class ShardReader(_Committed):
                 self.close()
                 # retention may have deleted files of the snapshot just read: retry with the
                 # newer checkpoint; an unchanged checkpoint means the shard really is damaged
-                if attempt + 1 == OPEN_ATTEMPTS or read_checkpoint(checkpoint_path(self.directory)) == checkpoint:
+                if attempt + 1 == OPEN_ATTEMPTS or read_committed(self.directory, broker) == checkpoint:
                     raise
             except BaseException:
                 self.close()
                 raise
 
     def _open_files(self) -> None:
+        """Open the committed files, checked against the checkpoint (``verify``: cheap checks,
+        the slot-table count cached per file and process)."""
         if self._checkpoint.log_position is not None:
             position = LogPosition.from_dict(self._checkpoint.log_position)
             self._log = open_log(self.directory, self.settings, writable=False, committed=position)
-        for state in self._checkpoint.index_files:
+            verify.check_log_covers(self._log, self._checkpoint)
+        last = len(self._checkpoint.index_files) - 1
+        for n, state in enumerate(self._checkpoint.index_files):
             path = self.directory / INDEX_DIR / state.name
             if not path.is_file():
                 raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
-            self._files.append(
-                (state, IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True))
-            )
+            index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True)
+            self._files.append((state, index_file))
+            verify.check_index_file(index_file, state, active=n == last)
 
     # --- snapshot facts -------------------------------------------------------------------------
 
@@ -665,8 +746,10 @@ class ShardReader(_Committed):
         validate_window(begin_ms, end_ms, max_results)
         keys = normalize_keys(keys)
         topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
-        if self._log is None or not keys or not topics or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
+        window = stored_window(begin_ms, end_ms)  # what the window means for timestamps stored before the rule
+        if self._log is None or not keys or not topics or window is None:
             return empty_rows()
+        begin_ms, end_ms = window
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
         if len(seqs) <= FEW_CANDIDATES:
@@ -679,8 +762,10 @@ class ShardReader(_Committed):
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
         read (found with the sparse time indexes): the natural partitions of a parallel scan."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return []
+        begin_ms, end_ms = window
         low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
         pieces = []
         for start, end in self._log.scan_ranges(begin_ms, end_ms):
@@ -701,8 +786,10 @@ class ShardReader(_Committed):
     ) -> Iterator[pa.RecordBatch]:
         """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
         ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return
+        begin_ms, end_ms = window
         start = max(start_seq, self._checkpoint.log_start_seq)
         end = min(end_seq, self._checkpoint.record_count)
         if start >= end:
@@ -967,6 +1054,17 @@ def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], 
     """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
     each record, in record order, a key repeated within one record indexed once (first place)."""
     return AppendColumns.of(records).index_entries(seqs.start)
+
+
+def refuse_out_of_range_timestamps(columns: LogColumns) -> None:
+    """InvalidAppendError naming the first record whose timestamp breaks the timestamp rule
+    (``message.timestamp_problem``): the pipeline sets such records aside before appending."""
+    stamps = columns.timestamps
+    if not len(stamps) or (int(stamps.min()) >= MIN_TIMESTAMP_MS and int(stamps.max()) <= MAX_TIMESTAMP_MS):
+        return
+    i = int(np.argmax((stamps < MIN_TIMESTAMP_MS) | (stamps > MAX_TIMESTAMP_MS)))
+    where = f"{decode_text(columns.topic[i].as_py())}-{int(columns.ints['partition'][i])} offset {int(columns.ints['offset'][i])}"
+    raise InvalidAppendError(f"record {i} of the batch ({where}): {timestamp_problem(int(stamps[i]))}")
 
 
 def _ranges_annotation(ranges: SourceRanges) -> bytes:

@@ -92,7 +92,7 @@ import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text
+from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
 
 BATCH_MAGIC = b"MXB2"
 BATCH_VERSION = 2
@@ -808,7 +808,8 @@ def _string_array(array: pa.Array) -> pa.Array:
 
 
 def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
-    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given)."""
+    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given). Timestamps a
+    store holds from before the timestamp rule show as the nearest bound (``shown_timestamps``)."""
     if take is not None:
         batch = batch.take(np.asarray(take, dtype=np.int64))
     count = len(batch)
@@ -827,7 +828,7 @@ def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.
         pa.array(batch.offset, pa.int64()),
         _string_array(batch.key),
         keys_column,
-        pa.array(batch.timestamp_ms * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
+        pa.array(shown_timestamps(batch.timestamp_ms) * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
         pa.array(batch.commit_log_offset, pa.int64(), mask=batch.commit_log_offset == NO_VALUE),
         pa.array(batch.size, pa.int32(), mask=batch.size == NO_VALUE),
         pa.array(batch.seqs, pa.int64()),

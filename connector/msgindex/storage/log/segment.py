@@ -41,10 +41,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullError
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
+from msgindex.storage.mapped_file import storage_full
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -220,7 +221,10 @@ class LogSegment:
         """A new empty writable segment (its files must not exist)."""
         segment = cls(directory, base_seq, index_interval_bytes=index_interval_bytes,
                       max_index_bytes=max_index_bytes, writable=True)
-        segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as error:
+            raise storage_full(error, segment.path, "creating it") or error
         for path in (segment.index_path, segment.time_index_path, segment.summary_path):
             path.unlink(missing_ok=True)
         segment.offset_index = OffsetIndex.open(segment.index_path, base_seq, max_index_bytes, writable=True)
@@ -393,6 +397,18 @@ class LogSegment:
         if self.sealed:
             self._seal_indexes()
 
+    def rule_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """The sparse indexes the index rule gives this segment's committed batches, built in
+        memory without touching this segment or its files: what its ``.index`` / ``.timeindex``
+        must hold (``verify`` compares them)."""
+        directory = self.batches()
+        twin = LogSegment(self.directory, self.base_seq, index_interval_bytes=self.index_interval_bytes,
+                          max_index_bytes=self.max_index_bytes, writable=False)
+        twin.size, twin.sealed = self.size, self.sealed
+        twin._directory, twin._walked, twin._walked_seq = directory, self.size, self.next_seq
+        twin._rebuild_indexes()
+        return twin.offset_index, twin.time_index
+
     def _index_batch(self, position: int, length: int, last_seq: int, max_timestamp: int) -> None:
         """Kafka's LogSegment.append index rule for one batch."""
         if max_timestamp > self._max_so_far:
@@ -554,15 +570,28 @@ class LogSegment:
                            directory.block_counts[blocks], [directory.topic_tables[b] for b in batches],
                            [(self.path, int(directory.positions[b])) for b in batches])
 
+    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedRows:
+        """Every record of batch number `index` of the directory, each block's checksum verified
+        and every record's fields checked against its block (for verification and repair; the
+        read paths decode only the blocks they need)."""
+        directory = self.batches() if directory is None else directory
+        blocks = np.flatnonzero(directory.block_batches == index)
+        block_set = self.block_set(blocks, directory)
+        return block_set.select(*block_set.all_rows()).rows()
+
     # ---- appending -------------------------------------------------------------------------
     def append(self, batch: bytes, head: bf.BatchHead) -> None:
         """Append one encoded batch (its base seq must be next_seq) and index it."""
         header = head.header
         if header.base_seq != self.next_seq:
             raise InvalidAppendError(f"{self.path}: batch from seq {header.base_seq} cannot follow {self.next_seq - 1}")
-        written = os.pwrite(self._fd, batch, self.size)
-        if written != len(batch):
-            raise OSError(f"{self.path}: short write ({written} of {len(batch)} bytes)")
+        try:
+            written = os.pwrite(self._fd, batch, self.size)
+        except OSError as error:
+            raise storage_full(error, self.path, f"appending {len(batch):,} bytes (the last commit is intact)") or error
+        if written != len(batch):  # a regular file only writes short when its filesystem is full
+            raise StorageFullError(f"{self.path}: only {written:,} of {len(batch):,} bytes could be written (no space "
+                                   f"left on its filesystem?); the last commit is intact")
         self._index_batch(self.size, len(batch), header.last_seq, header.max_timestamp)
         if self._walked == self.size:
             self._heads.append((self.size, head))
@@ -639,7 +668,10 @@ class LogSegment:
     # ---- durability and lifecycle ----------------------------------------------------------
     def flush(self) -> None:
         if self._fd is not None and self.writable:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as error:  # delayed allocation: a full disk can show here first
+                raise storage_full(error, self.path, "syncing it") or error
         self.offset_index.flush()
         self.time_index.flush()
 
