@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from msgindex.errors import (
     CorruptFileError,
     InvalidAppendError,
+    InvalidArgumentError,
     InvalidOptionError,
     LegacyCheckpointError,
     ShardLockedError,
@@ -79,10 +80,10 @@ from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
     KeysArg,
-    rows_from_records,
+    Query,
+    as_query,
     empty_rows,
-    normalize_keys,
-    validate_window,
+    rows_from_records,
 )
 
 
@@ -726,7 +727,7 @@ class ShardReader(_Committed):
     # --- queries --------------------------------------------------------------------------------
     def lookup(
         self,
-        keys: KeysArg,
+        keys: KeysArg | Query,
         *,
         topic: str | None = None,
         begin_ms: int | None = None,
@@ -736,22 +737,25 @@ class ShardReader(_Committed):
     ) -> pa.Table:
         """Committed messages indexed under any of `keys` (in `topic`, or any topic), whose
         timestamp is in [begin_ms, end_ms]; each verified against the log record (exact topic,
-        key and ms timestamp). ROW_SCHEMA, ordered by timestamp then topic/partition/offset."""
-        validate_window(begin_ms, end_ms, max_results)
-        keys = normalize_keys(keys)
-        topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
-        window = stored_window(begin_ms, end_ms)  # what the window means for timestamps stored before the rule
-        if self._log is None or not keys or not topics or window is None:
+        key and ms timestamp). ROW_SCHEMA, ordered by timestamp then topic/partition/offset.
+        A ``Query`` may stand for all the arguments (its ``brokers`` are the store's business)."""
+        query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+                         partitions=partitions)
+        if query.keys is None:
+            raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
+        topics = query.topics_among(self._checkpoint.topics)
+        window = query.stored_window()  # what the window means for timestamps stored before the rule
+        if self._log is None or not query.keys or not topics or window is None:
             return empty_rows()
         begin_ms, end_ms = window
-        wanted = _WantedKeys.of(topics, keys)
+        wanted = _WantedKeys.of(topics, list(query.keys))
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
         if len(seqs) <= FEW_CANDIDATES:
-            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, partitions, max_results)
-        found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, query.partitions)
         if not found:
             return empty_rows()
-        return _in_result_order(found, max_results)
+        return _in_result_order(found, query.max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -772,6 +776,7 @@ class ShardReader(_Committed):
         self,
         start_seq: int,
         end_seq: int,
+        query: Query | None = None,
         *,
         begin_ms: int | None = None,
         end_ms: int | None = None,
@@ -779,8 +784,10 @@ class ShardReader(_Committed):
         partitions: Iterable[int] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
-        ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
-        window = stored_window(begin_ms, end_ms)
+        ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order. A
+        ``Query`` (its keys ignored: a scan reads every record) may stand for the restrictions."""
+        query = as_query(query, begin_ms=begin_ms, end_ms=end_ms, topics=topics, partitions=partitions)
+        window = query.stored_window()
         if self._log is None or window is None:
             return
         begin_ms, end_ms = window
@@ -789,7 +796,7 @@ class ShardReader(_Committed):
         if start >= end:
             return
         yield from self._log.scan_range(
-            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=topics, partitions=partitions
+            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=query.topics, partitions=query.partitions
         )
 
     def close(self) -> None:
