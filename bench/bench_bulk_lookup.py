@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from bench_spark_lookup import add_data_arguments, bench_data, key_of, timestamp_of
 
 PARQUET_FILES = 8

@@ -128,7 +128,8 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--records", type=int, default=10_000)
     args = parser.parse_args()
-    print("load average at start: %.1f %.1f %.1f on %d cores" % (*os.getloadavg(), os.cpu_count()))
+    one, five, fifteen = os.getloadavg()
+    print(f"load average at start: {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="msgindex-bench-kafka-") as scratch:
         bench_staging(Path(scratch), args.skip_cold)
         broker, topic = bench_broker(Path(scratch), args.restarts, args.records)
@@ -136,7 +137,8 @@ def main() -> None:
             bench_spark(broker.bootstrap, topic, args.records)
         finally:
             broker.stop()
-    print("load average at end: %.1f %.1f %.1f" % os.getloadavg())
+    one, five, fifteen = os.getloadavg()
+    print(f"load average at end: {one:.1f} {five:.1f} {fifteen:.1f}")
 
 
 if __name__ == "__main__":

@@ -37,9 +37,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def build_store(root: Path, topic: str, partitions: int, messages: int, cardinal
 
     started = time.perf_counter()
     with open_store(root, create=True) as store, store.writer(SHARD) as writer:
-        for batch_id, start in enumerate(range(0, messages, APPEND_ROWS)):
+        for start in range(0, messages, APPEND_ROWS):
             ids = np.arange(start, min(start + APPEND_ROWS, messages), dtype=np.int64)
             keys = pa.array([f"user-{k}" for k in key_of(ids, cardinality).tolist()], pa.string())
             n = len(ids)
@@ -211,7 +211,7 @@ class OneRowSource(DataSource):
     def schema(self) -> str:
         return "id long"
 
-    def reader(self, schema) -> "OneRowReader":
+    def reader(self, schema) -> OneRowReader:
         return OneRowReader()
 
 

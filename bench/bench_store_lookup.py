@@ -32,7 +32,7 @@ BATCH = 100_000
 def build(root: Path, records: int) -> None:
     settings = StoreSettings(hash_slot_num=1_000_000, index_num=4_000_000)
     with open_store(root, create=True, settings=settings) as store, store.writer("b0") as writer:
-        for batch_id, start in enumerate(range(0, records, BATCH)):
+        for start in range(0, records, BATCH):
             batch = [
                 MessageRecord(TOPICS[i % 4], i % 8, i, BASE_MS + (i * 37) % 3_600_000, f"key-{i}", (f"key-{i}",))
                 for i in range(start, min(start + BATCH, records))
@@ -99,8 +99,10 @@ def main() -> None:
             scan_1 = rate(1, time.perf_counter() - t)
             reader.close()
         print(f"index files: {len(index_files)}")
-        print(f"1 key/call:     verified {verified_1:10.0f} lookups/s   raw select_phy_offsets {raw_1:10.0f}/s   ratio {verified_1 / raw_1:.2f}")
-        print(f"1000 keys/call: verified {verified_1000:10.0f} keys/s      raw select_phy_offsets {raw_1000:10.0f}/s   ratio {verified_1000 / raw_1000:.2f}")
+        print(f"1 key/call:     verified {verified_1:10.0f} lookups/s   "
+              f"raw select_phy_offsets {raw_1:10.0f}/s   ratio {verified_1 / raw_1:.2f}")
+        print(f"1000 keys/call: verified {verified_1000:10.0f} keys/s      "
+              f"raw select_phy_offsets {raw_1000:10.0f}/s   ratio {verified_1000 / raw_1000:.2f}")
         print(f"1000 keys/call: {verified_1000 / 1000:.1f} calls/s")
         print(f"full log scan:  {scan_1:10.3f} lookups/s   verified 1-key lookup is {verified_1 / scan_1:.0f}x faster")
     finally:

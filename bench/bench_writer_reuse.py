@@ -64,7 +64,8 @@ def main() -> None:
     parser.add_argument("--batch-records", type=int, default=1000)
     parser.add_argument("--appends", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--dir", default=".", help="where the shards go (e.g. /dev/shm: no fsync cost, only the writer's own work)")
+    parser.add_argument("--dir", default=".",
+                        help="where the shards go (e.g. /dev/shm: no fsync cost, only the writer's own work)")
     args = parser.parse_args()
     work = batches(args.appends, args.batch_records)
     variants = {"reopen": reopen, "kept": kept, "alternating": alternating}
@@ -81,7 +82,8 @@ def main() -> None:
     print(f"{args.appends} appends of {args.batch_records:,} records each, default StoreSettings, in {args.dir}, "
           f"best of {args.runs}:")
     for name, seconds in best.items():
-        print(f"  {name:12s} {args.appends / seconds:8,.1f} appends/s  {args.appends * args.batch_records / seconds:10,.0f} records/s"
+        records_per_s = args.appends * args.batch_records / seconds
+        print(f"  {name:12s} {args.appends / seconds:8,.1f} appends/s  {records_per_s:10,.0f} records/s"
               f"  {best['reopen'] / seconds:5.2f}x reopen")
 
 

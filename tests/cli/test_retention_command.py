@@ -6,7 +6,6 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
-from msgindex.errors import InvalidOptionError
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import TINY, shard_files
 from tests.storage.test_retention import fill

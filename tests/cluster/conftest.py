@@ -14,8 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib import metadata
-from typing import Iterator
 
 import pytest
 
@@ -46,7 +46,8 @@ def executor_python() -> str:
         # venv scripts name their directory: rebuild them in place after the rename
         building.rename(venv)
         subprocess.run([sys.executable, "-m", "venv", "--upgrade", str(venv)], check=True)
-    probe = subprocess.run([str(python), "-c", "import pyspark, pyarrow\ntry:\n import msgindex\nexcept ImportError:\n print('clean')"],
+    code = "import pyspark, pyarrow\ntry:\n import msgindex\nexcept ImportError:\n print('clean')"
+    probe = subprocess.run([str(python), "-c", code],
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "clean", "the executor Python must not have msgindex installed"
     return str(python)

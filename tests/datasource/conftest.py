@@ -93,7 +93,7 @@ def build_store(path: Path, rows: list[tuple[str, MessageRecord]], settings: Sto
         for broker in BROKERS:
             records = [r for b, r in rows if b == broker]
             with store.writer(broker) as writer:
-                for batch_id, start in enumerate(range(0, len(records), RECORDS_PER_BROKER_BATCH)):
+                for start in range(0, len(records), RECORDS_PER_BROKER_BATCH):
                     writer.append(records[start : start + RECORDS_PER_BROKER_BATCH])
 
 

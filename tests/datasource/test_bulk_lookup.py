@@ -4,7 +4,7 @@ answered clearly."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -58,7 +58,7 @@ def test_full_rows_match_the_data_source(spark, truth):
 
 def test_topic_window_and_brokers(spark, truth):
     keys = keys_frame(spark, ASKED)
-    begin = datetime.fromtimestamp(WINDOW[0] / 1000, timezone.utc)
+    begin = datetime.fromtimestamp(WINDOW[0] / 1000, UTC)
     df = lookup_keys(keys, str(truth.path), topic="orders", begin=begin, end=WINDOW[1],
                      brokers=["broker-a", "broker-c"])
     assert found(df) == expected(truth, ASKED, topics={"orders"}, begin=WINDOW[0], end=WINDOW[1],

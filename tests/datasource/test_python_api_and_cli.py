@@ -6,12 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import (
-    EqualTo, GreaterThan, In, LessThan, LessThanOrEqual, Not, StringStartsWith,
+    EqualTo,
+    GreaterThan,
+    In,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringStartsWith,
 )
 
 import msgindex
@@ -22,7 +28,7 @@ from msgindex.spark.read_options import ReadOptions, parse_time_ms
 from msgindex.storage.message import ROW_SCHEMA
 from tests.datasource.conftest import EDGE_KEY, WINDOW
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def id_set(table: pa.Table) -> set[tuple]:

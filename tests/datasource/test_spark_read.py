@@ -7,7 +7,7 @@ Each query loads a fresh DataFrame: Spark 4.2 caches a planned read on the loade
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -64,7 +64,7 @@ def test_schema_and_full_read(spark, truth):
     for row in rows:
         broker, record = expected[(row.broker, row.topic, row.partition, row.offset)]
         assert (row.key, tuple(row.keys)) == (record.key, record.keys)
-        assert row.timestamp.replace(tzinfo=timezone.utc).timestamp() * 1000 == record.timestamp_ms
+        assert row.timestamp.replace(tzinfo=UTC).timestamp() * 1000 == record.timestamp_ms
         assert (row.commit_log_offset, row.size) == (record.commit_log_offset, record.size)
 
 
@@ -98,10 +98,10 @@ def test_many_keys_split_over_tasks(spark, truth):
 
 
 def test_edge_window_iso_times(spark, truth):
-    begin = datetime.fromtimestamp(WINDOW[0] / 1000, timezone.utc).isoformat(timespec="milliseconds")
-    end = datetime.fromtimestamp(WINDOW[1] / 1000, timezone.utc).astimezone().isoformat(timespec="milliseconds")
+    begin = datetime.fromtimestamp(WINDOW[0] / 1000, UTC).isoformat(timespec="milliseconds")
+    end = datetime.fromtimestamp(WINDOW[1] / 1000, UTC).astimezone().isoformat(timespec="milliseconds")
     df = load(spark, truth, key=EDGE_KEY, begin=begin, end=end)
-    got = sorted(r.timestamp.replace(tzinfo=timezone.utc) for r in df.collect())
+    got = sorted(r.timestamp.replace(tzinfo=UTC) for r in df.collect())
     assert [int(t.timestamp() * 1000) for t in got] == [WINDOW[0], WINDOW[1]]  # not -1 / +1
 
 
@@ -134,15 +134,15 @@ def test_where_combinations(spark, truth):
 
 
 def test_where_time_window_exact_to_the_ms(spark, truth):
-    begin = datetime.fromtimestamp(WINDOW[0] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    end = datetime.fromtimestamp(WINDOW[1] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    begin = datetime.fromtimestamp(WINDOW[0] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    end = datetime.fromtimestamp(WINDOW[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     df = load(spark, truth).where(f"timestamp >= '{begin}' AND timestamp <= '{end}'")
     assert df.rdd.getNumPartitions() < total_scan_pieces(truth)  # the sparse time index cut the read
     assert ids(df) == truth.select(begin=WINDOW[0], end=WINDOW[1])
     # strict bounds with sub-millisecond literals: > x.0005 means >= x+1ms; < y.0005 means <= y
     df = load(spark, truth).where(
         f"key = '{EDGE_KEY}' AND timestamp > '{begin}5' AND timestamp < '{end}5'")
-    assert {r.timestamp.replace(tzinfo=timezone.utc).timestamp() * 1000 for r in df.collect()} == {WINDOW[1]}
+    assert {r.timestamp.replace(tzinfo=UTC).timestamp() * 1000 for r in df.collect()} == {WINDOW[1]}
 
 
 def test_contradicting_filters_return_nothing(spark, truth):

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyspark
 import pytest
 
 from msgindex.kafka.admin import (
-    KEYS_HEADER, UNIQ_KEY_HEADER, OutgoingRecord, broker_addresses, latest_offsets,
-    partition_leaders, produce,
+    KEYS_HEADER,
+    UNIQ_KEY_HEADER,
+    OutgoingRecord,
+    broker_addresses,
+    latest_offsets,
+    partition_leaders,
+    produce,
 )
-from msgindex.spark.session import _pyspark_jars_dir, _artifact_of, kafka_connector_jars
+from msgindex.spark.session import _artifact_of, _pyspark_jars_dir, kafka_connector_jars
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -79,7 +84,7 @@ def _read_back(spark, bootstrap, topic):
     for row in frame.collect():
         ts = row.timestamp
         assert ts.tzinfo is None  # Spark returns session-time-zone (UTC) wall clock
-        millis = int(ts.replace(tzinfo=timezone.utc).timestamp() * 1000 + 0.5)
+        millis = int(ts.replace(tzinfo=UTC).timestamp() * 1000 + 0.5)
         headers = tuple((h.key, bytes(h.value)) for h in (row.headers or []))
         rows.add((row.topic, row.partition, row.offset,
                   None if row.key is None else bytes(row.key),
@@ -146,7 +151,7 @@ def test_session_has_the_settings_msgindex_relies_on(spark):
     assert f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar" in jars
     # the session's clock reads UTC: a known instant renders as its UTC wall time
     shown = spark.sql("SELECT CAST(TIMESTAMP_MILLIS(0) AS STRING) AS t").first().t
-    assert shown == datetime(1970, 1, 1, tzinfo=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    assert shown == datetime(1970, 1, 1, tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def test_session_conf_lets_callers_override_but_keeps_the_connector_jars():

@@ -77,7 +77,8 @@ def test_broker_restart_mid_stream(own_broker, spark, tmp_path):
     runner.join(120)
     assert not runner.is_alive(), "the job did not stop gracefully"
     survived = "error" not in outcome and _indexed(index) == expected
-    print(f"the running query {'survived the broker restart' if survived else 'was restarted after: ' + repr(outcome.get('error'))[:300]}")
+    what = "survived the broker restart" if survived else "was restarted after: " + repr(outcome.get("error"))[:300]
+    print(f"the running query {what}")
     if not survived:
         run_job_in_process(job_args(bootstrap, [topic], index, "--available-now", "--quiet-spark"))
     assert_index_equals(index, ground_truth(bootstrap, [topic]), topics=[topic])

@@ -11,7 +11,7 @@ import pytest
 
 from msgindex.kafka.admin import create_topics
 from msgindex.kafka.loadgen import Message, keyed_records, produce
-from tests.pipeline.support import forget_commit, assert_index_equals, ground_truth, job_args, run_job_in_process
+from tests.pipeline.support import assert_index_equals, forget_commit, ground_truth, job_args, run_job_in_process
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 

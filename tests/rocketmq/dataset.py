@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import base64
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from tests.rocketmq.harness import LocalRocketMQ
 
@@ -54,7 +54,7 @@ def build_specs(seed: int = 12) -> list[dict]:
     for b in range(9):  # batch sends: 90 messages under one key
         for i in range(10):
             add(ORDERS, f"{HOT_BATCH_KEY} shared-{(b * 10 + i) % 7}", batch=1000 + b)
-    for i in range(40):  # collisions: Aa/BB in one topic, and AaT#k / BBT#k across topics
+    for _ in range(40):  # collisions: Aa/BB in one topic, and AaT#k / BBT#k across topics
         for topic in (AAT, BBT):
             add(topic, rng.choice(["Aa", "BB", "AaBB", "BBAa", "k"]) + " " + rng.choice(["k", "x", ""]))
         add(ORDERS, rng.choice(["Aa", "BB"]))
@@ -67,7 +67,7 @@ def build_specs(seed: int = 12) -> list[dict]:
         add(ORDERS if i % 2 else PAYMENTS, keys, sleep_ms=300 if i == 30 else 0)
     for i in range(80):  # no keys at all: only the UNIQ_KEY the producer adds
         add(PAYMENTS if i % 2 else ORDERS, None)
-    for i, codec in enumerate(["LZ4", "ZSTD", "ZLIB"] * 4):
+    for codec in ["LZ4", "ZSTD", "ZLIB"] * 4:
         text = "".join(rng.choice("abcdefgh ") for _ in range(COMPRESSED_BODY_BYTES))
         add(ORDERS, f"big-{codec} big", body=text, compress=codec)
     for i in range(20):  # user properties named like the system ones

@@ -122,7 +122,8 @@ def test_windows_cut_inside_seconds(rocketmq_dataset, store):
 def test_max_results_and_partitions(rocketmq_dataset, store):
     truth = rocketmq_dataset
     by_offset = truth.by_offset()
-    ordered = sorted(truth.select(ORDERS, HOT_KEY), key=lambda o: (by_offset[o].store_timestamp, by_offset[o].queue_id, by_offset[o].queue_offset))
+    ordered = sorted(truth.select(ORDERS, HOT_KEY),
+                     key=lambda o: (by_offset[o].store_timestamp, by_offset[o].queue_id, by_offset[o].queue_offset))
     assert offsets(store.lookup(HOT_KEY, topic=ORDERS, max_results=70)) == ordered[:70]
     got = store.lookup(HOT_KEY, topic=ORDERS, partitions=[0, 2])
     assert set(offsets(got)) == truth.select(ORDERS, HOT_KEY, partitions={0, 2})

@@ -205,7 +205,7 @@ def _ms(ts) -> int:
     # to_pydict gives datetime (or pandas Timestamp); go through the epoch in microseconds
     import datetime as _dt
 
-    epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+    epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
     delta = ts - epoch
     return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
 

@@ -42,7 +42,7 @@ def reference_run(root: Path, seed: int) -> tuple[list[dict[str, bytes]], float]
         with store.writer(BROKER):
             pass
         snapshots.append(shard_files(root / f"broker={BROKER}"))  # before batch 0
-        for batch_id, batch in enumerate(crash_batches(seed)):
+        for batch in crash_batches(seed):
             with store.writer(BROKER) as writer:
                 started = time.perf_counter()
                 writer.append(batch)

@@ -119,9 +119,11 @@ def test_corrupt_bytes_get_the_walks_answer(tmp_path: Path, monkeypatch, tuning:
         i = rng.randrange(num)
         field = rng.choice([(0, 4), (16, 4)])  # keyHash or prevIndex
         value = rng.choice([0, -1, i, i + 1, i - 1, rng.randrange(num), rng.randrange(-(2**31), 2**31)])
-        data[entries_at + i * ENTRY_SIZE + field[0] : entries_at + i * ENTRY_SIZE + field[0] + 4] = value.to_bytes(4, "big", signed=True)
+        at = entries_at + i * ENTRY_SIZE + field[0]
+        data[at : at + 4] = value.to_bytes(4, "big", signed=True)
     s = rng.randrange(slots)
-    data[HEADER_SIZE + s * SLOT_SIZE : HEADER_SIZE + (s + 1) * SLOT_SIZE] = rng.choice([0, num + 5, rng.randrange(num)]).to_bytes(4, "big")
+    slot_at = HEADER_SIZE + s * SLOT_SIZE
+    data[slot_at : slot_at + SLOT_SIZE] = rng.choice([0, num + 5, rng.randrange(num)]).to_bytes(4, "big")
     path.write_bytes(bytes(data))
     with IndexFile.open(path, slots, num, read_only=True) as f:
         hashes = QUERY_HASHES + [int(h) for h in f.entry_array()["key_hash"][:20]]

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError
-from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord
 
 SEGMENT = 3_000

@@ -16,7 +16,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 RUN_SECONDS = 25
 READERS = 2
 

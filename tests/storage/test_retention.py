@@ -119,7 +119,7 @@ def test_every_record_a_scan_returns_is_found_by_its_keys_after_retention(tmp_pa
     with open_store(tmp_path / "s", create=True, settings=TINY) as store:
         offset = 0
         with store.writer("b") as writer:
-            for batch_id in range(10):
+            for _ in range(10):
                 batch = [
                     MessageRecord(rng.choice(["t", "u"]), rng.randint(0, 3), offset + i,
                                   BASE + rng.choice([0, 5, 50, 500]) * STEP_MS + rng.randint(0, 999),

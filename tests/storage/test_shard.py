@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError
-from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
 from msgindex.storage.append_columns import MAX_LAG_PASSES
+from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
 from msgindex.storage.index_file import IndexFile
 from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import index_entries
@@ -234,7 +234,7 @@ def test_table_input_equals_record_input(tmp_path_factory, batches, chunks, dict
     root = tmp_path_factory.mktemp("same")
     with open_store(root / "a", create=True, settings=TINY) as a, open_store(root / "b", create=True, settings=TINY) as b:
         with a.writer("x") as by_records, b.writer("x") as by_table:
-            for batch_id, batch in enumerate(batches):
+            for batch in batches:
                 first_seq = by_records.log.next_seq
                 got = by_table.append(append_table(batch, chunks, dictionary_topics))
                 assert by_records.append(batch) == got
@@ -319,7 +319,8 @@ def test_scan_ranges_cover_the_window(store):
     with store.reader("b") as reader:
         assert len(reader.scan_ranges()) > 1  # several segments
         for begin, end in [(None, None), (BASE + 5000, None), (None, BASE + 3000), (BASE + 4000, BASE + 4500)]:
-            got = [row for s, e in reader.scan_ranges(begin, end) for row in table_rows(reader.scan_range(s, e, begin_ms=begin, end_ms=end))]
+            got = [row for s, e in reader.scan_ranges(begin, end)
+                   for row in table_rows(reader.scan_range(s, e, begin_ms=begin, end_ms=end))]
             assert got == model_scan([model], begin_ms=begin, end_ms=end)
         got = [row for s, e in reader.scan_ranges() for row in table_rows(reader.scan_range(s, e, topics=["BB"], partitions=[1]))]
         assert got == [r for r in model_scan([model]) if r[2] == "BB" and r[3] == 1]

@@ -73,7 +73,7 @@ def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
     models = {b: ShardModel(b) for b in ("a", "b", "c")}
     with open_store(tmp_path / "s", create=True, settings=TINY) as store:
         offset = 0
-        for batch_id in range(4):
+        for _ in range(4):
             for broker, model in models.items():
                 batch = make_batch(rng, offset, 15)
                 offset += 15
@@ -86,9 +86,11 @@ def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
         all_models = list(models.values())
         for keys in (["Aa"], ["BB", "k2"], [b"k1"], ["ключ", "absent"]):
             for topic in (None, "orders"):
-                assert table_rows(store.lookup(keys, topic=topic)) == model_lookup(all_models, [k if isinstance(k, str) else k.decode() for k in keys], topic=topic)
+                texts = [k if isinstance(k, str) else k.decode() for k in keys]
+                assert table_rows(store.lookup(keys, topic=topic)) == model_lookup(all_models, texts, topic=topic)
         got = store.lookup("Aa", brokers=["b", "c"], begin_ms=BASE + 2000, end_ms=BASE + 9000, partitions=[0, 2], max_results=4)
-        assert table_rows(got) == model_lookup(all_models[1:], ["Aa"], begin_ms=BASE + 2000, end_ms=BASE + 9000, partitions=[0, 2], max_results=4)
+        assert table_rows(got) == model_lookup(all_models[1:], ["Aa"], begin_ms=BASE + 2000, end_ms=BASE + 9000,
+                                               partitions=[0, 2], max_results=4)
         assert got.schema == ROW_SCHEMA
         assert table_rows(store.scan()) == model_scan(all_models)
         assert table_rows(store.scan(begin_ms=BASE + 7000, brokers=["a"], topics=["BB"])) == model_scan(

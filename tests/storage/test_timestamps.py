@@ -6,7 +6,7 @@ results and in time windows alike, and one such record never breaks the others."
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
@@ -21,8 +21,8 @@ from tests.storage.shard_model import TINY
 INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)
 NOW = 1_700_000_000_000
-LAST_MS = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc)
-FIRST_MS = datetime(1, 1, 1, tzinfo=timezone.utc)
+LAST_MS = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+FIRST_MS = datetime(1, 1, 1, tzinfo=UTC)
 
 
 def rec(offset: int, timestamp_ms: int, key: str = "shared") -> MessageRecord:
@@ -58,9 +58,9 @@ def test_records_already_on_disk_read_as_the_nearest_bound(old_store):
     with open_store(old_store) as store:
         rows = store.lookup("shared").to_pylist()
         assert [(r["offset"], r["timestamp"]) for r in rows] == [
-            (3, FIRST_MS), (0, datetime.fromtimestamp(NOW / 1000, timezone.utc)),
-            (2, datetime.fromtimestamp((NOW + 1) / 1000, timezone.utc)),
-            (4, datetime.fromtimestamp((NOW + 2) / 1000, timezone.utc)), (1, LAST_MS)]
+            (3, FIRST_MS), (0, datetime.fromtimestamp(NOW / 1000, UTC)),
+            (2, datetime.fromtimestamp((NOW + 1) / 1000, UTC)),
+            (4, datetime.fromtimestamp((NOW + 2) / 1000, UTC)), (1, LAST_MS)]
         assert sorted(r["offset"] for b in store.scan() for r in b.to_pylist()) == [0, 1, 2, 3, 4]
         assert store.lookup("own1").num_rows == 1  # its own key too
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import zlib
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ def make_v1_store(root: Path, batches: list[list[MessageRecord]]) -> None:
     """A store as the format-1 code left it: hash index files and checkpoint as the writer makes
     them (they did not change), the log rewritten by the old per-record writer, manifest 1."""
     with open_store(root, create=True, settings=SETTINGS) as store, store.writer("b1") as writer:
-        for batch_id, batch in enumerate(batches):
+        for batch in batches:
             writer.append(batch)
     shard = root / "broker=b1"
     for path in (shard / "log").iterdir():

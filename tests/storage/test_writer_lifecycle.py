@@ -90,7 +90,7 @@ def test_unchanged_shard_takes_the_fast_path_and_locking_is_required(tmp_path):
                 outcomes.append(writer.last_revalidation)
                 writer.append(batch)
         assert outcomes == [REVALIDATION_RECOVERED] + [REVALIDATION_UNCHANGED] * 3
-        with store.writer(BROKER) as other:  # a tool opens and closes the shard meanwhile (trims files)
+        with store.writer(BROKER):  # a tool opens and closes the shard meanwhile (trims files)
             pass
         with writer.locked(5):
             assert writer.last_revalidation != REVALIDATION_UNCHANGED  # its view is stale: never written through

@@ -11,7 +11,12 @@ import argparse
 import sys
 
 from msgindex.kafka.broker import (
-    CONTROLLER_PORT_ENV, DATA_DIR_ENV, DEFAULT_CONTROLLER_PORT, DEFAULT_PORT, PORT_ENV, LocalBroker,
+    CONTROLLER_PORT_ENV,
+    DATA_DIR_ENV,
+    DEFAULT_CONTROLLER_PORT,
+    DEFAULT_PORT,
+    PORT_ENV,
+    LocalBroker,
     broker_jars,
 )
 

@@ -31,9 +31,10 @@ From SQL, register the result as a temporary view (see the README, "Bulk lookups
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -99,7 +100,7 @@ class BulkLookup:
 
 
 def lookup_keys(
-    keys_df: "DataFrame",
+    keys_df: DataFrame,
     path: str,
     key_col: str = "key",
     *,
@@ -108,7 +109,7 @@ def lookup_keys(
     end: int | str | datetime | None = None,
     brokers: str | Iterable[str] | None = None,
     num_partitions: int | None = None,
-) -> "DataFrame":
+) -> DataFrame:
     """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
     DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
 
@@ -173,7 +174,7 @@ def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:
     return unique.to_pylist()
 
 
-def _key_column(keys_df: "DataFrame", key_col: str):
+def _key_column(keys_df: DataFrame, key_col: str):
     from pyspark.sql import functions as F
 
     if not isinstance(key_col, str):

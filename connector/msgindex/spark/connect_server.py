@@ -27,8 +27,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from msgindex.errors import ConnectServerError
 
@@ -131,7 +131,7 @@ class LocalConnectServer:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
 
-    def __enter__(self) -> "LocalConnectServer":
+    def __enter__(self) -> LocalConnectServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -42,8 +42,9 @@ or use the options, which are part of the relation and never stale.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,7 +137,7 @@ class MsgIndexPushdownDataSource(MsgIndexDataSource):
         return PushdownMsgIndexReader(self.parsed)
 
 
-def enable_pushdown(spark: "SparkSession") -> None:
+def enable_pushdown(spark: SparkSession) -> None:
     """Make ``where`` filters on ``key``, ``topic``, ``broker``, ``partition`` and ``timestamp``
     use the index in this SparkSession (classic or Spark Connect): turns Spark's Python data
     source filter pushdown on and registers ``MsgIndexPushdownDataSource`` as ``msgindex``.

@@ -49,7 +49,7 @@ class PartitionBrokerMap:
         """A copy of every recorded assignment."""
         return dict(self._brokers)
 
-    def missing(self, partitions: "set[tuple[str, int]] | list[tuple[str, int]]") -> set[tuple[str, int]]:
+    def missing(self, partitions: set[tuple[str, int]] | list[tuple[str, int]]) -> set[tuple[str, int]]:
         """The given partitions that have no recorded broker yet."""
         return {tp for tp in partitions if tp not in self._brokers}
 

@@ -80,7 +80,8 @@ def _value_text(raw: bytes | None) -> str | None:
 
 
 def _lines(batch_id: int, table: pa.Table, reasons: list[str]) -> Iterator[str]:
-    columns = [table.column(name).to_pylist() for name in (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, RAW_VALUE)]
+    names = (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, RAW_VALUE)
+    columns = [table.column(name).to_pylist() for name in names]
     for (topic, partition, offset, timestamp_ms, raw), reason in zip(zip(*columns), reasons):
         yield json.dumps(
             {
@@ -115,7 +116,8 @@ def write_quarantine(directory: str | os.PathLike[str], batch_id: int, table: pa
                     offsets = sources.offset[part]
                     order = part[np.argsort(offsets, kind="stable")]
                     target = quarantine_file(folder, topic, partition, int(offsets.min()), int(offsets.max()) + 1)
-                    text = "".join(line + "\n" for line in _lines(batch_id, table.take(pa.array(order)), [reasons[i] for i in order.tolist()]))
+                    lines = _lines(batch_id, table.take(pa.array(order)), [reasons[i] for i in order.tolist()])
+                    text = "".join(line + "\n" for line in lines)
                     write_atomically(target, text.encode("utf-8"))
     return QuarantineResult(written=len(fresh), already=len(table) - len(fresh))
 

@@ -18,9 +18,9 @@ Two kinds of path:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -60,7 +60,7 @@ def package_zip() -> Path:
     return target
 
 
-def ship_code(spark: "SparkSession") -> Path:
+def ship_code(spark: SparkSession) -> Path:
     """Make msgindex importable on every executor of `spark` (and return the zip)."""
     path = package_zip()
     spark.sparkContext.addPyFile(str(path))
@@ -78,7 +78,7 @@ def _probe(path: str):
     return probe
 
 
-def check_executors_see_index(spark: "SparkSession", root: str | Path) -> None:
+def check_executors_see_index(spark: SparkSession, root: str | Path) -> None:
     """Fail with one line naming the first executor host that does not see `<root>/msgindex.json`."""
     context = spark.sparkContext
     tasks = max(context.defaultParallelism, 1) * PROBES_PER_CORE

@@ -31,7 +31,7 @@ CHECK_TIMEOUT_S = 60
 _PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('msgindex') else 3)"
 
 
-def check_worker_python(spark: "SparkSession") -> None:
+def check_worker_python(spark: SparkSession) -> None:
     """Raise WorkerPythonError when this local session's Python workers cannot import msgindex.
     Nothing is checked over Spark Connect (the server's workers) or for a cluster master."""
     if type(spark).__module__.startswith("pyspark.sql.connect"):

@@ -58,7 +58,10 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)  # e.g. disk full: leave no half-written temporary behind
-        raise storage_full(error, path, "replacing it (its previous version is intact)") or error
+        full = storage_full(error, path, "replacing it (its previous version is intact)")
+        if full is None:
+            raise
+        raise full from error
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -57,9 +57,8 @@ import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidArgumentError
 from msgindex.storage.durable import write_atomically
-from msgindex.storage.mapped_file import map_file
 from msgindex.storage.int_limits import INT32_MAX, INT32_MIN
-
+from msgindex.storage.mapped_file import map_file
 
 
 class IndexFile(Protocol):

@@ -30,7 +30,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,9 +40,9 @@ import pyarrow as pa
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
 from msgindex.storage import hash_run
 from msgindex.storage.hash_run import HashRun, RunSet
+from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
-from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 
 HEADER_SIZE = 40
 HEADER_STRUCT = struct.Struct(">qqqqii")  # the six IndexHeader fields, in file order
@@ -145,7 +145,7 @@ def index_file_name(timestamp_ms: int, *, utc: bool = False) -> str:
     """RocketMQ's index file name for a creation time: ``yyyyMMddHHmmssSSS`` (the broker uses local
     time; pass ``utc=True`` for machine-independent names)."""
     seconds, millis = divmod(int(timestamp_ms), 1000)
-    moment = datetime.fromtimestamp(seconds, timezone.utc) if utc else datetime.fromtimestamp(seconds)
+    moment = datetime.fromtimestamp(seconds, UTC) if utc else datetime.fromtimestamp(seconds)
     return f"{moment.strftime(NAME_FORMAT)}{millis:03d}"
 
 
@@ -158,7 +158,7 @@ def parse_index_file_name(name: str, *, utc: bool = False) -> int | None:
     except ValueError:
         return None
     if utc:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp()) * 1000 + int(name[-3:])
 
 

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import InvalidAppendError
-from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, encode_text
 from msgindex.storage.int_limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, encode_text
 
 INT32 = (INT32_MIN, INT32_MAX)
 INT64 = (INT64_MIN, INT64_MAX)

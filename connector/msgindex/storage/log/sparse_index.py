@@ -33,8 +33,8 @@ from msgindex.errors import (
     InvalidOptionError,
     OutOfRangeError,
 )
-from msgindex.storage.mapped_file import map_file, storage_full
 from msgindex.storage.int_limits import INT32_MAX
+from msgindex.storage.mapped_file import map_file, storage_full
 
 # Kafka's lookups search the last 8 KiB of entries first ("warm section", KAFKA-6432): appends and
 # almost all lookups hit the end of the index, so a plain binary search over the whole file would
@@ -97,7 +97,10 @@ class SparseIndex:
                 with open(index.path, "xb") as f:
                     f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
             except OSError as error:
-                raise storage_full(error, index.path, "creating it") or error
+                full = storage_full(error, index.path, "creating it")
+                if full is None:
+                    raise
+                raise full from error
             entries = 0
         index._map()
         if index._length % cls.ENTRY.size:

@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.int_limits import INT32_MAX, INT32_MIN
+from msgindex.storage.log.columns import LogColumns
 
 RECORD_MAGIC = 1
 ATTR_HAS_KEY = 0x01

@@ -179,7 +179,8 @@ class RocketMQBrokerStore:
             header = index.header
             if header.index_count <= FIRST_INDEX:
                 continue
-            if (begin_ms is not None and header.end_timestamp < begin_ms) or (end_ms is not None and header.begin_timestamp > end_ms):
+            if (begin_ms is not None and header.end_timestamp < begin_ms) or (
+                    end_ms is not None and header.begin_timestamp > end_ms):
                 continue  # every message of this file was stored outside the window
             who, entry, phy, approx = _walk_chains(index, hashes)
             keep = np.ones(who.size, dtype=bool)

@@ -50,10 +50,10 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
