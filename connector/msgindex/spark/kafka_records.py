@@ -1,7 +1,8 @@
 """Input shape ``records``: the indexed topics' own Kafka records.
 
 A record is indexed under its key, every non-empty space-separated token of its ``KEYS``
-header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key once. Null and
+header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key once: the one rule
+of ``storage.rocketmq.message_keys``, applied to the decoded header values. Null and
 empty keys are not indexed (the record is still logged and counted as unkeyed). Key bytes that
 are not UTF-8 are indexed as ``message.decode_key_bytes(raw)``: query them by passing the raw
 ``bytes`` to ``Store.lookup``. Payloads are never read.
@@ -16,11 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
+from msgindex.storage.rocketmq.message_keys import message_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-KEY_SEPARATOR = " "
 KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 
@@ -50,13 +51,9 @@ def _decode(raw: bytes) -> str:
 
 
 def _record_keys(key: str | None, keys_headers: list | None, uniq_headers: list | None) -> tuple[str, ...]:
-    keys: list[str] = [key] if key else []
-    tokens = [token for raw in keys_headers or () if raw is not None for token in _decode(raw).split(KEY_SEPARATOR)]
-    tokens += [_decode(raw) for raw in uniq_headers or () if raw is not None]
-    for token in tokens:
-        if token and token not in keys:
-            keys.append(token)
-    return tuple(keys)
+    """A record's keys from its decoded key and raw header values (null header values carry none)."""
+    return message_keys(key, (_decode(raw) for raw in keys_headers or () if raw is not None),
+                        (_decode(raw) for raw in uniq_headers or () if raw is not None))
 
 
 def records_to_append(table: pa.Table) -> tuple[pa.Table | list[MessageRecord], int]:

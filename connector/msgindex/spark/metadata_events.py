@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from msgindex.spark.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+from msgindex.storage.rocketmq.message_keys import KEY_SEPARATOR  # RocketMQ's KEYS rule: split on U+0020 only
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -37,7 +38,6 @@ KEYS = "keys"
 UNIQ_KEY = "uniqKey"
 COMMIT_LOG_OFFSET = "commitLogOffset"
 MSG_SIZE = "msgSize"
-KEY_SEPARATOR = " "  # RocketMQ's KEYS property separator
 
 _CORRUPT = "_corrupt_record"
 # queueId/msgSize are read as int64 and range-checked so that "out of range" is its own reason.
