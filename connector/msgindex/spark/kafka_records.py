@@ -5,7 +5,9 @@ header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key o
 of ``storage.rocketmq.message_keys``, applied to the decoded header values. Null and
 empty keys are not indexed (the record is still logged and counted as unkeyed). Key bytes that
 are not UTF-8 are indexed as ``message.decode_key_bytes(raw)``: query them by passing the raw
-``bytes`` to ``Store.lookup``. Payloads are never read.
+``bytes`` to ``Store.lookup``. Payloads are never read, except for a record set aside: one whose
+timestamp breaks the one timestamp rule (timestamp_rule.py) goes to the quarantine with its value
+and the reason, exactly once by its offset, as malformed metadata events do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msgindex.spark.quarantine import RAW_VALUE, REASON
+from msgindex.spark.timestamp_rule import timestamp_reason
 from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
 from msgindex.storage.rocketmq.message_keys import message_keys
 
@@ -27,19 +31,24 @@ KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 def project_records(kafka_df: "DataFrame", broker: "Column") -> "DataFrame":
     """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
-    `broker` as the shard column; header values travel as bytes, decoded on the executor."""
+    `broker` as the shard column; header values travel as bytes, decoded on the executor. A
+    record whose timestamp breaks the rule gets a ``reason`` and (only then) its value."""
     from pyspark.sql import functions as F
 
     def header_values(name: str) -> "Column":
         return F.transform(F.filter("headers", lambda h: h["key"] == F.lit(name)), lambda h: h["value"])
 
+    timestamp_ms = F.expr("unix_millis(timestamp)")
+    reason = timestamp_reason(timestamp_ms)
     return kafka_df.select(
         broker.alias("broker"),
         "topic", "partition", "offset",
-        F.expr("unix_millis(timestamp)").alias("timestamp_ms"),
+        timestamp_ms.alias("timestamp_ms"),
         F.col("key").alias(KEY_RAW),
         header_values(KEYS_PROPERTY).alias(KEYS_HEADERS),
         header_values(UNIQ_KEY_PROPERTY).alias(UNIQ_HEADERS),
+        reason.alias(REASON),
+        F.when(reason.isNotNull(), F.col("value")).alias(RAW_VALUE),
     )
 
 
