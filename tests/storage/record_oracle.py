@@ -11,11 +11,13 @@ import zlib
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from msgindex.storage.message import MessageRecord
 
-HEADER = struct.Struct("<4sIIBBHqiIqqII")
+HEADER = struct.Struct("<4sIIBBHqiIqqIIII")
+BLOCK_ENTRY = struct.Struct("<IIII")
+BLOCK_HEADER = struct.Struct("<III9B3x9q")
+COLUMNS = ("flags", "topic", "partition", "offset", "timestamp", "commit_log_offset", "size", "text_end")
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
 NO_TIMESTAMP = -1
@@ -26,32 +28,79 @@ def wrap64(value: int) -> int:
     return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
+def text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def read_block(raw: bytes, topics: list[str]) -> list[MessageRecord]:
+    """The records of one decompressed block, one field of one record at a time."""
+    fields = BLOCK_HEADER.unpack_from(raw, 0)
+    count, texts, heap_bytes = fields[:3]
+    widths = dict(zip((*COLUMNS, "byte_end"), fields[3:12]))
+    bases = dict(zip((*COLUMNS, "byte_end"), fields[12:21]))
+    at = BLOCK_HEADER.size
+
+    def values(name: str, n: int) -> list[int]:
+        """A column of n values: `width` byte planes (plane i: byte i of every value, little endian)."""
+        nonlocal at
+        width, out = widths[name], []
+        for i in range(n):
+            delta = bytes(raw[at + plane * n + i] for plane in range(width))
+            out.append(wrap64(bases[name] + int.from_bytes(delta, "little", signed=width == 8)))
+        at += width * n
+        return out
+
+    column = {name: values(name, count) for name in COLUMNS}
+    byte_ends = values("byte_end", texts)
+    heap = raw[at : at + heap_bytes]
+    assert at + heap_bytes == len(raw) and (byte_ends[-1] if texts else 0) == heap_bytes
+    items = [text(heap[start:end]) for start, end in zip([0, *byte_ends], byte_ends)]
+    records = []
+    for i in range(count):
+        flags, start, end = column["flags"][i], column["text_end"][i - 1] if i else 0, column["text_end"][i]
+        key = items[start] if flags & 1 else None
+        rest = tuple(items[start + (flags & 1) : end])
+        records.append(MessageRecord(
+            topics[column["topic"][i]], column["partition"][i], column["offset"][i], column["timestamp"][i], key,
+            ((key,) + rest) if flags & 2 else rest, column["commit_log_offset"][i], column["size"][i],
+        ))
+    assert (column["text_end"][-1] if count else 0) == texts
+    return records
+
+
 def read_batches(data: bytes) -> list[dict]:
     """Every batch of a segment's bytes: header fields, annotation and records (MessageRecords)."""
     batches, position = [], 0
     while position < len(data):
-        (magic, crc, length, version, attributes, _reserved, base_seq, count, annotation_length,
-         low, high, body_length, raw_length) = HEADER.unpack_from(data, position)
-        assert magic == b"MXB2" and version == 2, position
-        assert length == HEADER.size + annotation_length + body_length
-        assert zlib.crc32(data[position + 8 : position + length]) == crc
-        annotation = data[position + HEADER.size : position + HEADER.size + annotation_length]
-        body = data[position + HEADER.size + annotation_length : position + length]
-        raw = pa.decompress(body, raw_length, "zstd") if attributes & 1 else body
-        stored = ipc.open_stream(pa.py_buffer(raw)).read_all().to_pylist()
-        metadata = ipc.open_stream(pa.py_buffer(raw)).schema.metadata
-        base = {name: int(metadata[name.encode()]) for name in ("partition", "offset", "commit_log_offset", "size")}
-        base["timestamp"] = low
+        (magic, head_crc, length, version, codec, block_count, base_seq, count, annotation_length, low, high,
+         body_length, raw_length, annotation_crc, topics_length) = HEADER.unpack_from(data, position)
+        assert magic == b"MXB2" and version == 2 and codec == 1, position
+        head_length = HEADER.size + BLOCK_ENTRY.size * block_count + topics_length
+        assert length == head_length + annotation_length + body_length
+        assert zlib.crc32(data[position + 8 : position + head_length]) == head_crc
+        at = position + HEADER.size
+        blocks = [BLOCK_ENTRY.unpack_from(data, at + BLOCK_ENTRY.size * i) for i in range(block_count)]
+        at += BLOCK_ENTRY.size * block_count
+        (topic_count,) = struct.unpack_from("<I", data, at)
+        at += 4
+        topics = []
+        for _ in range(topic_count):
+            (topic_length,) = struct.unpack_from("<H", data, at)
+            topics.append(text(data[at + 2 : at + 2 + topic_length]))
+            at += 2 + topic_length
+        assert at == position + head_length
+        annotation = data[at : at + annotation_length]
+        assert zlib.crc32(annotation) == annotation_crc
+        at += annotation_length
         records = []
-        for row in stored:
-            text = lambda raw_text: raw_text.decode("utf-8", "surrogatepass")  # noqa: E731
-            key = None if row["key"] is None else text(row["key"])
-            rest = tuple(text(k) for k in row["keys_rest"])
-            value = {name: wrap64(row[name] + base[name]) for name in base}  # deltas from the batch minimum
-            records.append(MessageRecord(
-                text(row["topic"]), value["partition"], value["offset"], value["timestamp"],
-                key, ((key,) + rest) if row["keys_lead"] else rest, value["commit_log_offset"], value["size"],
-            ))
+        for block_records, block_length, block_raw_length, crc in blocks:
+            compressed = data[at : at + block_length]
+            assert zlib.crc32(compressed) == crc
+            block = read_block(pa.Codec("lz4_raw").decompress(compressed, block_raw_length, asbytes=True), topics)
+            assert len(block) == block_records
+            records += block
+            at += block_length
+        assert at == position + length and sum(b[2] for b in blocks) == raw_length
         assert len(records) == count and min(r.timestamp_ms for r in records) == low
         assert max(r.timestamp_ms for r in records) == high
         batches.append({"position": position, "length": length, "base_seq": base_seq, "count": count,

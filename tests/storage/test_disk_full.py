@@ -87,7 +87,9 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
     full = _write(root, 2, 40)  # runs out of space somewhere: a log write or a new index file
     assert full.returncode == 3, f"expected a clean error, got status {full.returncode}: {full.stderr[-2000:]}"
     error = full.stdout.splitlines()[-1]
-    assert str(root) in error and ("space" in error.lower() or "short write" in error), error
+    # whichever write met the full disk (a log segment, a new index file, a checkpoint), the error
+    # is StorageFullError naming that file under the store
+    assert error.startswith(f"error StorageFullError: {root}/") and "no space left" in error, error
     committed = [0, 1] + _committed(full.stdout)
 
     # reopening the writer while the disk is still full: an error or a clean rollback, never SIGBUS
@@ -106,3 +108,33 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
             assert store.lookup(f"k{batch}-7").num_rows == 1, f"batch {batch} lost"
         assert sum(b.num_rows for b in store.scan()) == 500 * len(committed)
     assert shard_files(root / "broker=b")  # still a shard
+
+
+@pytest.mark.parametrize("failure", ["enospc", "short"])
+def test_a_log_write_on_a_full_disk_is_storage_full_naming_the_segment(tmp_path, monkeypatch, failure):
+    """The log's own write path, where the tmpfs test may not land: pwrite failing with ENOSPC,
+    or writing short, is StorageFullError naming the segment, and the commit before survives."""
+    import errno
+
+    from msgindex.errors import StorageFullError
+    from msgindex.storage.message import MessageRecord
+    from msgindex.storage.settings import StoreSettings
+
+    records = [MessageRecord("t", 0, i, 1_700_000_000_000 + i, f"k{i}", (f"k{i}",)) for i in range(20)]
+    with open_store(tmp_path / "s", create=True, settings=StoreSettings(**SETTINGS)) as store:
+        with store.writer("b") as writer:
+            writer.append(records[:10])
+            real_pwrite = os.pwrite
+
+            def full_pwrite(fd, data, offset):
+                if failure == "enospc":
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_pwrite(fd, data[: len(data) // 2], offset)
+
+            monkeypatch.setattr(os, "pwrite", full_pwrite)
+            with pytest.raises(StorageFullError, match=r"broker=b/log/00000000000000000000\.log: .*"):
+                writer.append(records[10:])
+            monkeypatch.undo()
+        with store.writer("b") as writer:
+            assert writer.append(records).appended == 10
+        assert sum(b.num_rows for b in store.scan()) == 20

@@ -330,7 +330,7 @@ def test_bad_log_files_give_clear_errors(tmp_path, records):
         open_log(path, writable=False)
 
 
-@pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 60, 90, -1])  # header fields, body
+@pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 58, 62, 70, 82, 120, -1])  # head, blocks
 def test_corrupt_batch_detected_on_read(tmp_path, field):
     records = make_records(120)
     path = tmp_path / "log"
@@ -340,7 +340,8 @@ def test_corrupt_batch_detected_on_read(tmp_path, field):
         victim = log.segments()[0].path
     data = bytearray(victim.read_bytes())
     start = len(encode_records(0, records[:BATCH]))  # the second batch: records 40..79
-    length = len(encode_records(BATCH, records[BATCH : 2 * BATCH]))
+    second = encode_records(BATCH, records[BATCH : 2 * BATCH])
+    length, head_length = len(second), bf.check_head(second, 0, len(second)).header.head_length
     data[start + field % length] ^= 0xFF
     victim.write_bytes(bytes(data))
     with open_log(path, writable=False, committed=committed) as reader:
@@ -348,8 +349,11 @@ def test_corrupt_batch_detected_on_read(tmp_path, field):
             list(reader.scan_range(0, 120, "b"))
         with pytest.raises(CorruptFileError, match=str(victim)):
             reader.read_rows([50], "b")
-        if field % length >= bf.HEADER_SIZE:  # a damaged body harms its batch only
+        with pytest.raises(CorruptFileError, match=str(victim)):
+            reader.read_few([50])
+        if field % length >= head_length:  # a damaged block harms its batch only
             assert reader.read_many([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
+            assert reader.read_few([0, 39, 80, 119]) == [records[i] for i in (0, 39, 80, 119)]
     with pytest.raises(CorruptFileError, match=f"{victim}: invalid batch at byte {start}"):
         open_log(path)  # recovery: a bad batch followed by more batches is not a torn tail
 
@@ -489,3 +493,40 @@ def test_log_matches_a_list_model(tmp_path_factory, ops, seed):
             assert reader.read_many(range(committed_count)) == records[:committed_count]
     finally:
         log.close()
+
+
+def test_readers_of_later_commits_reuse_walked_heads_but_not_a_rewritten_file(tmp_path):
+    records = make_records(900, seed=4)
+    path = tmp_path / "log"
+    with open_log(path, segment_bytes=1 << 20) as writer:
+        writer.append(records[:500])
+        writer.flush()
+        first = writer.position()
+        with open_log(path, writable=False, committed=first) as reader:
+            assert reader.read_many([0, 499]) == [records[0], records[499]]  # walks the heads: remembered
+        writer.append(records[500:])
+        writer.flush()
+        second = writer.position()
+    with open_log(path, writable=False, committed=second) as reader:
+        segment = reader.segment(0)
+        calls = []
+        check = segment._check_at
+        segment._check_at = lambda *args: calls.append(args) or check(*args)
+        assert reader.read_many(range(900)) == records
+        # one check of the last remembered head, then only the heads written since
+        assert len(calls) == 1 + -(-400 // BATCH)
+    # the same file (path and inode) rewritten with other records
+    other = make_records(900, seed=5)
+    with open_log(tmp_path / "other", segment_bytes=1 << 20) as log:
+        log.append(other)
+        log.flush()
+        rewritten = log.position()
+    victim = path / "00000000000000000000.log"
+    inode = victim.stat().st_ino
+    victim.write_bytes((tmp_path / "other" / "00000000000000000000.log").read_bytes())
+    assert victim.stat().st_ino == inode
+    for suffix in (".index", ".timeindex"):
+        (path / f"00000000000000000000{suffix}").write_bytes(
+            (tmp_path / "other" / f"00000000000000000000{suffix}").read_bytes())
+    with open_log(path, writable=False, committed=rewritten) as reader:
+        assert reader.read_many(range(900)) == other

@@ -382,15 +382,33 @@ def test_wrong_size_index_file_is_named(store):
         store.reader("b")
 
 
-def test_garbage_in_a_fresh_broker_dir_is_cleared(store):
+def test_files_without_a_checkpoint_are_refused_not_wiped(store):
+    """No checkpoint but log bytes or hash index files: a lost checkpoint, not a torn first
+    batch (a shard commits an empty checkpoint before its first append), so readers and writers
+    refuse and delete nothing (issue 10, F4)."""
     shard = store.root / "broker=g"
     (shard / "index").mkdir(parents=True)
     (shard / "index" / "20240101000000000").write_bytes(b"\xff" * 1000)
     (shard / "log").mkdir()
     (shard / "log" / "00000000000000000000.log").write_bytes(b"\x00garbage")
-    with store.reader("g") as reader:  # nothing was ever committed
+    before = sorted((p.relative_to(shard), p.read_bytes()) for p in shard.rglob("*") if p.is_file())
+    with pytest.raises(CorruptFileError, match="msgindex repair"):
+        store.reader("g")
+    with pytest.raises(CorruptFileError, match="msgindex repair"):
+        store.writer("g")
+    after = sorted((p.relative_to(shard), p.read_bytes()) for p in shard.rglob("*") if p.is_file() and p.name != "lock")
+    assert after == before
+
+
+def test_a_shard_whose_creation_died_starts_empty(store):
+    """Empty files and no checkpoint: a writer died creating the shard; nothing was committed."""
+    shard = store.root / "broker=g"
+    (shard / "index").mkdir(parents=True)
+    (shard / "log").mkdir()
+    (shard / "log" / "00000000000000000000.log").write_bytes(b"")
+    with store.reader("g") as reader:
         assert reader.record_count == 0 and reader.lookup("a").num_rows == 0
-    with store.writer("g") as writer:  # a first batch that never committed: wiped
+    with store.writer("g") as writer:
         writer.append([rec(0, ["a"])])
     with store.reader("g") as reader:
         assert reader.lookup("a").num_rows == 1

@@ -128,3 +128,25 @@ def test_create_under_a_regular_file_is_a_clear_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(StoreNotFoundError, match="file/store.*cannot create"):
         open_store(tmp_path / "file" / "store", create=True)
+
+
+def test_listing_kept_while_the_root_is_unchanged_sees_new_and_removed_shards(tmp_path, monkeypatch):
+    from msgindex.storage import store as store_module
+
+    monkeypatch.setattr(store_module, "LISTING_SETTLED_NS", 0)  # keep every listing at once
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        with store.writer("a") as writer:
+            writer.append([MessageRecord("t", 0, 0, BASE, "k", ("k",))])
+        assert store.brokers() == ["a"] and store._listed is not None
+        assert store.lookup("k").num_rows == 1
+        with store.writer("b") as writer:  # a new shard directory changes the root's mtime
+            writer.append([MessageRecord("t", 0, 1, BASE, "k", ("k",))])
+        assert store.brokers() == ["a", "b"] and store.lookup("k").num_rows == 2
+        (tmp_path / "s" / "broker=b").rename(tmp_path / "elsewhere")
+        with pytest.raises(CorruptFileError, match="broker=b: shard directory missing"):
+            store.brokers()  # the manifest lists it: a removal is seen, and is an error
+        (tmp_path / "elsewhere").rename(tmp_path / "s" / "broker=b")
+        assert store.brokers() == ["a", "b"]
+    monkeypatch.setattr(store_module, "LISTING_SETTLED_NS", 10**18)  # a root changed just now: never kept
+    with open_store(tmp_path / "s") as store:
+        assert store.brokers() == ["a", "b"] and store._listed is None

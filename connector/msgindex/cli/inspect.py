@@ -1,8 +1,10 @@
-"""`msgindex inspect PATH`: summarise an index file, a log segment, a shard or a whole store."""
+"""`msgindex inspect PATH`: summarise any file, shard or store of msgindex (or a RocketMQ index file)
+and verify it: every problem found is one line on stderr, and the exit code is then 2."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -10,9 +12,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inspect",
         help="show what is in an index file, log segment, shard or store",
         description=(
-            "Summarise PATH: a store (per-shard summaries), a shard directory (broker=<name>), a "
-            "metadata-log segment (.log/.index/.timeindex) or a RocketMQ index file (header, counts, "
-            "time range, slot fill, hash-chain lengths)."
+            "Summarise PATH: a store (per-shard summaries), a shard directory (broker=<name>), any file "
+            "of a store (manifest, checkpoint, log segment and its .index/.timeindex/.summary, hash "
+            "index file, hash run, lock and job files) or a RocketMQ index file (header, counts, time "
+            "range, slot fill, hash-chain lengths). Stores, shards and their files are verified against "
+            "each other (every committed hash index entry against the log): each problem is printed as "
+            "one line on stderr and the exit code is 2."
         ),
     )
     parser.add_argument("path", metavar="PATH", help="index file, log segment, shard directory or store root")
@@ -29,12 +34,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="entry capacity of an index file outside a store (default: RocketMQ's 20000000)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the deep verification (every hash index entry against the log): only the "
+                             "checks every reader makes when it opens a shard")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from msgindex.storage.inspect import format_json, format_report, inspect_path
+    """Print the summary; with problems, print them instead (one line each on stderr) and exit 2."""
+    from msgindex.storage.inspect import format_json, format_report, inspect_path, problems_of
 
-    report = inspect_path(args.path, hash_slot_num=args.hash_slots, index_num=args.index_num)
+    report = inspect_path(args.path, hash_slot_num=args.hash_slots, index_num=args.index_num, verify=not args.quick)
+    problems = problems_of(report)
+    if problems:
+        for problem in problems:
+            print(f"msgindex inspect: {problem}", file=sys.stderr)
+        return 2
     print(format_json(report) if args.json else format_report(report))
     return 0

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     begin = parse_time_ms("--begin", args.begin) if args.begin is not None else None
     end = parse_time_ms("--end", args.end) if args.end is not None else None
+    if begin is not None and end is not None and begin > end:
+        raise InvalidOptionError(f"--begin {args.begin} is after --end {args.end}: the window holds no time "
+                                 f"(both bounds are inclusive)")
     if args.max is not None and args.max <= 0:
         raise InvalidOptionError(f"--max {args.max}: must be a positive number")
     if args.mode == MODE_ROCKETMQ:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.mapped_file import storage_full
 
 TMP_SUFFIX = ".tmp"
 FORMAT_FIELD = "format"
@@ -55,8 +56,11 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as error:
         tmp.unlink(missing_ok=True)  # e.g. disk full: leave no half-written temporary behind
+        raise storage_full(error, path, "replacing it (its previous version is intact)") or error
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
 

@@ -130,7 +130,7 @@ def time_diff_seconds(store_timestamp: int, begin_timestamp: int) -> int:
     return min(max(diff, 0), INT32_MAX)
 
 
-def _time_diffs(store_timestamps: np.ndarray, begin_timestamp: int) -> np.ndarray:
+def time_diffs_seconds(store_timestamps: np.ndarray, begin_timestamp: int) -> np.ndarray:
     """Vectorized ``time_diff_seconds`` for one begin time (int64 in, int32 out)."""
     if begin_timestamp <= 0:
         return np.zeros(store_timestamps.size, dtype=np.int32)
@@ -328,9 +328,9 @@ class IndexFile:
         slots = hashes % np.int32(self.hash_slot_num)  # hashes are >= 0
         prevs, chain_heads = self._resolve_prevs(slots, count)
         first = count <= FIRST_INDEX
-        diffs = _time_diffs(stamps, h.begin_timestamp)
+        diffs = time_diffs_seconds(stamps, h.begin_timestamp)
         if first and n > 1:  # after the first put, the begin time is the first put's timestamp
-            diffs[1:] = _time_diffs(stamps[1:], int(stamps[0]))
+            diffs[1:] = time_diffs_seconds(stamps[1:], int(stamps[0]))
         block = self._entries[count : count + n]  # written in place: no 20-byte-row temporary
         block["key_hash"] = hashes
         block["phy_offset"] = offsets

@@ -1,9 +1,18 @@
-"""What is in a msgindex file, shard or store: the operator's tool (like Kafka's DumpLogSegments).
+"""What is in a msgindex file, shard or store, and what is wrong with it: the operator's tool (like
+Kafka's DumpLogSegments).
 
-`inspect_path(path)` recognises a store (has msgindex.json), a shard (a ``broker=<name>``
-directory or one holding a checkpoint), a metadata-log segment (``.log``; its ``.index`` /
-``.timeindex`` lead to it) and otherwise treats the file as a RocketMQ index file. It returns a
-JSON-able dict; `format_report` renders it for people.
+`inspect_path(path)` recognises every file and directory of a store (``FILE_KINDS`` says what
+each is): the store root (has msgindex.json), its manifest and lock, a shard (a ``broker=<name>``
+directory or one holding a checkpoint), a shard's checkpoint, lock and interrupted-commit
+leftovers, its ``log/`` and ``index/`` directories, a metadata-log segment (``.log``; its
+``.index`` / ``.timeindex`` / ``.summary`` lead to it), a hash index file and its hash runs, and
+the indexing job's own files; any other file outside a store is read as a RocketMQ index file. It
+returns a JSON-able dict; `format_report` renders it for people.
+
+Stores and shards (and files inside them) are verified as deeply as ``verify.verify_shard``
+goes, unless ``verify=False``: every problem found is listed under ``"problems"`` (the CLI prints
+one line per problem and exits 2). A shard that cannot even be opened is one problem, and the
+other shards are still inspected.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
+from msgindex.storage import hash_run
+from msgindex.storage.checkpoint import CHECKPOINT_FILE
+from msgindex.storage.durable import is_temporary
 from msgindex.storage.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
@@ -26,39 +37,215 @@ from msgindex.storage.index_file import (
     TIME_DIFF_UNIT_MS,
     IndexFile,
     check_sizing,
+    parse_index_file_name,
 )
 from msgindex.storage.log.batch_format import BATCH_VERSION
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
-from msgindex.storage.shard import INDEX_DIR, LOG_DIR, SHARD_DIR_PREFIX, ShardReader, open_log
+from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
+from msgindex.storage.log.segment_summary import SegmentSummary
+from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
+from msgindex.storage.shard import (
+    INDEX_DIR,
+    LOCK_FILE,
+    LOG_DIR,
+    SHARD_DIR_PREFIX,
+    ShardReader,
+    open_log,
+    read_committed,
+)
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.store import MANIFEST_FILE, open_store
+from msgindex.storage.verify import Problem, verify_shard
 
-LOG_SUFFIX = ".log"
-SPARSE_INDEX_SUFFIXES = (".index", ".timeindex")
+SPARSE_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+# Every file and directory a store holds, by name, with what it is and whether it may be deleted
+# (README "How it stores" says the same for operators). The indexing job's own files are named
+# here without importing the job's code (storage imports nothing above it).
+FILE_KINDS = {
+    MANIFEST_FILE: "store manifest: format version, settings and the list of shards (never delete)",
+    MANIFEST_LOCK: "lock file: held while a writer adds its shard to the manifest (holds no data)",
+    CHECKPOINT_FILE: "shard checkpoint: the commit point; what is committed and which source offsets the shard "
+                     "holds (never delete; `msgindex repair` rebuilds a lost one from the shard's files)",
+    LOCK_FILE: "shard writer lock file: flock'ed by the shard's one writer (holds no data)",
+    "pipeline.lock": "indexing job's lock: held by the driver of the job writing this index (holds no data)",
+    "pipeline-owner.json": "indexing job's owner note: host, pid and query of the job holding pipeline.lock "
+                           "(informational)",
+    "partition-brokers.json": "indexing job's partition-to-shard map: which shard each Kafka partition goes to "
+                              "(never delete while the job runs: a replay must write the same shard)",
+    "_batches.jsonl": "indexing job's per-batch counts, one JSON line per micro-batch (informational)",
+    "_quarantine": "indexing job's quarantine: input records set aside with their reasons (JSON lines)",
+}
 # chain-length histogram buckets (upper bounds, inclusive); the last bucket is open-ended
 CHAIN_BUCKETS = (1, 2, 3, 4, 8, 16, 64)
 LISTED_ENTRIES = 40  # sparse index entries shown per index of a segment
 
 
-def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, index_num: int | None = None) -> dict[str, Any]:
-    """A summary of whatever `path` is (see the module docstring)."""
+def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, index_num: int | None = None,
+                 verify: bool = True) -> dict[str, Any]:
+    """A summary of whatever `path` is (see the module docstring), with its problems."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise InvalidOptionError(f"{path}: no such file or directory")
+    name = path.name
     if path.is_dir():
-        if (path / MANIFEST_FILE).is_file():
-            return inspect_store(path)
-        if path.name.startswith(SHARD_DIR_PREFIX) or (path / CHECKPOINT_FILE).is_file():
-            return inspect_shard(path, _settings_near(path))
+        if (path / MANIFEST_FILE).exists():
+            return inspect_store(path, verify=verify)
+        if name.startswith(SHARD_DIR_PREFIX) or (path / CHECKPOINT_FILE).exists():
+            return inspect_shard(path, _settings_near(path), verify=verify)
+        if name in (LOG_DIR, INDEX_DIR) and _is_shard(path.parent):
+            return _inspect_shard_part(path, verify)
+        if name in FILE_KINDS:
+            return {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
         raise InvalidOptionError(f"{path}: a directory that is neither a msgindex store nor a shard")
-    if path.suffix == LOG_SUFFIX or path.suffix in SPARSE_INDEX_SUFFIXES:
-        return inspect_segment(path.with_suffix(LOG_SUFFIX), _settings_near(path))
+    in_shard = _shard_of(path)
+    if name in FILE_KINDS and not (name == CHECKPOINT_FILE and in_shard is None):
+        return _inspect_named_file(path, verify)
+    if is_temporary(name):
+        return {"kind": "temporary", "path": str(path),
+                "is": "an interrupted atomic write (temporary file): never real; the next writer removes it"}
+    if path.suffix == LOG_SUFFIX or path.suffix in SPARSE_INDEX_SUFFIXES or path.suffix == SUMMARY_SUFFIX:
+        if parse_segment_name(name) is not None:
+            return inspect_segment(path.with_suffix(LOG_SUFFIX), _settings_near(path), verify=verify, asked=path)
+    if name.endswith(hash_run.SUFFIX) and in_shard is not None:
+        return _inspect_hash_run(path, in_shard, verify)
     settings = _settings_near(path)
+    if in_shard is not None and path.parent.name == INDEX_DIR and parse_index_file_name(name) is not None:
+        return _inspect_index_file_in_shard(path, in_shard, settings, verify)
+    if settings is not None:
+        raise InvalidOptionError(f"{path}: not a file msgindex writes (inside the store {_store_root(path)})")
     if hash_slot_num is None:
-        hash_slot_num = settings.hash_slot_num if settings else DEFAULT_HASH_SLOT_NUM
+        hash_slot_num = DEFAULT_HASH_SLOT_NUM
     if index_num is None:
-        index_num = settings.index_num if settings else DEFAULT_INDEX_NUM
+        index_num = DEFAULT_INDEX_NUM
     return inspect_index_file(path, hash_slot_num=hash_slot_num, index_num=index_num)
+
+
+def _is_shard(directory: Path) -> bool:
+    return directory.name.startswith(SHARD_DIR_PREFIX) or (directory / CHECKPOINT_FILE).exists()
+
+
+def _shard_of(path: Path) -> Path | None:
+    """The shard directory a file of a shard lies in (checkpoint, log/..., index/...), if any."""
+    for parent in (path.parent, path.parent.parent):
+        if _is_shard(parent) and (parent.parent / MANIFEST_FILE).exists():
+            return parent
+    return None
+
+
+def _store_root(path: Path) -> Path | None:
+    for parent in [path, *path.parents][:4]:
+        if (parent / MANIFEST_FILE).is_file():
+            return parent
+    return None
+
+
+def _inspect_named_file(path: Path, verify: bool) -> dict[str, Any]:
+    """A store file known by its name: the manifest and checkpoints are read and validated."""
+    report: dict[str, Any] = {"kind": "file", "path": str(path), "is": FILE_KINDS[path.name]}
+    if path.name == MANIFEST_FILE:
+        manifest = load_manifest(path)
+        report.update(kind="manifest", version=manifest.version, settings=manifest.settings.to_dict(),
+                      shards=None if manifest.shards is None else list(manifest.shards))
+    elif path.name == CHECKPOINT_FILE:
+        shard = path.parent
+        checkpoint = read_committed(shard, _broker_of(shard))
+        report.update(kind="checkpoint", broker=_broker_of(shard), **_checkpoint_summary(checkpoint))
+        if verify:
+            report["problems"] = _shard_problems(shard, _settings_near(shard))
+    return report
+
+
+def _checkpoint_summary(checkpoint) -> dict[str, Any]:
+    return {
+        "records": checkpoint.record_count - checkpoint.log_start_seq,
+        "log_start_seq": checkpoint.log_start_seq,
+        "next_seq": checkpoint.record_count,
+        "log_position": checkpoint.log_position,
+        "topics": list(checkpoint.topics),
+        "source_ranges": None if checkpoint.source_ranges is None else checkpoint.source_ranges.to_json(),
+        "index_files": [{"name": state.name, "entries": state.index_count - FIRST_INDEX,
+                         "time_range": _time_range(state.min_timestamp_ms, state.max_timestamp_ms),
+                         "header": state.header} for state in checkpoint.index_files],
+    }
+
+
+def _broker_of(shard: Path) -> str:
+    return shard.name[len(SHARD_DIR_PREFIX):] if shard.name.startswith(SHARD_DIR_PREFIX) else shard.name
+
+
+def _inspect_shard_part(directory: Path, verify: bool) -> dict[str, Any]:
+    """A shard's log/ or index/ directory: what the shard says about it."""
+    shard = inspect_shard(directory.parent, _settings_near(directory), verify=verify)
+    part = {"kind": f"{directory.name}_directory", "path": str(directory), "shard": shard["path"]}
+    part["is"] = ("the shard's metadata log: segments and their sparse indexes" if directory.name == LOG_DIR
+                  else "the shard's hash index files (RocketMQ IndexFile format) and their hash runs")
+    part.update({key: shard[key] for key in ("segments" if directory.name == LOG_DIR else "index_files",)
+                 if key in shard})
+    if shard.get("problems"):
+        part["problems"] = shard["problems"]
+    return part
+
+
+def _inspect_index_file_in_shard(path: Path, shard: Path, settings: StoreSettings | None,
+                                 verify: bool) -> dict[str, Any]:
+    """A hash index file of a shard: its summary, what the checkpoint committed of it, and its
+    problems (the shard verified, this file's problems kept)."""
+    settings = settings or StoreSettings()
+    report = inspect_index_file(path, hash_slot_num=settings.hash_slot_num, index_num=settings.index_num)
+    checkpoint = read_committed(shard, _broker_of(shard))
+    states = {state.name: state for state in (checkpoint.index_files if checkpoint else ())}
+    state = states.get(path.name)
+    report["committed"] = None if state is None else {"entries": state.index_count - FIRST_INDEX,
+                                                      "header": state.header}
+    if state is None:
+        report["note"] = "not listed by the shard checkpoint: left by a batch that never committed (the next writer removes it)"
+    if verify:
+        report["problems"] = [p for p in _shard_problems(shard, settings) if p.startswith(str(path))]
+    return report
+
+
+def _inspect_hash_run(path: Path, shard: Path, verify: bool) -> dict[str, Any]:
+    """A hash run (derived sidecar of a hash index file)."""
+    report: dict[str, Any] = {"kind": "hash_run", "path": str(path),
+                              "is": "hash run: a derived sidecar of a hash index file that lets lookups of hot keys "
+                                    "skip their chains (safe to delete: lookups then walk or scan)"}
+    try:
+        raw = path.read_bytes()[: hash_run.HEADER_SIZE]
+        fields = hash_run.HEADER_STRUCT.unpack(raw) if len(raw) == hash_run.HEADER_SIZE else None
+    except OSError as error:
+        raise CorruptFileError(f"{path}: cannot read ({error.strerror})") from None
+    if fields is None or fields[0] != hash_run.MAGIC:
+        report["problems"] = [str(Problem(str(path), "not a hash run (bad magic or too short): lookups ignore it",
+                                          harmless=True))]
+        return report
+    report.update(hash_slot_num=fields[2], index_num=fields[3], entries=[fields[4], fields[5]], rows=fields[8])
+    if verify:
+        report["problems"] = [p for p in _shard_problems(shard, _settings_near(shard)) if p.startswith(str(path))]
+    return report
+
+
+def _shard_problems(shard: Path, settings: StoreSettings | None) -> list[str]:
+    """Every problem of the shard (an unopenable shard: that one problem)."""
+    try:
+        with ShardReader(shard, _broker_of(shard), settings or StoreSettings(),
+                         registered=_registered(shard)) as reader:
+            return [str(problem) for problem in verify_shard(reader.checkpoint, reader.log, reader.index_files())]
+    except MsgIndexError as error:
+        return [_first_line(error)]
+
+
+def _registered(shard: Path) -> bool:
+    manifest = shard.parent / MANIFEST_FILE
+    try:
+        shards = load_manifest(manifest).shards if manifest.is_file() else None
+    except MsgIndexError:
+        return False
+    return shards is not None and _broker_of(shard) in shards
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 # --- one RocketMQ index file ---------------------------------------------------------------------
@@ -129,26 +316,46 @@ def _chain_stats(lengths: np.ndarray) -> dict[str, Any]:
 
 
 # --- one metadata-log segment --------------------------------------------------------------------
-def inspect_segment(path: Path, settings: StoreSettings | None) -> dict[str, Any]:
-    """Records, time range and sparse index entries of one metadata-log segment."""
+def inspect_segment(path: Path, settings: StoreSettings | None, *, verify: bool = True,
+                    asked: Path | None = None) -> dict[str, Any]:
+    """Records, time range and sparse index entries of one metadata-log segment (`asked`: the
+    file of it the user named, e.g. its .timeindex, whose problems are the ones kept)."""
     path = Path(path)
+    asked = path if asked is None else Path(asked)
+    if not path.exists():
+        raise CorruptFileError(f"{asked}: its log segment {path.name} does not exist" if asked != path
+                               else f"{path}: no such log segment")
     if not path.is_file():
-        raise InvalidOptionError(f"{path}: no such log segment")
+        raise CorruptFileError(f"{path}: is a directory, not a log segment")
     if path.parent.name != LOG_DIR:
         raise InvalidOptionError(f"{path}: a log segment must sit in a shard's {LOG_DIR}/ directory")
-    log = open_log(path.parent.parent, settings or StoreSettings(), writable=False, committed=_committed(path))
+    shard = path.parent.parent
+    log = open_log(shard, settings or StoreSettings(), writable=False, committed=_committed(path))
     try:
         for info in log.segments():
             if info.path.name == path.name:
-                return {"kind": "log_segment", "path": str(path), **_segment_summary(log, info, entries=True)}
+                report = {"kind": "log_segment", "path": str(path), **_segment_summary(log, info, entries=True)}
+                break
+        else:
+            raise InvalidOptionError(f"{path}: not a committed segment of the log in {path.parent}")
     finally:
         log.close()
-    raise InvalidOptionError(f"{path}: not a committed segment of the log in {path.parent}")
+    if asked.suffix == SUMMARY_SUFFIX:
+        summary = SegmentSummary.read(asked)
+        report["summary"] = None if summary is None else {
+            "base_seq": summary.base_seq, "next_seq": summary.next_seq, "size_bytes": summary.size_bytes,
+            "time_range": _time_range(summary.min_timestamp, summary.max_timestamp)}
+    if verify and (shard / CHECKPOINT_FILE).exists():
+        stem = str(path.with_suffix(""))
+        report["problems"] = [p for p in _shard_problems(shard, settings)
+                              if p.startswith(stem + ".") or str(path.parent) + ":" in p]
+    return report
 
 
 def _committed(segment_path: Path) -> LogPosition | None:
     """The committed log position of the shard a segment belongs to (None: recover from files)."""
-    checkpoint = read_checkpoint(segment_path.parent.parent / CHECKPOINT_FILE)
+    shard = segment_path.parent.parent
+    checkpoint = read_committed(shard, _broker_of(shard))
     if checkpoint is None or checkpoint.log_position is None:
         return None
     return LogPosition.from_dict(checkpoint.log_position)
@@ -195,33 +402,30 @@ def _listed(items: list[Any]) -> list[Any]:
 
 
 # --- a shard and a store -------------------------------------------------------------------------
-def inspect_shard(directory: Path, settings: StoreSettings | None) -> dict[str, Any]:
-    """The committed state of one shard: checkpoint, log segments, index files."""
+def inspect_shard(directory: Path, settings: StoreSettings | None, *, verify: bool = True) -> dict[str, Any]:
+    """The committed state of one shard: checkpoint, log segments, index files, problems."""
     directory = Path(directory)
     settings = settings or StoreSettings()
-    checkpoint = read_checkpoint(directory / CHECKPOINT_FILE)
-    broker = directory.name[len(SHARD_DIR_PREFIX) :] if directory.name.startswith(SHARD_DIR_PREFIX) else directory.name
+    broker = _broker_of(directory)
+    checkpoint = read_committed(directory, broker)
     if checkpoint is None:
-        return {"kind": "shard", "path": str(directory), "broker": broker, "source_ranges": None, "note": "no checkpoint: nothing committed"}
-    with ShardReader(directory, broker, settings) as reader:
+        # a reader says whether that is an empty shard or a lost checkpoint (data or manifest)
+        ShardReader(directory, broker, settings, registered=_registered(directory)).close()
+        return {"kind": "shard", "path": str(directory), "broker": broker, "source_ranges": None,
+                "note": "no checkpoint: nothing committed"}
+    with ShardReader(directory, broker, settings, registered=_registered(directory)) as reader:
         log = reader.log
         segments = [_segment_summary(log, info) for info in log.segments()] if log else []
-    index_files = []
-    for state in checkpoint.index_files:
-        index_files.append(
-            {
-                "name": state.name,
-                "entries": state.index_count - FIRST_INDEX,
-                "time_range": _time_range(state.min_timestamp_ms, state.max_timestamp_ms),
-                "header": state.header,
-            }
-        )
-    return {
+        problems = [str(p) for p in verify_shard(reader.checkpoint, reader.log, reader.index_files())] if verify else []
+    summary = _checkpoint_summary(checkpoint)
+    index_files = [{key: item[key] for key in ("name", "entries", "time_range", "header")}
+                   for item in summary["index_files"]]
+    report = {
         "kind": "shard",
         "path": str(directory),
         "broker": broker,
-        "source_ranges": None if checkpoint.source_ranges is None else checkpoint.source_ranges.to_json(),
-        "records": checkpoint.record_count - checkpoint.log_start_seq,
+        "source_ranges": summary["source_ranges"],
+        "records": summary["records"],
         "log_start_seq": checkpoint.log_start_seq,
         "next_seq": checkpoint.record_count,
         "topics": list(checkpoint.topics),
@@ -229,21 +433,41 @@ def inspect_shard(directory: Path, settings: StoreSettings | None) -> dict[str, 
         "index_files": index_files,
         "bytes": sum(_tree_bytes(directory / sub) for sub in (LOG_DIR, INDEX_DIR)),
     }
+    if verify:
+        report["problems"] = problems
+    return report
 
 
-def inspect_store(root: Path) -> dict[str, Any]:
-    """The store's settings and a summary of every shard."""
+def inspect_store(root: Path, *, verify: bool = True) -> dict[str, Any]:
+    """The store's settings and a summary of every shard; a shard that cannot be read (or one
+    the manifest lists that is gone) is a problem, and the others are still inspected."""
     with open_store(root) as store:
-        shards = [inspect_shard(root / f"{SHARD_DIR_PREFIX}{broker}", store.settings) for broker in store.brokers()]
+        problems = [f"{root / (SHARD_DIR_PREFIX + name)}: shard directory missing, but the store manifest lists it"
+                    for name in store.missing_shards()]
+        shards = []
+        for broker in shard_directories(root):
+            try:
+                shard = inspect_shard(root / f"{SHARD_DIR_PREFIX}{broker}", store.settings, verify=verify)
+            except MsgIndexError as error:
+                shard = {"kind": "shard", "path": str(root / f"{SHARD_DIR_PREFIX}{broker}"), "broker": broker,
+                         "problems": [_first_line(error)]}
+            problems += shard.get("problems", [])
+            shards.append(shard)
         return {
             "kind": "store",
             "path": str(root),
             "settings": store.settings.to_dict(),
-            "brokers": store.brokers(),
+            "brokers": [shard["broker"] for shard in shards],
             "records": sum(shard.get("records", 0) for shard in shards),
             "bytes": sum(shard.get("bytes", 0) for shard in shards),
             "shards": shards,
+            **({"problems": problems} if verify or problems else {}),
         }
+
+
+def problems_of(report: dict[str, Any]) -> list[str]:
+    """Every problem a report found (a store's are collected from its shards)."""
+    return list(report.get("problems") or ())
 
 
 def _settings_near(path: Path) -> StoreSettings | None:

@@ -20,6 +20,14 @@ from pathlib import Path
 from msgindex.errors import CorruptFileError, StorageFullError
 
 
+def storage_full(error: OSError, path: Path, doing: str) -> StorageFullError | None:
+    """The StorageFullError naming `path` that `error` is when the filesystem ran out of room
+    (disk full, quota), else None: every write of msgindex reports a full disk this way."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"{path}: no space left on its filesystem while {doing} (free some space)")
+    return None
+
+
 def preallocate(path: Path, size: int) -> None:
     """Create `path` (must not exist) with `size` zero bytes whose blocks are really allocated;
     StorageFullError (and no file left behind) when they do not fit."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key
@@ -38,6 +39,26 @@ def timestamp_problem(timestamp_ms: int) -> str | None:
         return None
     return (f"timestamp {timestamp_ms} ms is outside the years 0001..9999 "
             f"[{MIN_TIMESTAMP_MS}, {MAX_TIMESTAMP_MS}] that msgindex can store and show")
+
+
+# Stores written before the rule may hold timestamps outside it. Readers show each one as the
+# nearest bound (never an overflow, never a wrapped date) and time windows see it as shown, so
+# results read the same with and without a window pushed down to the store.
+def shown_timestamps(timestamps_ms: np.ndarray) -> np.ndarray:
+    """Stored timestamps (int64 ms) as results show them: clamped to [MIN, MAX]_TIMESTAMP_MS."""
+    return np.clip(timestamps_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+
+
+def stored_window(begin_ms: int | None, end_ms: int | None) -> tuple[int | None, int | None] | None:
+    """The window over *stored* timestamps that selects exactly the records whose *shown*
+    timestamp is in [begin_ms, end_ms] (None: open), or None when no record can be in it. A bound
+    at or past the rule's edge opens that side (a record stored beyond it shows as the edge)."""
+    if (begin_ms is not None and (begin_ms > MAX_TIMESTAMP_MS or (end_ms is not None and begin_ms > end_ms))) or (
+        end_ms is not None and end_ms < MIN_TIMESTAMP_MS
+    ):
+        return None
+    return (None if begin_ms is None or begin_ms <= MIN_TIMESTAMP_MS else begin_ms,
+            None if end_ms is None or end_ms >= MAX_TIMESTAMP_MS else end_ms)
 
 
 def index_key(topic: str, key: str) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import InvalidOptionError
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_key_bytes
+from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_key_bytes, shown_timestamps
 
 KeysArg = str | bytes | Iterable[str | bytes]
 
@@ -70,7 +71,7 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
             r.offset,
             None if r.key is None else arrow_text(r.key),
             [arrow_text(k) for k in r.keys],
-            r.timestamp_ms * 1000,
+            int(shown_timestamps(np.int64(r.timestamp_ms))) * 1000,
             None if r.commit_log_offset == NO_VALUE else r.commit_log_offset,
             None if r.size == NO_VALUE else r.size,
             seq,
@@ -89,7 +90,9 @@ def empty_rows() -> pa.Table:
 
 
 def sort_and_limit(tables: list[pa.Table], max_results: int | None) -> pa.Table:
-    """Merge result tables that are each in RESULT_ORDER, keeping the first `max_results`."""
+    """Merge result tables that are each in RESULT_ORDER, keeping the first `max_results`. The
+    result may hold several record batches: copying a big result into one costs as much as
+    building it."""
     tables = [table for table in tables if table.num_rows]
     if not tables:
         return empty_rows()
@@ -99,4 +102,4 @@ def sort_and_limit(tables: list[pa.Table], max_results: int | None) -> pa.Table:
         table = pa.concat_tables(tables).sort_by(RESULT_ORDER)
     if max_results is not None and table.num_rows > max_results:
         table = table.slice(0, max_results)
-    return table.combine_chunks() if table.num_rows else empty_rows()
+    return table if table.num_rows else empty_rows()

@@ -42,7 +42,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -63,19 +63,30 @@ from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
-from msgindex.storage.message import MessageRecord, encode_text, index_key
+from msgindex.storage.log.segment import LOG_SUFFIX
+from msgindex.storage.manifest import MANIFEST_FILE, SHARD_DIR_PREFIX, load_manifest, register_shard
+from msgindex.storage.message import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
+    MessageRecord,
+    arrow_text,
+    decode_text,
+    encode_text,
+    index_key,
+    stored_window,
+    timestamp_problem,
+)
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
-    RESULT_ORDER,
     KeysArg,
+    rows_from_records,
     empty_rows,
     normalize_keys,
     validate_window,
 )
 
 
-SHARD_DIR_PREFIX = "broker="
 LOCK_FILE = "lock"
 LOG_DIR = "log"
 INDEX_DIR = "index"
@@ -86,6 +97,9 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
+# Up to this many hash candidates a lookup reads and checks them record by record (measured in
+# BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
+FEW_CANDIDATES = 32
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
 # What a writer found when it took the lock (ShardWriter.last_revalidation)
 REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
@@ -100,6 +114,47 @@ def shard_directory(root: Path, broker: str) -> Path:
 
 def checkpoint_path(directory: Path) -> Path:
     return Path(directory) / CHECKPOINT_FILE
+
+
+def read_committed(directory: Path, broker: str) -> Checkpoint | None:
+    """The shard's checkpoint (None: there is none). An unreadable one is a CorruptFileError
+    that says how to get the shard back (``msgindex repair``)."""
+    try:
+        return read_checkpoint(checkpoint_path(directory))
+    except CorruptFileError as bad:
+        raise CorruptFileError(f"{bad}; {_repair_hint(directory, broker)}") from None
+
+
+def has_data(directory: Path) -> bool:
+    """True when a shard directory holds records or hash index entries: a log segment with
+    bytes, or a hash index file (a shard gets its first checkpoint before its first append, so
+    such files without a checkpoint mean the checkpoint was lost, not that nothing was committed)."""
+    log_dir, index_dir = Path(directory) / LOG_DIR, Path(directory) / INDEX_DIR
+    try:
+        if any(p.suffix == LOG_SUFFIX and p.stat().st_size > 0 for p in log_dir.iterdir()):
+            return True
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    try:
+        return any(parse_index_file_name(p.name) is not None for p in index_dir.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _repair_hint(directory: Path, broker: str) -> str:
+    root = Path(directory).parent
+    return (f"the shard's data is left untouched: run `msgindex repair {root} --broker {broker}` to rebuild the "
+            f"checkpoint from its files (or restore the checkpoint from a backup)")
+
+
+def _missing_checkpoint(directory: Path, broker: str, registered: bool) -> CorruptFileError:
+    if has_data(directory):
+        return CorruptFileError(f"{checkpoint_path(directory)}: shard checkpoint is missing but the shard holds "
+                                f"committed data; {_repair_hint(directory, broker)}")
+    return CorruptFileError(
+        f"{checkpoint_path(directory)}: shard checkpoint is missing and the shard holds no data, but the store "
+        f"manifest lists shard {broker!r}: its files were deleted; restore them from a backup, or run `msgindex "
+        f"repair {Path(directory).parent} --forget-missing` to accept the loss")
 
 
 def validate_broker_name(broker: str) -> None:
@@ -192,10 +247,12 @@ class ShardWriter(_Committed):
     with their source ranges, atomically.
     """
 
-    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, hold_lock: bool = True) -> None:
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, hold_lock: bool = True,
+                 store_root: Path | None = None) -> None:
         self.broker = broker
         self.directory = Path(directory)
         self.settings = settings
+        self._store_root = None if store_root is None else Path(store_root)  # its manifest lists the shard
         self._lock_fd: int | None = None
         self._log: MetadataLog | None = None
         self._files: list[IndexFile] = []  # same order as the checkpoint's index_files
@@ -283,6 +340,7 @@ class ShardWriter(_Committed):
                 else [records[i] for i in fresh.tolist()]
         try:
             columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
+            refuse_out_of_range_timestamps(columns)
             seqs = self._append_to_log(columns, ranges)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
@@ -386,7 +444,11 @@ class ShardWriter(_Committed):
             self._reload()  # a writer died mid-append after our commit: roll its bytes back
             self.last_revalidation = REVALIDATION_ROLLED_BACK
         elif self._loaded and raw is not None:
-            self._adopt(decode_checkpoint(raw, source=path), raw)  # another writer committed
+            try:
+                checkpoint = decode_checkpoint(raw, source=path)
+            except CorruptFileError as bad:
+                raise CorruptFileError(f"{bad}; {_repair_hint(self.directory, self.broker)}") from None
+            self._adopt(checkpoint, raw)  # another writer committed
             self.last_revalidation = REVALIDATION_ADOPTED
         else:
             self._reload()
@@ -449,22 +511,30 @@ class ShardWriter(_Committed):
         self._loaded = False
 
     def _recover(self) -> Checkpoint:
-        """Roll the shard back to its checkpoint; a shard that never committed starts empty."""
-        checkpoint = read_checkpoint(checkpoint_path(self.directory))
+        """Roll the shard back to its checkpoint; a shard that never committed starts empty. A
+        missing checkpoint with data present is refused, never taken for an empty shard: the data
+        stays untouched for ``msgindex repair``."""
+        checkpoint = read_committed(self.directory, self.broker)
         for entry in self.directory.iterdir():
             if is_temporary(entry.name, CHECKPOINT_FILE):
                 _remove(entry)  # a commit torn before its rename: never real
         if checkpoint is None:
-            # Nothing was ever committed: whatever files exist are a torn first batch.
+            registered = self._store_root is not None and self.broker in (
+                load_manifest(self._store_root / MANIFEST_FILE).shards or ())
+            if registered or has_data(self.directory):
+                raise _missing_checkpoint(self.directory, self.broker, registered)
+            # A new shard (or one whose creation died before its first checkpoint: empty files).
             shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)
             for stray in (self.directory / INDEX_DIR).iterdir():
                 _remove(stray)
             self._log = open_log(self.directory, self.settings, writable=True, committed=None)
             checkpoint = Checkpoint(log_position=self._log.position().to_dict())
             self._write_checkpoint(checkpoint)
-            return checkpoint
-        self._checkpoint = checkpoint
-        self._open_committed(checkpoint, {})
+        else:
+            self._checkpoint = checkpoint
+            self._open_committed(checkpoint, {})
+        if self._store_root is not None:
+            register_shard(self._store_root, self.broker)  # after its first checkpoint (manifest.py)
         return checkpoint
 
     def _open_committed(self, checkpoint: Checkpoint, kept: dict[str, tuple[IndexFileState, IndexFile]]) -> None:
@@ -474,6 +544,7 @@ class ShardWriter(_Committed):
         position = LogPosition.from_dict(checkpoint.log_position)
         # opening at the committed position cuts whatever lies past it (no close-and-trim cycle)
         self._log = open_log(self.directory, self.settings, writable=True, committed=position)
+        verify.check_log_covers(self._log, checkpoint)
         self._delete_segments_below(checkpoint.log_start_seq)
         self._delete_unlisted_index_files(checkpoint)
         last = len(checkpoint.index_files) - 1
@@ -483,17 +554,22 @@ class ShardWriter(_Committed):
                 del kept[state.name]
                 self._files.append(reuse[1])
             else:
-                self._files.append(self._open_rolled_back(state))
+                self._files.append(self._open_rolled_back(state, active=n == last))
             self._states.append(state)
 
-    def _open_rolled_back(self, state: IndexFileState) -> IndexFile:
+    def _open_rolled_back(self, state: IndexFileState, *, active: bool) -> IndexFile:
+        """The committed file `state` names, rolled back to it, checked against it (``verify``):
+        damage is refused before anything is written into the file."""
         path = self.directory / INDEX_DIR / state.name
         if not path.is_file():
             raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
         index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num)
         try:
             if _written_past(index_file, state):  # the slot-table scan of a rollback only when needed
+                verify.check_index_file(index_file, state, active=active)
+                verify.check_rollback_bounds(index_file, state)
                 index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+            verify.check_index_file(index_file, state, active=active, exclusive=True)
         except BaseException:
             index_file.close()
             raise
@@ -591,14 +667,18 @@ class ShardReader(_Committed):
     blocks (or is blocked by) the writer: it ignores records past its committed log position,
     hash entries past each file's committed count, and files the checkpoint does not list."""
 
-    def __init__(self, directory: Path, broker: str, settings: StoreSettings) -> None:
+    def __init__(self, directory: Path, broker: str, settings: StoreSettings, *, registered: bool = False) -> None:
+        """`registered`: the store manifest lists the shard, so it has committed (a missing
+        checkpoint is then damage even when no data is left)."""
         self.broker = broker
         self.directory = Path(directory)
         self.settings = settings
         self._log: MetadataLog | None = None
         self._files: list[tuple[IndexFileState, IndexFile]] = []
         for attempt in range(OPEN_ATTEMPTS):
-            checkpoint = read_checkpoint(checkpoint_path(self.directory))
+            checkpoint = read_committed(self.directory, broker)
+            if checkpoint is None and (registered or has_data(self.directory)):
+                raise _missing_checkpoint(self.directory, broker, registered)
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
             try:
                 self._open_files()
@@ -607,23 +687,27 @@ class ShardReader(_Committed):
                 self.close()
                 # retention may have deleted files of the snapshot just read: retry with the
                 # newer checkpoint; an unchanged checkpoint means the shard really is damaged
-                if attempt + 1 == OPEN_ATTEMPTS or read_checkpoint(checkpoint_path(self.directory)) == checkpoint:
+                if attempt + 1 == OPEN_ATTEMPTS or read_committed(self.directory, broker) == checkpoint:
                     raise
             except BaseException:
                 self.close()
                 raise
 
     def _open_files(self) -> None:
+        """Open the committed files, checked against the checkpoint (``verify``: cheap checks,
+        the slot-table count cached per file and process)."""
         if self._checkpoint.log_position is not None:
             position = LogPosition.from_dict(self._checkpoint.log_position)
             self._log = open_log(self.directory, self.settings, writable=False, committed=position)
-        for state in self._checkpoint.index_files:
+            verify.check_log_covers(self._log, self._checkpoint)
+        last = len(self._checkpoint.index_files) - 1
+        for n, state in enumerate(self._checkpoint.index_files):
             path = self.directory / INDEX_DIR / state.name
             if not path.is_file():
                 raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
-            self._files.append(
-                (state, IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True))
-            )
+            index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True)
+            self._files.append((state, index_file))
+            verify.check_index_file(index_file, state, active=n == last)
 
     # --- snapshot facts -------------------------------------------------------------------------
 
@@ -662,23 +746,26 @@ class ShardReader(_Committed):
         validate_window(begin_ms, end_ms, max_results)
         keys = normalize_keys(keys)
         topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
-        if self._log is None or not keys or not topics or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
+        window = stored_window(begin_ms, end_ms)  # what the window means for timestamps stored before the rule
+        if self._log is None or not keys or not topics or window is None:
             return empty_rows()
+        begin_ms, end_ms = window
         wanted = _WantedKeys.of(topics, keys)
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
-        table = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
-        if not table.num_rows:
+        if len(seqs) <= FEW_CANDIDATES:
+            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, partitions, max_results)
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+        if not found:
             return empty_rows()
-        table = table.sort_by(RESULT_ORDER)
-        if max_results is not None and table.num_rows > max_results:
-            table = table.slice(0, max_results)
-        return table.combine_chunks()
+        return _in_result_order(found, max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
         read (found with the sparse time indexes): the natural partitions of a parallel scan."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return []
+        begin_ms, end_ms = window
         low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
         pieces = []
         for start, end in self._log.scan_ranges(begin_ms, end_ms):
@@ -699,8 +786,10 @@ class ShardReader(_Committed):
     ) -> Iterator[pa.RecordBatch]:
         """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
         ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
-        if self._log is None:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
             return
+        begin_ms, end_ms = window
         start = max(start_seq, self._checkpoint.log_start_seq)
         end = min(end_seq, self._checkpoint.record_count)
         if start >= end:
@@ -737,66 +826,219 @@ class ShardReader(_Committed):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
 
+    def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
+                      end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
+        """``_verified`` and ordering for a few candidates, record by record in Python: below
+        FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
+        pairs: dict[int, list[int]] = {}
+        for seq, key_number in zip(seqs.tolist(), who.tolist()):
+            pairs.setdefault(seq, []).append(key_number)
+        wanted_partitions = None if partitions is None else set(partitions)
+        matched = []
+        for seq, record in zip(sorted(pairs), self._log.read_few(sorted(pairs))):
+            if (begin_ms is not None and record.timestamp_ms < begin_ms) or (
+                    end_ms is not None and record.timestamp_ms > end_ms) or (
+                    wanted_partitions is not None and record.partition not in wanted_partitions):
+                continue
+            if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
+                matched.append((seq, record))
+        if not matched:
+            return empty_rows()
+        matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
+                                    m[1].offset, m[0]))
+        matched = matched[:max_results] if max_results is not None else matched
+        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
+
     def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                  end_ms: int | None, partitions: Iterable[int] | None) -> pa.Table:
-        """ROW_SCHEMA rows of the candidates whose log record really is in the topic, carries the
-        key and lies in the window: hash collisions and second-granularity times end here. Each
-        touched batch is decoded once; the checks are Arrow/numpy kernels over all candidates of
-        the batch at once."""
+                  end_ms: int | None, partitions: Iterable[int] | None) -> list[_Matched]:
+        """The log records of the candidates that really are in the topic, carry the key and lie
+        in the window, in seq order, rendered: hash collisions and second-granularity times end
+        here. Each touched block is read once; the checks are numpy/Arrow kernels over a chunk of
+        blocks' candidates at once, run by the log's reading threads (``MetadataLog.chunks``)."""
         if not len(seqs):
-            return empty_rows()
-        unique, inverse = _unique_with_inverse(seqs)
-        batch = self._log.gather(unique)  # one decode per touched batch, one set of kernels for all
-        keep = np.ones(len(unique), dtype=bool)
-        if begin_ms is not None:
-            keep &= batch.timestamp_ms >= begin_ms
-        if end_ms is not None:
-            keep &= batch.timestamp_ms <= end_ms
-        if partitions is not None:
-            keep &= np.isin(batch.partition.astype(np.int64), np.array(sorted(set(partitions)), dtype=np.int64))
-        pair = np.flatnonzero(keep[inverse])  # the (candidate, wanted key) pairs still in the running
-        row, key_number = inverse[pair], who[pair]
-        topic_ok = pc.equal(batch.topic.take(pa.array(row)), wanted.topics.take(pa.array(key_number)))
-        lists = batch.keys.take(pa.array(row))
-        parents = pc.list_parent_indices(lists).to_numpy()
-        key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(key_number[parents])))
-        has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(row)) > 0
-        # once per record (found under two wanted keys, it is still one result)
-        matched = np.flatnonzero(np.bincount(row[topic_ok.to_numpy(zero_copy_only=False) & has_key],
-                                             minlength=len(unique)))
-        if not len(matched):
-            return empty_rows()
-        return pa.Table.from_batches([bf.rows(batch, self.broker, matched)])
+            return []
+        # the (candidate, wanted key) pairs by seq, sorted as one int64 (each key's candidates
+        # come in long runs: timsort merges them); `record` numbers the distinct seqs
+        keys = len(wanted.hashes)
+        if int(seqs.max()) < np.iinfo(np.int64).max // keys:
+            pairs = seqs * keys + who
+            pairs.sort(kind="stable")
+            seqs, who = np.divmod(pairs, keys)
+        else:
+            by_seq = np.argsort(seqs, kind="stable")
+            seqs, who = seqs[by_seq], who[by_seq]
+        new = np.empty(len(seqs), dtype=bool)
+        new[0] = True
+        np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
+        unique = seqs[new]
+        record = np.cumsum(new) - 1
+        bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
+        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
+
+        def verify(first: int, records: bf.Selection) -> _Matched | None:
+            end = first + len(records)
+            row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
+            keep = np.ones(len(records), dtype=bool)
+            if begin_ms is not None:
+                keep &= records.timestamp_ms >= begin_ms
+            if end_ms is not None:
+                keep &= records.timestamp_ms <= end_ms
+            if wanted_partitions is not None:
+                keep &= np.isin(records.partition, wanted_partitions)
+            topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
+            wanted_topic = np.array([topic_numbers.get(t, -1) for t in wanted.topics], dtype=np.int64)
+            # the pairs whose record is in the window and in the wanted key's topic
+            pair = np.flatnonzero(keep[row] & (records.topic_ids[row] == wanted_topic[key_number]))
+            row, key_number = row[pair], key_number[pair]
+            pairs_of = np.bincount(row, minlength=len(records))
+            candidates = np.flatnonzero(pairs_of)
+            if not len(candidates):
+                return None
+            # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
+            topic_ranks = _topic_ranks(records.topics)
+            order = _result_order(
+                records.timestamp_ms[candidates], topic_ranks[records.topic_ids[candidates]],
+                records.partition[candidates], records.offset[candidates], records.seqs[candidates])
+            found = records.rows(candidates, order)
+            ordered = candidates[order]
+            place = np.empty(len(records), dtype=np.int64)
+            place[ordered] = np.arange(len(ordered))  # where each candidate record is in `found`
+            if (pairs_of[candidates] == 1).all():  # one wanted key per record (the usual case): no copy
+                lists, pair_of_list = found.keys, np.empty(len(ordered), dtype=np.int64)
+                pair_of_list[place[row]] = key_number
+                owner = None
+            else:
+                lists, pair_of_list, owner = found.keys.take(pa.array(place[row])), key_number, place[row]
+            parents = pc.list_parent_indices(lists).to_numpy()
+            key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(pair_of_list[parents])))
+            has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(lists)) > 0
+            # once per record (found under two wanted keys, it is still one result)
+            matched = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered)) > 0
+            if not matched.any():
+                return None
+            if not matched.all():
+                found = found.take(np.flatnonzero(matched))
+            return _Matched(bf.rows(found, self.broker), found)
+
+        return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
+
+
+@dataclass(frozen=True)
+class _Matched:
+    """A chunk's verified records, in RESULT_ORDER among themselves: rendered, and as columns."""
+
+    rows: pa.RecordBatch
+    records: bf.DecodedRows
 
 
 @dataclass(frozen=True)
 class _WantedKeys:
-    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as the log
-    stores them (encode_text bytes), in one order."""
+    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
+    the log stores them (encode_text bytes), in one order."""
 
     hashes: np.ndarray
-    topics: pa.Array
-    keys: pa.Array
+    texts: tuple[tuple[str, str], ...]
+    topics: tuple[bytes, ...]
+    keys: pa.Array  # large_binary
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
-        pairs = [(t, k) for t in topics for k in keys]
-        index_keys = [index_key(t, k) for t, k in pairs]
-        return cls(_hashes(index_keys), pa.array([encode_text(t) for t, _ in pairs], bf.TEXT),
-                   pa.array([encode_text(k) for _, k in pairs], bf.TEXT))
+        pairs = tuple((t, k) for t in topics for k in keys)
+        encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
+        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs,
+                   tuple(encoded for encoded in (encode_text(t) for t in topics) for _ in keys),
+                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
 
 
-def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(values, return_inverse=True) for non-negative ints; a hot key's hundreds of
-    thousands of candidate seqs go through a bitmap over their range (linear) instead of a sort."""
-    if len(values) < 65_536:
-        return np.unique(values, return_inverse=True)
-    low = int(values.min())
-    present = np.zeros(int(values.max()) - low + 1, dtype=bool)
-    present[values - low] = True
-    unique = np.flatnonzero(present) + low
-    rank = np.cumsum(present) - 1  # rank[v - low] = position of v in unique
-    return unique, rank[values - low]
+def _topic_ranks(topics: Sequence[bytes]) -> np.ndarray:
+    """Each topic's rank in RESULT_ORDER (which compares topics as rendered)."""
+    rendered = [arrow_text(decode_text(t)).encode("utf-8") for t in topics]
+    return np.argsort(np.array(sorted(range(len(rendered)), key=rendered.__getitem__), dtype=np.int64)).astype(np.int64)
+
+
+def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
+                  seqs: np.ndarray) -> np.ndarray:
+    """The permutation that puts rows (of one shard) in RESULT_ORDER: by timestamp, then topic,
+    partition, offset, seq. A stable sort by timestamp, then only the runs of equal timestamps
+    sorted by the rest: far cheaper than a sort on all keys for a hot key's rows."""
+    order = _by_timestamp(stamps)
+    stamps = stamps[order]
+    tie = stamps[1:] == stamps[:-1]
+    if tie.any():
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[1:] |= tie
+        in_run[:-1] |= tie
+        runs = np.flatnonzero(in_run)
+        run = np.cumsum(np.concatenate(([True], ~tie)))[runs]
+        picked = order[runs]
+        order[runs] = picked[np.lexsort((seqs[picked], offsets[picked], partitions[picked], topic_ranks[picked], run))]
+    return order
+
+
+def _by_timestamp(stamps: np.ndarray) -> np.ndarray:
+    """np.argsort(stamps, kind="stable"), as two stable 16-bit passes when the stamps span less
+    than 2**32 ms (49 days): numpy sorts 16-bit keys by radix, ~4x faster than its int64 timsort."""
+    low = int(stamps.min()) if len(stamps) else 0
+    span = int(stamps.max()) - low if len(stamps) else 0
+    if span >= 1 << 32:
+        return np.argsort(stamps, kind="stable")
+    relative = stamps - low
+    order = np.argsort((relative & 0xFFFF).astype(np.uint16), kind="stable")
+    if span >= 1 << 16:
+        order = order[np.argsort((relative >> 16).astype(np.uint16)[order], kind="stable")]
+    return order
+
+
+def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table:
+    """The rows of `parts` (each in RESULT_ORDER, one after the other in seq order) in
+    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so neighbouring parts
+    overlap only where they meet: only the rows of those overlaps are ordered again (and taken),
+    the others keep their place (zero-copy slices)."""
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part.records, name) for part in parts])
+
+    stamps = joined("timestamp_ms")
+    windows = _overlaps(stamps, np.cumsum([len(part.records) for part in parts])[:-1])
+    table = pa.Table.from_batches([part.rows for part in parts])
+    if windows:
+        topics: dict[bytes, int] = {}
+        topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
+                                             dtype=np.int64)[part.records.topic_ids] for part in parts])
+        topic_ranks = _topic_ranks(list(topics))[topic_ids]
+        partitions, offsets, seqs = joined("partition"), joined("offset"), joined("seqs")
+    pieces, at = [], 0
+    for low, high in windows:
+        pieces.append(table.slice(at, low - at))
+        window = slice(low, high)
+        order = _result_order(stamps[window], topic_ranks[window], partitions[window], offsets[window], seqs[window])
+        pieces.append(table.slice(low, high - low).take(pa.array(order)))
+        at = high
+    pieces.append(table.slice(at))
+    result = pa.concat_tables(pieces)  # several record batches: one copy of a hot key's rows is enough
+    return result.slice(0, max_results) if max_results is not None else result
+
+
+def _overlaps(stamps: np.ndarray, cuts: np.ndarray) -> list[tuple[int, int]]:
+    """The [low, high) windows of rows that may be out of place, for runs of `stamps` each in
+    order (a run starts at each of `cuts`). A row is in its final place when its stamp is above
+    every stamp of the runs before it and below every stamp of the runs after it: exactly the
+    rows before it rank before it. So the rows between two such rows are exactly the ones whose
+    places lie there, and each window is ordered on its own."""
+    bounds = np.array([0, *cuts.tolist(), len(stamps)], dtype=np.int64)
+    firsts, lasts = stamps[bounds[:-1]], stamps[bounds[1:] - 1]
+    highest_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], lasts[:-1])))
+    lowest_after = np.minimum.accumulate(np.concatenate((firsts[1:], [np.iinfo(np.int64).max]))[::-1])[::-1]
+    windows: list[tuple[int, int]] = []
+    for start, end, high, low in zip(bounds[:-1].tolist(), bounds[1:].tolist(), highest_before.tolist(),
+                                     lowest_after.tolist()):
+        run = stamps[start:end]
+        for low_at, high_at in ((start, start + int(np.searchsorted(run, high, side="right"))),
+                                (start + int(np.searchsorted(run, low, side="left")), end)):
+            if low_at < high_at:
+                if windows and windows[-1][1] >= low_at:
+                    low_at, high_at = windows[-1][0], max(windows.pop()[1], high_at)
+                windows.append((low_at, high_at))
+    return windows
 
 
 SCALAR_HASH_MAX_KEYS = 16
@@ -812,6 +1054,17 @@ def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], 
     """(index keys, phyOffsets, timestamps) of a batch appended at `seqs`: one entry per key of
     each record, in record order, a key repeated within one record indexed once (first place)."""
     return AppendColumns.of(records).index_entries(seqs.start)
+
+
+def refuse_out_of_range_timestamps(columns: LogColumns) -> None:
+    """InvalidAppendError naming the first record whose timestamp breaks the timestamp rule
+    (``message.timestamp_problem``): the pipeline sets such records aside before appending."""
+    stamps = columns.timestamps
+    if not len(stamps) or (int(stamps.min()) >= MIN_TIMESTAMP_MS and int(stamps.max()) <= MAX_TIMESTAMP_MS):
+        return
+    i = int(np.argmax((stamps < MIN_TIMESTAMP_MS) | (stamps > MAX_TIMESTAMP_MS)))
+    where = f"{decode_text(columns.topic[i].as_py())}-{int(columns.ints['partition'][i])} offset {int(columns.ints['offset'][i])}"
+    raise InvalidAppendError(f"record {i} of the batch ({where}): {timestamp_problem(int(stamps[i]))}")
 
 
 def _ranges_annotation(ranges: SourceRanges) -> bytes:

@@ -1,19 +1,18 @@
 """The store: a directory of per-broker shards plus a manifest, and queries across shards.
 
 ```
-<root>/msgindex.json     {"format": "msgindex-store", "version": 2, "settings": {...}}
+<root>/msgindex.json     {"format": "msgindex-store", "version": 2, "settings": {...}, "shards": [...]}
 <root>/broker=<name>/    one shard (see shard.py)
 ```
-The manifest fixes the settings for the life of the store: an existing store is always opened
-with the settings it was created with, whatever the caller passes. Its version is the store's
-on-disk format: 2 = metadata logs of compressed columnar record batches; a version-1 store
-(row-per-record logs) is refused with an UpgradeRequiredError naming `msgindex upgrade PATH`,
-never misread.
+The manifest (``manifest.py``) fixes the settings for the life of the store and lists its shards:
+a listed shard whose directory is gone is an error for every read, never a store that quietly
+answers without it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,17 @@ from typing import Any
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError, UpgradeRequiredError
-from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
+from msgindex.storage.manifest import (  # noqa: F401  (MANIFEST_FILE, STORE_FORMAT, read_manifest: re-exported)
+    LEGACY_STORE_VERSIONS,
+    MANIFEST_FILE,
+    STORE_FORMAT,
+    STORE_FORMAT_VERSION,
+    Manifest,
+    load_manifest,
+    read_manifest,
+    shard_directories,
+    write_manifest,
+)
 from msgindex.storage.query import KeysArg, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
 from msgindex.storage.shard import (
@@ -35,10 +44,7 @@ from msgindex.storage.shard import (
 )
 from msgindex.storage.settings import StoreSettings
 
-MANIFEST_FILE = "msgindex.json"
-STORE_FORMAT = "msgindex-store"
-STORE_FORMAT_VERSION = 2
-LEGACY_STORE_VERSIONS = (1,)  # read only by `msgindex upgrade` (storage/upgrade.py)
+LISTING_SETTLED_NS = 2_000_000_000
 
 __all__ = [
     "AppendResult",
@@ -58,11 +64,15 @@ def open_store(root: str | os.PathLike, *, create: bool = False, settings: Store
     (create=True refuses to turn a non-empty foreign directory into a store)."""
     root = Path(root)
     manifest = root / MANIFEST_FILE
-    if manifest.is_file():
-        return Store(root, _read_manifest(manifest))
+    if manifest.exists():
+        return _current(manifest)
     if not create:
         if not root.exists():
             raise StoreNotFoundError(f"{root}: no such msgindex store (the path does not exist)")
+        if root.is_dir() and shard_directories(root):
+            raise StoreNotFoundError(
+                f"{root}: holds msgindex shards but no {MANIFEST_FILE} (the store manifest: its settings and shard "
+                f"list); restore it from a backup")
         raise StoreNotFoundError(f"{root}: not a msgindex store (no {MANIFEST_FILE} in it)")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise StoreNotFoundError(
@@ -73,8 +83,8 @@ def open_store(root: str | os.PathLike, *, create: bool = False, settings: Store
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # e.g. a parent is a regular file
         raise StoreNotFoundError(f"{root}: cannot create a msgindex store here ({error.strerror})") from None
-    write_manifest(manifest, settings)
-    return Store(root, settings)
+    write_manifest(manifest, settings, shards=())
+    return Store(root, settings, shards=())
 
 
 class Store:
@@ -83,31 +93,62 @@ class Store:
     Readers are cached per shard and refreshed when the shard commits (its checkpoint file is
     replaced), so repeated lookups are cheap and always see the latest committed batch."""
 
-    def __init__(self, root: Path, settings: StoreSettings) -> None:
+    def __init__(self, root: Path, settings: StoreSettings, *, shards: tuple[str, ...] | None = None) -> None:
         self.root = Path(root)
         self.settings = settings
+        self._shards = shards  # the manifest's list as last read (None: not recorded in this store)
         self._readers: dict[str, tuple[Any, ShardReader]] = {}
+        self._checkpoints: dict[str, str] = {}  # broker -> its checkpoint's path (stat on every lookup)
+        self._listed: tuple[tuple[int, int], list[str]] | None = None  # ((inode, mtime) of the root, brokers)
 
     # --- shards -------------------------------------------------------------------------------
     def brokers(self) -> list[str]:
-        """Names of the shards in the store, sorted."""
-        # scandir: every lookup lists the shards, and its entries know their type without a stat
-        with os.scandir(self.root) as entries:
-            return sorted(
-                entry.name[len(SHARD_DIR_PREFIX) :]
-                for entry in entries
-                if entry.name.startswith(SHARD_DIR_PREFIX) and entry.is_dir()
-            )
+        """Names of the shards in the store, sorted. CorruptFileError when the manifest lists a
+        shard whose directory is missing (``missing_shards``)."""
+        present = self._present_shards()
+        if self._shards is not None and not set(self._shards) <= set(present):
+            missing = self.missing_shards()
+            if missing:
+                raise CorruptFileError(_missing_message(self.root, missing))
+        return present
+
+    def _present_shards(self) -> list[str]:
+        # Every lookup asks: the list is kept while the root directory is unchanged. Creating or
+        # removing a shard changes the root's mtime; a listing is only kept once that mtime is
+        # LISTING_SETTLED_NS old, so that a change within the same mtime tick is never missed.
+        info = os.stat(self.root)
+        version = (info.st_ino, info.st_mtime_ns)
+        if self._listed is not None and self._listed[0] == version:
+            return list(self._listed[1])
+        names = shard_directories(self.root)
+        # the manifest is replaced inside the root too (a shard registered since it was read)
+        self._shards = load_manifest(self.root / MANIFEST_FILE).shards
+        settled = time.time_ns() - info.st_mtime_ns > LISTING_SETTLED_NS
+        self._listed = (version, names) if settled else None
+        return list(names)
+
+    def missing_shards(self) -> list[str]:
+        """Shards the manifest lists whose directories are missing (re-reads the manifest)."""
+        self._shards = load_manifest(self.root / MANIFEST_FILE).shards
+        if self._shards is None:
+            return []
+        present = set(shard_directories(self.root))
+        return sorted(set(self._shards) - present)
+
+    def is_registered(self, broker: str) -> bool:
+        """True when the manifest lists `broker` (as last read)."""
+        return self._shards is not None and broker in self._shards
 
     def writer(self, broker: str, *, hold_lock: bool = True) -> ShardWriter:
         """The writer of `broker`'s shard (created when new). It holds the shard's lock until
         closed, or with hold_lock=False only inside ``with writer.locked(timeout):`` blocks."""
         validate_broker_name(broker)
-        return ShardWriter(shard_directory(self.root, broker), broker, self.settings, hold_lock=hold_lock)
+        return ShardWriter(shard_directory(self.root, broker), broker, self.settings, hold_lock=hold_lock,
+                           store_root=self.root)
 
     def reader(self, broker: str) -> ShardReader:
         """A new reader on the committed snapshot of `broker`'s shard (the caller closes it)."""
-        return ShardReader(self._existing_shard(broker), broker, self.settings)
+        return ShardReader(self._existing_shard(broker), broker, self.settings, registered=self.is_registered(broker))
 
     # --- queries ------------------------------------------------------------------------------
     def lookup(
@@ -123,7 +164,8 @@ class Store:
     ) -> pa.Table:
         """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
-        offset); `max_results` keeps the first ones in that order (None: all)."""
+        offset); `max_results` keeps the first ones in that order (None: all). A big result is a
+        table of several record batches (``to_batches()``; ``combine_chunks()`` makes one)."""
         partitions = None if partitions is None else list(partitions)
         tables = [
             self._cached_reader(broker).lookup(
@@ -200,6 +242,8 @@ class Store:
         validate_broker_name(broker)
         directory = shard_directory(self.root, broker)
         if not directory.is_dir():
+            if self.is_registered(broker) and broker in self.missing_shards():
+                raise CorruptFileError(_missing_message(self.root, [broker]))
             raise InvalidOptionError(
                 f"{self.root}: no shard for broker {broker!r} (brokers in the store: {self.brokers()})"
             )
@@ -209,9 +253,11 @@ class Store:
         """A reader on the latest commit: the checkpoint is replaced by rename on every commit,
         so a changed (inode, mtime, size) means a new snapshot."""
         cached = self._readers.get(broker)
-        directory = shard_directory(self.root, broker) if cached is not None else self._existing_shard(broker)
+        checkpoint = self._checkpoints.get(broker) if cached is not None else None
+        if checkpoint is None:
+            checkpoint = self._checkpoints[broker] = str(checkpoint_path(self._existing_shard(broker)))
         try:
-            info = os.stat(checkpoint_path(directory))
+            info = os.stat(checkpoint)
             version = (info.st_ino, info.st_mtime_ns, info.st_size)
         except (FileNotFoundError, NotADirectoryError):
             version = None
@@ -221,32 +267,24 @@ class Store:
         if cached is not None:
             cached[1].close()
             del self._readers[broker]
-        reader = ShardReader(directory, broker, self.settings)
+        reader = ShardReader(directory, broker, self.settings, registered=self.is_registered(broker))
         self._readers[broker] = (version, reader)
         return reader
 
 
-def _read_manifest(path: Path) -> StoreSettings:
-    version, settings = read_manifest(path)
-    if version != STORE_FORMAT_VERSION:
+def _current(path: Path) -> Store:
+    """The store whose manifest is at `path`, in the current format (else UpgradeRequiredError)."""
+    manifest: Manifest = load_manifest(path)
+    if manifest.version != STORE_FORMAT_VERSION:
         raise UpgradeRequiredError(
-            f"{path.parent}: store format {version} (row-per-record metadata logs); this msgindex reads format "
-            f"{STORE_FORMAT_VERSION}: run `msgindex upgrade {path.parent}` to convert it in place"
+            f"{path.parent}: store format {manifest.version} (row-per-record metadata logs); this msgindex reads "
+            f"format {STORE_FORMAT_VERSION}: run `msgindex upgrade {path.parent}` to convert it in place"
         )
-    return settings
+    return Store(path.parent, manifest.settings, shards=manifest.shards)
 
 
-def read_manifest(path: Path) -> tuple[int, StoreSettings]:
-    """(format version, settings) of a store manifest, current or legacy."""
-    version, body = parse_versioned_json(
-        path.read_bytes(), source=path, what="store manifest", format_name=STORE_FORMAT,
-        versions=(*LEGACY_STORE_VERSIONS, STORE_FORMAT_VERSION), legacy_version_field="format_version",
-    )
-    if not isinstance(body.get("settings"), dict):
-        raise CorruptFileError(f"{path}: store manifest has no settings object")
-    return version, StoreSettings.from_dict(body["settings"], source=path)
-
-
-def write_manifest(path: Path, settings: StoreSettings) -> None:
-    """Write the current-format manifest (atomically)."""
-    write_atomically(path, versioned_json(STORE_FORMAT, STORE_FORMAT_VERSION, {"settings": settings.to_dict()}, indent=2))
+def _missing_message(root: Path, missing: list[str]) -> str:
+    names = ", ".join(f"{root / (SHARD_DIR_PREFIX + name)}" for name in missing)
+    return (f"{names}: shard directory missing, but the store manifest ({root / MANIFEST_FILE}) lists it: restore it "
+            f"from a backup (its records cannot be found otherwise), or run `msgindex repair {root} --forget-missing` "
+            f"to accept the loss")

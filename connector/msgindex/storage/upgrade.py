@@ -35,7 +35,7 @@ from msgindex.errors import CorruptFileError, ShardLockedError, StoreNotFoundErr
 from msgindex.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from msgindex.storage.durable import fsync_directory, parse_versioned_json, versioned_json, write_atomically
 from msgindex.storage.log import v1_records
-from msgindex.storage.log.batch_format import BATCH_VERSION, DecodedBatch
+from msgindex.storage.log.batch_format import BATCH_VERSION, DecodedRows
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LEGACY_LOG_FORMAT, LogPosition
 from msgindex.storage.log.segment import LOG_SUFFIX, parse_segment_name
@@ -207,15 +207,15 @@ def _verify(directory: Path, settings: StoreSettings, segments, old: LogPosition
                                        f"{first}; nothing was changed")
 
 
-def _same(columns: LogColumns, decoded: DecodedBatch) -> bool:
+def _same(columns: LogColumns, decoded: DecodedRows) -> bool:
     ints = columns.ints
     if not all(np.array_equal(ints[name], getattr(decoded, attr)) for name, attr in (
             ("partition", "partition"), ("offset", "offset"), ("timestamp_ms", "timestamp_ms"),
             ("commit_log_offset", "commit_log_offset"), ("size", "size"))):
         return False
-    old_keys = columns.keys_array().cast(pa.large_list(pa.binary()))
-    return (columns.topic.cast(pa.binary()).equals(decoded.topic)
-            and columns.key.cast(pa.binary()).equals(decoded.key)
+    old_keys = columns.keys_array().cast(pa.large_list(pa.large_binary()))
+    return (columns.topic.cast(pa.large_binary()).equals(decoded.topic)
+            and columns.key.cast(pa.large_binary()).equals(decoded.key)
             and pc.all(pc.equal(pc.list_value_length(old_keys), pc.list_value_length(decoded.keys))).as_py() is not False
             and pc.list_flatten(old_keys).equals(pc.list_flatten(decoded.keys)))
 

@@ -1,50 +1,78 @@
 """The metadata-log record batch (format version 2): many messages' metadata, columnar, compressed,
 checksummed. A segment file is a sequence of batches, back to back, as Kafka's v2 log is.
 
-Header layout (little-endian, so that numpy reads header fields without byte swapping)::
+Layout (little-endian, so that numpy reads every field without byte swapping)::
+
+    header (64 bytes) | block table | topic table | annotation | blocks
+
+Header::
 
     offset size  field
     0      4     magic             b"MXB2"
-    4      4     crc               u32  zlib.crc32 of bytes [8, batch_length): the rest of the
-                                        header, the annotation and the body
+    4      4     head_crc          u32  zlib.crc32 of bytes [8, head_length): the rest of the header,
+                                        the block table and the topic table
     8      4     batch_length      u32  bytes of the whole batch, this header included
     12     1     version           u8   BATCH_VERSION
-    13     1     attributes        u8   bit 0: body is zstd-compressed
-    14     2     reserved          u16  0
+    13     1     codec             u8   CODEC_LZ4: every block is one LZ4 block (raw, no frame)
+    14     2     block_count       u16  >= 1
     16     8     base_seq          i64  sequence number of the batch's first record
     24     4     record_count      i32  >= 1
-    28     4     annotation_length u32  bytes of the annotation that follows the header
+    28     4     annotation_length u32  bytes of the annotation
     32     8     min_timestamp     i64  ms, over the batch's records
     40     8     max_timestamp     i64
-    48     4     body_length       u32  bytes of the (compressed) body
-    52     4     raw_length        u32  bytes of the body once decompressed
-    56     ...   annotation | body
+    48     4     body_length       u32  bytes of the blocks (compressed)
+    52     4     raw_length        u32  bytes of the blocks once decompressed
+    56     4     annotation_crc    u32  zlib.crc32 of the annotation
+    60     4     topics_length     u32  bytes of the topic table
 
-The annotation is opaque to the log (a writer's commit note, e.g. the source offsets committed so
-far: ``MetadataLog.append(..., annotation=...)``); it is checksummed with the rest.
+``head_length`` = 64 + 16 x block_count + topics_length. Block table, one 16-byte entry per block
+(the blocks hold the batch's records in order, back to back after the annotation)::
 
-The body is an Arrow IPC stream of one record batch (STORED columns below), compressed as ONE
-zstd frame. Why one frame rather than Arrow's per-buffer compression: Arrow's codec pays a fixed
-cost per buffer (~15 us each, ~25 buffers), which made decoding one 1,024-row batch cost 350 us
-against 80 us for one frame; bytes are the same (measurements in BENCHMARKS.md). Stored columns:
+    0      4     records           u32  >= 1
+    4      4     length            u32  compressed bytes
+    8      4     raw_length        u32  bytes once decompressed
+    12     4     crc               u32  zlib.crc32 of the compressed bytes
 
-    topic        dictionary<int8|int32, binary> encode_text bytes
-    partition    uint8|uint16|uint32|int64     partition - base
-    offset       uint8|uint16|uint32|int64     offset - base
-    timestamp    uint8|uint16|uint32|int64     timestamp_ms - min_timestamp (header)
-    key          dictionary<int32, binary>     null: the message has no key
-    keys_lead    bool                          keys[0] is the key itself (stored once)
-    keys_rest    list<binary>                  the keys after the lead one (all when no lead)
-    commit_log_offset uint8|...|int64          commit_log_offset - base (-1: the source has none)
-    size         uint8|...|int64               size - base (-1: the source has none)
+Topic table: u32 count, then per topic u16 length + its encode_text bytes (the batch's distinct
+topics; records name theirs by number). The annotation is opaque to the log (a writer's commit note,
+``MetadataLog.append(..., annotation=...)``).
 
-Integers are stored as deltas from the batch's minimum (``base``, in the schema metadata under
-the column's name; the header's min_timestamp for timestamps) in the narrowest unsigned type
-that holds them: fewer bytes to decompress on every read, and zstd compresses them better.
+Every byte of a batch is covered by exactly one checksum: the head's, the annotation's or its
+block's. A reader checks the head whenever it hops over a batch (``check_head``) and a block's
+checksum whenever it decompresses that block, so a point read checks and decompresses one block
+of ~BLOCK_RECORDS records, not the whole batch; recovery checks everything (``check_batch``).
 
-Dictionary-encoded topics and keys, integer deltas and the key stored once bring a batch to the
-size of a zstd Parquet file of the same rows (FACTS.md). Texts stay bytes: a key decoded from
-non-UTF-8 Kafka bytes holds lone surrogates, which Arrow strings cannot carry.
+A block, once decompressed: a 96-byte block header, then one section per column::
+
+    block header: records u32, texts u32, heap_bytes u32, one u8 width per column (COLUMNS order,
+                  then "byte_end"), 3 zero bytes, one i64 base per column (same order)
+    sections:     per record, each of COLUMNS:   records x its width bytes
+                  per text, "byte_end":          texts x its width bytes
+                  heap:                          heap_bytes bytes
+
+    flags              bit 0: the record has a key; bit 1: its first key is that key (stored once)
+    topic              the record's topic, as its number in the batch's topic table
+    partition offset timestamp commit_log_offset size    the record's values (-1: the source has none)
+    text_end           where the record's texts end (the next record's start): its key when it has
+                       one, then its other keys (keys[1:] when bit 1, else all keys)
+    byte_end           where each text's bytes end in the heap (the next text's start)
+    heap               the texts, encode_text bytes, back to back
+
+A column stores value - base in `width` bytes (1, 2, 4 or 8; 0: every value is the base), base
+being its minimum in the block: the narrowest unsigned deltas, few bytes to decompress on every
+read. A column of width w is stored as w byte planes (plane i holds byte i of every value, little
+endian): the high bytes of slowly growing values (ends, offsets, timestamps) form runs that LZ4
+compresses, so storing ends (random access to any record) costs ~0.5 B/record more than storing
+lengths. Deltas of a range wider than int64 wrap, and adding the base back in int64 arithmetic
+(which wraps too) restores every value exactly. Texts stay bytes: a key decoded from non-UTF-8
+Kafka bytes holds lone surrogates, which Arrow strings cannot carry.
+
+Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
+~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
+blocks of DEFAULT_BLOCK_RECORDS records let a point read decompress 1/8 of a batch; a fixed
+header per block and stored ends let any rows of many blocks be decoded together by a few numpy
+operations (``BlockSet``), so a read touching thousands of blocks pays per block only for its
+checksum and its decompression, and per row only for the rows it wants.
 
 The checksum is zlib's CRC-32, not Kafka's CRC-32C: CRC-32C at C speed needs a compiled extension,
 and the pipeline's executors must need nothing beyond pyspark's own Arrow dependencies and the
@@ -55,36 +83,39 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text
+from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
 
 BATCH_MAGIC = b"MXB2"
 BATCH_VERSION = 2
-ATTR_ZSTD = 0x01
-CRC_START = 8  # the checksum covers bytes [CRC_START, batch_length)
-HEADER_SIZE = 56
+CODEC_LZ4 = 1
+CRC_START = 8  # the head checksum covers bytes [CRC_START, head_length)
+HEADER_SIZE = 64
 MAX_BATCH_BYTES = 0x7FFF_FFFF  # positions in the sparse offset index are i32
+MAX_BLOCKS = 0xFFFF
 MAX_ANNOTATION_BYTES = 1 << 20
 INT64_MAX = (1 << 63) - 1
-CODEC = "zstd"
+# Records per block: a point read checks and decompresses one block. 512 keeps that near 10 us
+# while LZ4 still compresses a block as well as a whole batch (BENCHMARKS.md).
+DEFAULT_BLOCK_RECORDS = 512
 
-HEADER_STRUCT = struct.Struct("<4sIIBBHqiIqqII")
+HEADER_STRUCT = struct.Struct("<4sIIBBHqiIqqIIII")
 HEADER_DTYPE = np.dtype(
     [
         ("magic", "S4"),
-        ("crc", "<u4"),
+        ("head_crc", "<u4"),
         ("batch_length", "<u4"),
         ("version", "u1"),
-        ("attributes", "u1"),
-        ("reserved", "<u2"),
+        ("codec", "u1"),
+        ("block_count", "<u2"),
         ("base_seq", "<i8"),
         ("record_count", "<i4"),
         ("annotation_length", "<u4"),
@@ -92,22 +123,48 @@ HEADER_DTYPE = np.dtype(
         ("max_timestamp", "<i8"),
         ("body_length", "<u4"),
         ("raw_length", "<u4"),
+        ("annotation_crc", "<u4"),
+        ("topics_length", "<u4"),
     ]
 )
 assert HEADER_STRUCT.size == HEADER_DTYPE.itemsize == HEADER_SIZE
 
-TEXT = pa.binary()
-ITEMS = pa.list_(pa.field("item", TEXT, nullable=False))
+BLOCK_ENTRY_STRUCT = struct.Struct("<IIII")
+BLOCK_ENTRY_DTYPE = np.dtype([("records", "<u4"), ("length", "<u4"), ("raw_length", "<u4"), ("crc", "<u4")])
+assert BLOCK_ENTRY_STRUCT.size == BLOCK_ENTRY_DTYPE.itemsize == 16
+
+TOPIC_COUNT_STRUCT = struct.Struct("<I")
+TOPIC_LENGTH_STRUCT = struct.Struct("<H")
+
+# The per-record columns of a block, in section order; "byte_end" (per text) follows them.
+COLUMNS = ("flags", "topic", "partition", "offset", "timestamp", "commit_log_offset", "size", "text_end")
+SECTIONS = (*COLUMNS, "byte_end")
+FLAG_KEY = 0x01
+FLAG_LEAD = 0x02
+BLOCK_HEADER_STRUCT = struct.Struct("<III" + "B" * len(SECTIONS) + "3x" + "q" * len(SECTIONS))
+BLOCK_HEADER_DTYPE = np.dtype(
+    [("records", "<u4"), ("texts", "<u4"), ("heap_bytes", "<u4")]
+    + [(f"{name}_width", "u1") for name in SECTIONS]
+    + [("pad", "V3")]
+    + [(f"{name}_base", "<i8") for name in SECTIONS]
+)
+BLOCK_HEADER_SIZE = 96
+assert BLOCK_HEADER_STRUCT.size == BLOCK_HEADER_DTYPE.itemsize == BLOCK_HEADER_SIZE
+
+TEXT = pa.large_binary()
+ITEMS = pa.large_list(pa.field("item", TEXT, nullable=False))
+LZ4 = pa.Codec("lz4_raw")
 
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     """The fixed header of one batch (see the module docstring)."""
 
-    crc: int
+    head_crc: int
     batch_length: int
     version: int
-    attributes: int
+    codec: int
+    block_count: int
     base_seq: int
     record_count: int
     annotation_length: int
@@ -115,6 +172,17 @@ class BatchHeader:
     max_timestamp: int
     body_length: int
     raw_length: int
+    annotation_crc: int
+    topics_length: int
+
+    @property
+    def head_length(self) -> int:
+        return HEADER_SIZE + BLOCK_ENTRY_STRUCT.size * self.block_count + self.topics_length
+
+    @property
+    def blocks_offset(self) -> int:
+        """Where the first block starts, from the batch's start."""
+        return self.head_length + self.annotation_length
 
     @property
     def next_seq(self) -> int:
@@ -123,6 +191,21 @@ class BatchHeader:
     @property
     def last_seq(self) -> int:
         return self.base_seq + self.record_count - 1
+
+
+@dataclass(frozen=True)
+class BatchHead:
+    """A batch's header, block table and topics: what a reader keeps of each batch in a
+    segment's batch directory, checked against the head checksum."""
+
+    header: BatchHeader
+    table: bytes  # the block table as stored (BLOCK_ENTRY_STRUCT entries)
+    topics: tuple[bytes, ...]
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """The block table as a BLOCK_ENTRY_DTYPE array."""
+        return np.frombuffer(self.table, BLOCK_ENTRY_DTYPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,39 +217,96 @@ class BatchProblem:
     torn: bool  # True: the batch runs past the end of the bytes (a write that never finished)
 
 
-def read_header(buf, position: int) -> BatchHeader:
-    """The header at `position`, unchecked (for hops over batches already validated)."""
+def read_header(buf, position: int = 0) -> BatchHeader:
+    """The header at `position`, unchecked."""
     fields = HEADER_STRUCT.unpack_from(buf, position)
-    return BatchHeader(*fields[1:5], *fields[6:])
+    return BatchHeader(*fields[1:])
 
 
-def check_batch(buf, position: int, end: int, expected_seq: int | None = None, *,
-                verify_crc: bool = True) -> BatchHeader | BatchProblem:
-    """Validate the batch at `position` in `buf[:end]`: its header, or the problem found."""
+def head_length_at(buf, position: int = 0) -> int:
+    """The head length the (unchecked) header at `position` announces."""
+    return read_header(buf, position).head_length
+
+
+def check_head(buf, position: int, end: int, expected_seq: int | None = None) -> BatchHead | BatchProblem:
+    """Validate the head of the batch at `position` in `buf[:end]` (`buf` must hold its head: up
+    to `end` or head_length bytes): header fields, head checksum, block table, topic table."""
     left = end - position
     if left < HEADER_SIZE:
         return BatchProblem(position, f"{left} bytes left, too few for a batch header", True)
     fields = HEADER_STRUCT.unpack_from(buf, position)
     if fields[0] != BATCH_MAGIC:
         return BatchProblem(position, f"no batch magic (found {fields[0]!r})", False)
-    header = BatchHeader(*fields[1:5], *fields[6:])
+    header = BatchHeader(*fields[1:])
     total = header.batch_length
-    if total != HEADER_SIZE + header.annotation_length + header.body_length or total > MAX_BATCH_BYTES:
+    if total != header.head_length + header.annotation_length + header.body_length or total > MAX_BATCH_BYTES:
         return BatchProblem(position, f"batch length {total} does not add up", False)
     if total > left:
         return BatchProblem(position, f"batch of {total} bytes runs past the end ({end})", True)
-    if verify_crc and zlib.crc32(memoryview(buf)[position + CRC_START : position + total]) != header.crc:
+    head_end = position + header.head_length
+    if len(buf) < head_end:
+        return BatchProblem(position, f"only {len(buf) - position} bytes of a {header.head_length}-byte head", False)
+    if zlib.crc32(memoryview(buf)[position + CRC_START : head_end]) != header.head_crc:
         return BatchProblem(position, "checksum mismatch", False)
     if header.version != BATCH_VERSION:
         return BatchProblem(position, f"unknown batch version {header.version}", False)
-    if header.record_count < 1 or header.min_timestamp > header.max_timestamp:
-        return BatchProblem(position, "impossible record count or time range", False)
+    if header.codec != CODEC_LZ4:
+        return BatchProblem(position, f"unknown codec {header.codec}", False)
+    if header.record_count < 1 or header.block_count < 1 or header.min_timestamp > header.max_timestamp:
+        return BatchProblem(position, "impossible record count, block count or time range", False)
     if expected_seq is not None and header.base_seq != expected_seq:
         return BatchProblem(position, f"base sequence {header.base_seq} where {expected_seq} was expected", False)
-    return header
+    table_start = position + HEADER_SIZE
+    table = bytes(buf[table_start : table_start + BLOCK_ENTRY_STRUCT.size * header.block_count])
+    # struct, not numpy: a reader checks every batch's head when it first walks a segment
+    records, lengths, raw_lengths, _ = zip(*BLOCK_ENTRY_STRUCT.iter_unpack(table))
+    if min(records) < 1 or sum(records) != header.record_count or sum(lengths) != header.body_length or (
+        sum(raw_lengths) != header.raw_length or min(raw_lengths) < BLOCK_HEADER_SIZE
+    ):
+        return BatchProblem(position, "block table does not match the header", False)
+    topics = _parse_topics(buf, table_start + len(table), head_end)
+    if topics is None:
+        return BatchProblem(position, "malformed topic table", False)
+    return BatchHead(header, table, topics)
 
 
-def checked_batch(data: bytes, end: int, name: object, origin: int, expected_seq: int | None = None) -> BatchHeader:
+def _parse_topics(buf, start: int, end: int) -> tuple[bytes, ...] | None:
+    if end - start < TOPIC_COUNT_STRUCT.size:
+        return None
+    (count,) = TOPIC_COUNT_STRUCT.unpack_from(buf, start)
+    at, topics = start + TOPIC_COUNT_STRUCT.size, []
+    for _ in range(count):
+        if at + TOPIC_LENGTH_STRUCT.size > end:
+            return None
+        (length,) = TOPIC_LENGTH_STRUCT.unpack_from(buf, at)
+        at += TOPIC_LENGTH_STRUCT.size
+        if at + length > end:
+            return None
+        topics.append(bytes(buf[at : at + length]))
+        at += length
+    return tuple(topics) if at == end and topics else None
+
+
+def check_batch(buf, position: int, end: int, expected_seq: int | None = None) -> BatchHead | BatchProblem:
+    """Validate the whole batch at `position` in `buf[:end]`: its head (``check_head``) and the
+    checksums of its annotation and of every block."""
+    head = check_head(buf, position, end, expected_seq)
+    if isinstance(head, BatchProblem):
+        return head
+    header = head.header
+    view = memoryview(buf)
+    at = position + header.head_length
+    if zlib.crc32(view[at : at + header.annotation_length]) != header.annotation_crc:
+        return BatchProblem(position, "checksum mismatch", False)
+    at += header.annotation_length
+    for _, length, _, crc in BLOCK_ENTRY_STRUCT.iter_unpack(head.table):
+        if zlib.crc32(view[at : at + length]) != crc:
+            return BatchProblem(position, "checksum mismatch", False)
+        at += length
+    return head
+
+
+def checked_batch(data: bytes, end: int, name: object, origin: int, expected_seq: int | None = None) -> BatchHead:
     """``check_batch`` of a batch copied from byte `origin` of file `name` into `data`; a problem
     is a CorruptFileError naming the file and the batch's position in it."""
     checked = check_batch(data, 0, end, expected_seq)
@@ -175,233 +315,485 @@ def checked_batch(data: bytes, end: int, name: object, origin: int, expected_seq
     return checked
 
 
+def annotation_of(data: bytes, head: BatchHead) -> bytes:
+    """The annotation of a checked batch held whole in `data`."""
+    start = head.header.head_length
+    return bytes(data[start : start + head.header.annotation_length])
+
+
 # ---- encoding ----------------------------------------------------------------------------------
-def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"") -> bytes:
-    """The bytes of one batch holding all of `columns` from `base_seq` on."""
+def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
+                 block_records: int = DEFAULT_BLOCK_RECORDS) -> bytes:
+    """The bytes of one batch holding all of `columns` from `base_seq` on, in blocks of at most
+    `block_records` records."""
     n = len(columns)
     if n < 1:
         raise InvalidAppendError("a batch holds at least one record")
     if len(annotation) > MAX_ANNOTATION_BYTES:
         raise InvalidAppendError(f"annotation of {len(annotation)} bytes; at most {MAX_ANNOTATION_BYTES} allowed")
+    if -(-n // block_records) > MAX_BLOCKS:
+        raise InvalidAppendError(f"a batch of {n} records would need more than {MAX_BLOCKS} blocks")
+    record = _RecordColumns.of(columns)
     timestamps = columns.ints["timestamp_ms"]
-    low, high = int(timestamps.min()), int(timestamps.max())
-    stored = _stored_batch(columns, low)
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, stored.schema) as writer:
-        writer.write_batch(stored)
-    raw = sink.getvalue()
-    body = pa.compress(raw, CODEC, asbytes=True)
-    total = HEADER_SIZE + len(annotation) + len(body)
-    if total > MAX_BATCH_BYTES or raw.size > 0xFFFF_FFFF:
+    blocks, entries = [], []
+    for start in range(0, n, block_records):
+        raw = record.block(start, min(start + block_records, n))
+        compressed = LZ4.compress(raw, asbytes=True)
+        blocks.append(compressed)
+        entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), len(raw),
+                                               zlib.crc32(compressed)))
+    topics = b"".join([TOPIC_COUNT_STRUCT.pack(len(record.topics))]
+                      + [TOPIC_LENGTH_STRUCT.pack(len(t)) + t for t in record.topics])
+    body_length = sum(map(len, blocks))
+    raw_length = sum(BLOCK_ENTRY_STRUCT.unpack(e)[2] for e in entries)
+    head_length = HEADER_SIZE + BLOCK_ENTRY_STRUCT.size * len(entries) + len(topics)
+    total = head_length + len(annotation) + body_length
+    if total > MAX_BATCH_BYTES or raw_length > 0xFFFF_FFFF:
         raise InvalidAppendError(f"a batch of {n} records would be {total} bytes; split the append")
-    rest = HEADER_STRUCT.pack(BATCH_MAGIC, 0, total, BATCH_VERSION, ATTR_ZSTD, 0, base_seq, n, len(annotation),
-                              low, high, len(body), raw.size)[CRC_START:]
-    crc = zlib.crc32(body, zlib.crc32(annotation, zlib.crc32(rest)))
-    return b"".join((BATCH_MAGIC, struct.pack("<I", crc), rest, annotation, body))
+    rest = HEADER_STRUCT.pack(BATCH_MAGIC, 0, total, BATCH_VERSION, CODEC_LZ4, len(entries), base_seq, n,
+                              len(annotation), int(timestamps.min()), int(timestamps.max()), body_length,
+                              raw_length, zlib.crc32(annotation), len(topics))[CRC_START:]
+    table = b"".join(entries)
+    crc = zlib.crc32(topics, zlib.crc32(table, zlib.crc32(rest)))
+    return b"".join((BATCH_MAGIC, struct.pack("<I", crc), rest, table, topics, annotation, *blocks))
 
 
-def _narrow(values: np.ndarray) -> tuple[pa.Array, int]:
-    """(values - base, base) with base the minimum, in the narrowest unsigned type that holds the
-    deltas. A range wider than int64 keeps int64 deltas that wrap: adding the base back in int64
-    arithmetic (which wraps too) restores every value exactly."""
+@dataclass(frozen=True)
+class _RecordColumns:
+    """A batch's records as the per-record columns and texts of the block layout."""
+
+    per_record: dict[str, np.ndarray]  # COLUMNS -> int64 values
+    text_starts: np.ndarray  # int64, records + 1: the texts of record i are [text_starts[i], text_starts[i + 1])
+    text_offsets: np.ndarray  # int64, texts + 1: byte range of each text in `heap`
+    heap: memoryview
+    topics: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, c: LogColumns) -> _RecordColumns:
+        n = len(c)
+        key = c.key.cast(TEXT)
+        first_item = int(c.list_offsets[0])
+        items = c.items.slice(first_item, int(c.list_offsets[-1]) - first_item).cast(TEXT)
+        starts = (c.list_offsets[:-1] - first_item).astype(np.int64)
+        counts = (c.list_offsets[1:] - c.list_offsets[:-1]).astype(np.int64)
+        has_key = key.is_valid().to_numpy(zero_copy_only=False)
+        lead = np.zeros(n, dtype=bool)
+        candidates = has_key & (counts > 0)
+        if candidates.any():
+            first_items = items.take(pa.array(np.where(candidates, starts, 0)))
+            lead = candidates & pc.equal(first_items, key).fill_null(False).to_numpy(zero_copy_only=False)
+        rest = counts - lead
+        text_counts = has_key + rest
+        text_starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(text_counts, out=text_starts[1:])
+        # Texts in heap order as positions in concat(key, items): a key is key[i], rest keys follow.
+        take = np.empty(int(text_starts[-1]), dtype=np.int64)
+        take[text_starts[:-1][has_key]] = np.flatnonzero(has_key)
+        owner, within = _ranges_owner(rest)
+        take[text_starts[owner] + has_key[owner] + within] = n + starts[owner] + lead[owner] + within
+        texts = pa.concat_arrays([key.fill_null(b""), items]).take(pa.array(take))
+        text_offsets = np.frombuffer(texts.buffers()[1], np.int64, len(texts) + 1, texts.offset * 8)
+        data = texts.buffers()[2]
+        heap = memoryview(data if data is not None else b"").cast("B")
+        topic = c.topic.cast(TEXT).dictionary_encode()
+        per_record = {
+            "flags": has_key * FLAG_KEY + lead * FLAG_LEAD,
+            "topic": topic.indices.to_numpy(zero_copy_only=False),
+            "partition": c.ints["partition"],
+            "offset": c.ints["offset"],
+            "timestamp": c.ints["timestamp_ms"],
+            "commit_log_offset": c.ints["commit_log_offset"],
+            "size": c.ints["size"],
+            "text_end": text_starts[1:],
+        }
+        return cls(per_record, text_starts, text_offsets, heap, tuple(topic.dictionary.to_pylist()))
+
+    def block(self, start: int, stop: int) -> bytes:
+        """The raw (uncompressed) bytes of the block of records [start, stop)."""
+        first_text, end_text = int(self.text_starts[start]), int(self.text_starts[stop])
+        offsets = self.text_offsets[first_text : end_text + 1]
+        heap = self.heap[int(offsets[0]) : int(offsets[-1])]
+        per_record = {name: self.per_record[name][start:stop] for name in COLUMNS}
+        per_record["text_end"] = per_record["text_end"] - first_text  # ends within the block
+        widths, bases, sections = [], [], []
+        for values in [*per_record.values(), offsets[1:] - offsets[0]]:
+            width, base, section = _narrow(values)
+            widths.append(width)
+            bases.append(base)
+            sections.append(section)
+        header = BLOCK_HEADER_STRUCT.pack(stop - start, end_text - first_text, len(heap), *widths, *bases)
+        return b"".join((header, *sections, heap))
+
+
+def _narrow(values: np.ndarray) -> tuple[int, int, bytes]:
+    """(width, base, byte planes of values - base) in the narrowest width that holds the deltas."""
     values = values.astype(np.int64, copy=False)
-    base = int(values.min())
-    delta = values - np.int64(base)
-    top = int(values.max()) - base
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if top <= np.iinfo(dtype).max:
-            return pa.array(delta.astype(dtype)), base
-    return pa.array(delta), base
+    if not len(values):
+        return 0, 0, b""
+    base, top = int(values.min()), int(values.max())
+    if top == base:
+        return 0, base, b""
+    delta = values - np.int64(base)  # wraps for a range wider than int64: see the module docstring
+    for dtype in (np.uint8, np.uint16, np.uint32, np.dtype("<i8")):
+        if dtype == np.dtype("<i8") or top - base <= np.iinfo(dtype).max:
+            narrow = delta.astype(dtype)
+            return narrow.itemsize, base, narrow.view(np.uint8).reshape(-1, narrow.itemsize).T.tobytes()
+    raise AssertionError("unreachable")
 
 
-def _ints(stored: pa.RecordBatch, index: int, base: int) -> np.ndarray:
-    return stored.column(index).to_numpy().astype(np.int64) + base
+def _ranges_owner(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive ranges of `counts` items: each item's range number and place in it."""
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    return owner, np.arange(total, dtype=np.int64) - starts[owner]
 
 
-def _bases(stored: pa.RecordBatch) -> dict[str, int]:
-    metadata = stored.schema.metadata or {}
-    return {name: int(metadata.get(name.encode(), b"0")) for name in ("partition", "offset", "commit_log_offset",
-                                                                       "size")}
-
-
-def _stored_batch(c: LogColumns, min_timestamp: int) -> pa.RecordBatch:
-    n = len(c)
-    key = c.key.cast(TEXT)
-    first_item = int(c.list_offsets[0])
-    items = c.items.slice(first_item, int(c.list_offsets[-1]) - first_item).cast(TEXT)
-    list_offsets = c.list_offsets - first_item
-    starts, ends = list_offsets[:-1], list_offsets[1:]
-    counts = ends - starts
-    lead = np.zeros(n, dtype=bool)
-    has_items = counts > 0
-    if has_items.any():
-        first_items = items.take(pa.array(np.where(has_items, starts, 0)))
-        same = pc.equal(first_items, key).fill_null(False).to_numpy(zero_copy_only=False)
-        lead = has_items & same
-    keep = np.ones(len(items), dtype=bool)
-    keep[starts[lead]] = False
-    rest_items = items.filter(pa.array(keep))
-    rest_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts - lead, out=rest_offsets[1:])
-    topic = c.topic.cast(TEXT).dictionary_encode()
-    if len(topic.dictionary) <= 127:  # one byte per record for the few topics a shard has
-        topic = pa.DictionaryArray.from_arrays(topic.indices.cast(pa.int8()), topic.dictionary)
-    partition, partition_base = _narrow(c.ints["partition"])
-    offset, offset_base = _narrow(c.ints["offset"])
-    timestamp, _ = _narrow(c.ints["timestamp_ms"])  # its base is the header's min_timestamp
-    commit_log_offset, commit_log_offset_base = _narrow(c.ints["commit_log_offset"])
-    size, size_base = _narrow(c.ints["size"])
-    arrays = [topic, partition, offset, timestamp, key.dictionary_encode(), pa.array(lead),
-              pa.ListArray.from_arrays(pa.array(rest_offsets), rest_items, type=ITEMS), commit_log_offset, size]
-    bases = {"partition": partition_base, "offset": offset_base, "commit_log_offset": commit_log_offset_base,
-             "size": size_base}
-    schema = pa.schema([pa.field(name, array.type) for name, array in zip(STORED_NAMES, arrays)],
-                       metadata={name.encode(): str(base).encode() for name, base in bases.items()})
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-STORED_NAMES = ("topic", "partition", "offset", "timestamp", "key", "keys_lead", "keys_rest",
-                "commit_log_offset", "size")
+def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenation of range(first, first + count) for each pair."""
+    owner, within = _ranges_owner(counts)
+    return firsts[owner] + within
 
 
 # ---- decoding ----------------------------------------------------------------------------------
+def decompress_block(compressed: memoryview, raw_length: int, crc: int, name: object, origin: int) -> pa.Buffer:
+    """A block's `compressed` bytes (of the batch at byte `origin` of file `name`), checksum
+    verified, decompressed."""
+    if zlib.crc32(compressed) != crc:
+        raise CorruptFileError(f"{name}: invalid batch at byte {origin}: checksum mismatch")
+    try:
+        return LZ4.decompress(compressed, raw_length, asbytes=False)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode ({e})") from None
+
+
 @dataclass(frozen=True)
-class DecodedBatch:
-    """Records of one batch (all, or some rows) as Arrow/numpy columns (texts as encode_text
-    bytes), ready to be filtered, verified and rendered without Python code per record."""
+class DecodedRows:
+    """Records as columns (texts as encode_text bytes), ready to be filtered, verified and
+    rendered without Python code per record."""
 
     seqs: np.ndarray  # int64
-    topic: pa.Array  # binary (dictionary-decoded)
+    topics: tuple[bytes, ...]  # the distinct topics
+    topic_ids: np.ndarray  # int64: each record's topic, as a position in `topics`
     partition: np.ndarray  # int32
     offset: np.ndarray  # int64
     timestamp_ms: np.ndarray  # int64
-    key: pa.Array  # binary, null where the message has no key
-    keys: pa.ListArray  # list<binary>: the full keys, lead key restored
+    key: pa.Array  # large_binary, null where the message has no key
+    keys: pa.LargeListArray  # large_list<large_binary>
     commit_log_offset: np.ndarray  # int64
     size: np.ndarray  # int32
 
     def __len__(self) -> int:
         return len(self.seqs)
 
+    @property
+    def topic(self) -> pa.Array:
+        """Each record's topic (large_binary)."""
+        return pa.array(self.topics, TEXT).take(pa.array(self.topic_ids))
 
-@dataclass(frozen=True)
-class StoredBatch:
-    """A batch's body as stored (decompressed, zero-copy IPC columns). A point read selects the
-    few rows it wants BEFORE the texts and keys are rebuilt, so its cost is the decompression and
-    not the batch's row count; a scan decodes all rows."""
+    def take(self, rows: np.ndarray) -> DecodedRows:
+        picked = pa.array(rows)
+        return DecodedRows(self.seqs[rows], self.topics, self.topic_ids[rows], self.partition[rows], self.offset[rows],
+                           self.timestamp_ms[rows], self.key.take(picked), self.keys.take(picked),
+                           self.commit_log_offset[rows], self.size[rows])
 
-    header: BatchHeader
-    stored: pa.RecordBatch
+
+def empty_rows() -> DecodedRows:
+    ints = np.zeros(0, np.int64)
+    return DecodedRows(ints, (), ints, np.zeros(0, np.int32), ints, ints, pa.array([], TEXT), pa.array([], ITEMS),
+                       ints, np.zeros(0, np.int32))
+
+
+def concat_rows(parts: Sequence[DecodedRows]) -> DecodedRows:
+    """The records of `parts`, in that order, as one DecodedRows (topic numbers unified)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty_rows()
+    if len(parts) == 1:
+        return parts[0]
+    topics: dict[bytes, int] = {}
+    ids = []
+    for part in parts:
+        mapping = np.array([topics.setdefault(t, len(topics)) for t in part.topics], dtype=np.int64)
+        ids.append(mapping[part.topic_ids])
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part, name) for part in parts])
+
+    return DecodedRows(joined("seqs"), tuple(topics), np.concatenate(ids), joined("partition"), joined("offset"),
+                       joined("timestamp_ms"), pa.concat_arrays([p.key for p in parts]),
+                       pa.concat_arrays([p.keys for p in parts]), joined("commit_log_offset"), joined("size"))
+
+
+class BlockSet:
+    """Decompressed blocks (of any batches and segments) read together: records are addressed
+    as (block, row in the block) pairs, and each column is read for any of them with a few numpy
+    operations whatever the number of blocks: the blocks' headers are read as one numpy array,
+    and the records' fields are gathered from the blocks' bytes laid end to end.
+
+    `raws` are the blocks' raw bytes, `base_seqs` their first seqs, `records` their record counts
+    (from the block table, checked against each block's header), `topic_tables` the topic table
+    of each block's batch, `origins` (file, batch position) of each block for errors."""
+
+    def __init__(self, raws: Sequence, base_seqs: np.ndarray, records: np.ndarray,
+                 topic_tables: Sequence[tuple[bytes, ...]], origins: Sequence[tuple[object, int]]) -> None:
+        self._origins = origins
+        lengths = np.fromiter((len(raw) for raw in raws), dtype=np.int64, count=len(raws))
+        self._data = raws[0] if len(raws) == 1 else b"".join(raws)
+        self._bytes = np.frombuffer(self._data, dtype=np.uint8)
+        starts = np.zeros(len(raws), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        head = self._bytes[starts[:, None] + np.arange(BLOCK_HEADER_SIZE)].reshape(-1).view(BLOCK_HEADER_DTYPE)
+        self.count = np.asarray(head["records"], dtype=np.int64)
+        self.texts = np.asarray(head["texts"], dtype=np.int64)
+        self.heap_bytes = np.asarray(head["heap_bytes"], dtype=np.int64)
+        self._widths = {name: np.asarray(head[f"{name}_width"], dtype=np.int64) for name in SECTIONS}
+        self._bases = {name: np.asarray(head[f"{name}_base"], dtype=np.int64) for name in SECTIONS}
+        self._offsets = {}
+        at = starts + BLOCK_HEADER_SIZE
+        for name in SECTIONS:
+            self._offsets[name] = at
+            at = at + self._widths[name] * (self.texts if name == "byte_end" else self.count)
+        self._heap = at
+        widths = np.stack(list(self._widths.values()))
+        bad = ((widths & (widths - 1)) != 0).any(axis=0) | (widths > 8).any(axis=0)  # 0, 1, 2, 4 or 8
+        bad |= (self.count != records) | (at + self.heap_bytes != starts + lengths)
+        if bad.any():
+            self._corrupt(int(np.argmax(bad)), "a block does not match its layout")
+        self.base_seqs = np.asarray(base_seqs, dtype=np.int64)
+        self._topics: dict[bytes, int] = {}
+        maps: dict[tuple[bytes, ...], tuple[int, int]] = {}
+        flat: list[int] = []
+        self._topic_map_start = np.empty(len(raws), dtype=np.int64)
+        self._topic_count = np.empty(len(raws), dtype=np.int64)
+        for b, table in enumerate(topic_tables):
+            where = maps.get(table)
+            if where is None:
+                where = maps[table] = (len(flat), len(table))
+                flat.extend(self._topics.setdefault(t, len(self._topics)) for t in table)
+            self._topic_map_start[b], self._topic_count[b] = where
+        self._topic_map = np.array(flat, dtype=np.int64)
+        self._present_widths: dict[str, list[int]] = {}
+
+    def _corrupt(self, block: int, reason: str) -> None:
+        name, position = self._origins[block]
+        raise CorruptFileError(f"{name}: invalid batch at byte {position}: {reason}")
+
+    def column(self, name: str, block: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """Values (int64) of column `name` at (block, index in the block: a row, or a text for
+        "byte_end")."""
+        present = self._present_widths.get(name)
+        if present is None:
+            widths = self._widths[name]
+            same = len(widths) and (widths == widths[0]).all()
+            present = self._present_widths[name] = [int(widths[0])] if same else np.unique(widths).tolist()
+        values = self._bases[name][block]
+        if present == [0]:
+            return values
+        positions = self._offsets[name][block] + index
+        planes = (self.texts if name == "byte_end" else self.count)[block]
+        if len(present) == 1:
+            values += self._deltas(positions, planes, present[0])
+            return values
+        widths = self._widths[name][block]
+        for width in present:
+            if width:
+                picked = widths == width
+                values[picked] += self._deltas(positions[picked], planes[picked], width)
+        return values
+
+    def _deltas(self, positions: np.ndarray, planes: np.ndarray, width: int) -> np.ndarray:
+        """The unsigned `width`-byte deltas at `positions` of byte planes `planes` apart, in the
+        unsigned type of that width (8-byte ones as int64: they wrap, as stored, so adding the
+        int64 base restores the value). Planes are combined from the most significant one down,
+        in the narrow type: a quarter of the memory traffic of combining in int64."""
+        if width == 1:
+            return self._bytes[positions]
+        unsigned = np.dtype(f"<u{width}")
+        top = positions + (width - 1) * planes
+        deltas = self._bytes[top].astype(unsigned)
+        for _ in range(width - 1):
+            top -= planes
+            deltas <<= 8
+            deltas |= self._bytes[top]
+        return deltas.view(np.int64) if width == 8 else deltas
+
+    def _end_before(self, name: str, block: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The `name` end of the row/text before each index (0 for the first): where it starts."""
+        first = index == 0
+        before = self.column(name, block, np.where(first, 0, index - 1))
+        before[first] = 0
+        return before
+
+    def topic_ids(self, block: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Each record's topic as a position in ``topics``."""
+        codes = self.column("topic", block, row)
+        bad = (codes < 0) | (codes >= self._topic_count[block])
+        if bad.any():
+            self._corrupt(int(block[np.argmax(bad)]), "a record names a topic the batch does not have")
+        return self._topic_map[self._topic_map_start[block] + codes]
 
     @property
-    def base_seq(self) -> int:
-        return self.header.base_seq
+    def topics(self) -> tuple[bytes, ...]:
+        return tuple(self._topics)
+
+    def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(block, row in the block) of every row of the set, in order."""
+        return _ranges_owner(self.count)
+
+    def _texts(self, block: np.ndarray, first: np.ndarray, count: np.ndarray, order: np.ndarray) -> pa.Array:
+        """The texts [first, first + count) of each (block, first, count) (sorted, as the rows
+        they belong to), as one large_binary array, ranges in `order` (positions in them). A
+        record's texts are contiguous in its block's heap, so the bytes of all ranges are copied
+        by one Arrow take, in `order`, from a zero-copy array over the blocks' bytes."""
+        if not len(order):
+            return pa.array([], TEXT)
+        owner, within = _ranges_owner(count)
+        text_block, text = block[owner], first[owner] + within
+        end = self.column("byte_end", text_block, text)
+        start = self._end_before("byte_end", block, first)  # where each range's first text starts
+        range_end = start.copy()  # where each range's last text ends
+        has_texts = count > 0
+        text_of_range = np.cumsum(count) - count
+        range_end[has_texts] = end[text_of_range[has_texts] + count[has_texts] - 1]
+        text_start = np.empty(len(text), dtype=np.int64)
+        text_start[1:] = end[:-1]
+        text_start[text_of_range[has_texts]] = start[has_texts]  # the first of each range
+        bad = (start < 0) | (start > range_end) | (range_end > self.heap_bytes[block])
+        bad_texts = text_start > end
+        if bad.any() or bad_texts.any():
+            culprit = block[np.argmax(bad)] if bad.any() else text_block[np.argmax(bad_texts)]
+            self._corrupt(int(culprit), "a text lies outside its block's heap")
+        # the ranges as the even elements of an array over the blocks' bytes, the gaps between them odd
+        bounds = np.empty(2 * len(block), dtype=np.int64)
+        heap = self._heap[block]
+        bounds[0::2] = heap + start
+        bounds[1::2] = heap + range_end
+        spans = pa.Array.from_buffers(TEXT, len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(self._data)])
+        data = spans.take(pa.array(2 * order)).buffers()[2]
+        lengths = end - text_start
+        if len(text) != len(count) or (count != 1).any():  # some records have several texts, or none
+            lengths = lengths[_ranges(text_of_range[order], count[order])]
+        else:
+            lengths = lengths[order]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return pa.Array.from_buffers(TEXT, len(lengths), [None, pa.py_buffer(offsets), data])
+
+    def select(self, block: np.ndarray, row: np.ndarray) -> Selection:
+        """The records at (block, row in the block), sorted (see ``Selection``)."""
+        return Selection(self, block, row)
+
+
+class Selection:
+    """Records of a BlockSet at sorted (block, row) positions: their integer fields decoded up
+    front (a few numpy gathers), their texts only for the records a caller then picks, copied
+    straight into the order it wants (``rows``). A caller filters and orders on the integers
+    first and pays for texts only once, for what it keeps."""
+
+    def __init__(self, blocks: BlockSet, block: np.ndarray, row: np.ndarray) -> None:
+        self._blocks, self._block, self._row = blocks, block, row
+        self.seqs = blocks.base_seqs[block] + row
+        self.topics = blocks.topics
+        self.topic_ids = blocks.topic_ids(block, row) if len(block) else np.zeros(0, np.int64)
+        self.partition = blocks.column("partition", block, row).astype(np.int32)
+        self.offset = blocks.column("offset", block, row)
+        self.timestamp_ms = blocks.column("timestamp", block, row)
+        self.commit_log_offset = blocks.column("commit_log_offset", block, row)
+        self.size = blocks.column("size", block, row).astype(np.int32)
 
     def __len__(self) -> int:
-        return self.stored.num_rows
+        return len(self.seqs)
 
-    def timestamps(self) -> np.ndarray:
-        return self.stored.column(3).to_numpy().astype(np.int64) + self.header.min_timestamp
-
-    def all(self) -> DecodedBatch:
-        return _decoded(self.header, self.stored, np.arange(self.base_seq, self.base_seq + len(self), dtype=np.int64))
-
-    def select(self, rows: np.ndarray) -> DecodedBatch:
-        """Rows `rows` (positions in the batch, in that order)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        return _decoded(self.header, self.stored.take(pa.array(rows)), self.base_seq + rows)
-
-
-def decode_body(data: bytes, header: BatchHeader, name: object, origin: int) -> StoredBatch:
-    """The body of the (already checked) batch copied from byte `origin` of `name` into `data`."""
-    start = HEADER_SIZE + header.annotation_length
-    position = origin
-    try:
-        compressed = pa.py_buffer(memoryview(data)[start : start + header.body_length])
-        raw = pa.decompress(compressed, header.raw_length, CODEC, asbytes=False) if header.attributes & ATTR_ZSTD \
-            else compressed
-        stored = ipc.open_stream(raw).read_next_batch()
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise CorruptFileError(f"{name}: invalid batch at byte {position}: body does not decode ({e})") from None
-    if stored.num_rows != header.record_count or tuple(stored.schema.names) != STORED_NAMES:
-        raise CorruptFileError(f"{name}: invalid batch at byte {position}: body does not match its header")
-    return StoredBatch(header, stored)
-
-
-def gather(parts: list[tuple[StoredBatch, np.ndarray]]) -> DecodedBatch:
-    """The rows `rows` of each (stored batch, rows), concatenated into one DecodedBatch in that
-    order. Per batch only a take and a few zero-copy conversions run; the keys are rebuilt and
-    everything is checked and rendered once for all batches (a lookup touching hundreds of
-    batches pays the per-call overhead of Arrow once, not hundreds of times)."""
-    if not parts:
-        empty = pa.array([], TEXT)
-        return DecodedBatch(np.zeros(0, np.int64), empty, np.zeros(0, np.int32), np.zeros(0, np.int64),
-                            np.zeros(0, np.int64), empty, pa.array([], ITEMS), np.zeros(0, np.int64),
-                            np.zeros(0, np.int32))
-    columns: list[list] = [[] for _ in range(10)]
-    for stored, rows in parts:
-        rows = np.asarray(rows, dtype=np.int64)
-        taken = stored.stored.take(pa.array(rows))
-        bases = _bases(stored.stored)
-        for column, value in zip(columns, (
-            stored.base_seq + rows,
-            plain(taken.column(0)),
-            _ints(taken, 1, bases["partition"]),
-            _ints(taken, 2, bases["offset"]),
-            _ints(taken, 3, stored.header.min_timestamp),
-            plain(taken.column(4)),
-            taken.column(5).to_numpy(zero_copy_only=False),
-            taken.column(6),
-            _ints(taken, 7, bases["commit_log_offset"]),
-            _ints(taken, 8, bases["size"]),
-        )):
-            column.append(value)
-    seqs, topic, partition, offset, stamps, key, lead, rest, commit_log_offset, size = (
-        np.concatenate(c) if isinstance(c[0], np.ndarray) else pa.concat_arrays(c) for c in columns)
-    return DecodedBatch(seqs, topic, partition, offset, stamps, key,
-                        _with_lead(key, lead, rest) if lead.any() else rest, commit_log_offset, size)
+    def rows(self, kept: np.ndarray | None = None, order: np.ndarray | None = None) -> DecodedRows:
+        """The records `kept` (sorted distinct positions in the selection; default: all), in
+        `order` (positions in `kept`; default: as they are)."""
+        if kept is None:
+            kept = np.arange(len(self.seqs))
+        if order is None:
+            order = np.arange(len(kept))
+        if not len(order):
+            return empty_rows()
+        picked = kept[order]
+        blocks, block, row = self._blocks, self._block[kept], self._row[kept]
+        flags = blocks.column("flags", block, row)
+        end = blocks.column("text_end", block, row)
+        first = blocks._end_before("text_end", block, row)
+        has_key = (flags & FLAG_KEY) > 0
+        lead = (flags & FLAG_LEAD) > 0
+        rest_first = first + has_key  # the keys stored after the key text
+        bad = (flags > FLAG_KEY | FLAG_LEAD) | (lead & ~has_key) | (first < 0) | (end < rest_first)
+        bad |= end > blocks.texts[block]
+        if bad.any():
+            blocks._corrupt(int(block[np.argmax(bad)]), "a record's texts do not match its block")
+        # every text of the records at once, in answer order; the keys list and the key are cut from them
+        texts = blocks._texts(block, first, end - first, order)
+        has_key, lead, count = has_key[order], lead[order], (end - first)[order]
+        text_of_record = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(count, out=text_of_record[1:])
+        skip = has_key & ~lead  # a key that is not also the first of the keys
+        list_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(count - skip, out=list_offsets[1:])
+        values = texts.take(pa.array(_ranges(text_of_record[:-1] + skip, count - skip))) if skip.any() else texts
+        return DecodedRows(
+            self.seqs[picked], self.topics, self.topic_ids[picked], self.partition[picked], self.offset[picked],
+            self.timestamp_ms[picked], texts.take(pa.array(text_of_record[:-1], mask=~has_key)),
+            pa.LargeListArray.from_arrays(pa.array(list_offsets), values, type=ITEMS),
+            self.commit_log_offset[picked], self.size[picked],
+        )
 
 
-def plain(array: pa.Array) -> pa.Array:
-    """A stored column without its dictionary encoding."""
-    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+class BlockRecords:
+    """One decompressed block read a record at a time with struct and int arithmetic: what a
+    lookup of a few records pays, without the per-call cost of the numpy and Arrow kernels
+    BlockSet amortizes over many. Same layout (module docstring), exact texts."""
 
+    def __init__(self, raw, topics: tuple[bytes, ...], name: object, origin: int) -> None:
+        self._raw, self._topics = memoryview(raw).cast("B"), topics
+        self._name, self._origin = name, origin
+        fields = BLOCK_HEADER_STRUCT.unpack_from(self._raw, 0)
+        self.count, texts, heap_bytes = fields[:3]
+        self._widths, self._bases = fields[3 : 3 + len(SECTIONS)], fields[3 + len(SECTIONS) :]
+        self._offsets, at = [], BLOCK_HEADER_SIZE
+        for section, width in enumerate(self._widths):
+            self._offsets.append(at)
+            at += width * (texts if section == len(COLUMNS) else self.count)
+        self._planes = [self.count] * len(COLUMNS) + [texts]
+        self._heap = at
+        if at + heap_bytes != len(self._raw) or any(w not in (0, 1, 2, 4, 8) for w in self._widths):
+            self._corrupt("a block does not match its layout")
+        self._texts, self._heap_bytes = texts, heap_bytes
 
-def _decoded(header: BatchHeader, stored: pa.RecordBatch, seqs: np.ndarray) -> DecodedBatch:
-    bases = _bases(stored)
-    key = plain(stored.column(4))
-    lead = stored.column(5).to_numpy(zero_copy_only=False)
-    rest = stored.column(6)
-    return DecodedBatch(
-        seqs,
-        plain(stored.column(0)),
-        _ints(stored, 1, bases["partition"]),
-        _ints(stored, 2, bases["offset"]),
-        _ints(stored, 3, header.min_timestamp),
-        key,
-        _with_lead(key, lead, rest) if lead.any() else rest,
-        _ints(stored, 7, bases["commit_log_offset"]),
-        _ints(stored, 8, bases["size"]),
-    )
+    def _corrupt(self, reason: str) -> None:
+        raise CorruptFileError(f"{self._name}: invalid batch at byte {self._origin}: {reason}")
 
+    def _value(self, section: int, index: int) -> int:
+        width = self._widths[section]
+        if not width:
+            return self._bases[section]
+        at, planes = self._offsets[section] + index, self._planes[section]
+        delta = int.from_bytes(self._raw[at : at + width * planes : planes], "little", signed=width == 8)
+        return (self._bases[section] + delta + (1 << 63)) % (1 << 64) - (1 << 63)  # int64 arithmetic
 
-def _with_lead(key: pa.Array, lead: np.ndarray, rest: pa.ListArray) -> pa.ListArray:
-    """keys = [key] + rest where `lead`, else rest: one take over key values and rest items."""
-    n = len(lead)
-    rest_offsets = rest.offsets.to_numpy().astype(np.int64)
-    rest_counts = np.diff(rest_offsets)
-    counts = rest_counts + lead
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    # Source indexes into concat(key, rest items): a lead item is key[i]; the rest follow in order.
-    take = np.empty(int(offsets[-1]), dtype=np.int64)
-    lead_rows = np.flatnonzero(lead)
-    take[offsets[lead_rows]] = lead_rows
-    is_rest = np.ones(len(take), dtype=bool)
-    is_rest[offsets[lead_rows]] = False
-    take[is_rest] = n + rest_offsets[0] + np.arange(int(rest_counts.sum()), dtype=np.int64)
-    values = pa.concat_arrays([key.fill_null(b""), rest.values]).take(pa.array(take))
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=ITEMS)
+    def record(self, row: int) -> MessageRecord:
+        """The record at `row` of the block."""
+        value, text_end, byte_end = self._value, len(COLUMNS) - 1, len(COLUMNS)
+        flags, topic = value(0, row), value(1, row)
+        first, end = value(text_end, row - 1) if row else 0, value(text_end, row)
+        has_key = flags & FLAG_KEY
+        if flags > FLAG_KEY | FLAG_LEAD or (flags & FLAG_LEAD and not has_key) or not 0 <= first + has_key <= end \
+                or end > self._texts or not 0 <= topic < len(self._topics):
+            self._corrupt("a record does not match its block")
+        texts, start = [], value(byte_end, first - 1) if first else 0
+        for text in range(first, end):
+            stop = value(byte_end, text)
+            if not 0 <= start <= stop <= self._heap_bytes:
+                self._corrupt("a text lies outside its block's heap")
+            texts.append(decode_text(bytes(self._raw[self._heap + start : self._heap + stop])))
+            start = stop
+        key = texts[0] if has_key else None
+        keys = tuple(texts if flags & FLAG_LEAD else texts[has_key:])
+        return MessageRecord(decode_text(self._topics[topic]), value(2, row), value(3, row), value(4, row), key, keys,
+                             value(5, row), value(6, row))
 
 
 # ---- rendering ---------------------------------------------------------------------------------
@@ -415,49 +807,46 @@ def _string_array(array: pa.Array) -> pa.Array:
                         pa.string())
 
 
-def rows(batch: DecodedBatch, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
-    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given)."""
-    def pick(values):
-        return values if take is None else values[take]
-
-    def pick_arrow(array: pa.Array) -> pa.Array:
-        return array if take is None else array.take(pa.array(take))
-
-    count = len(batch) if take is None else len(take)
+def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
+    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given). Timestamps a
+    store holds from before the timestamp rule show as the nearest bound (``shown_timestamps``)."""
+    if take is not None:
+        batch = batch.take(np.asarray(take, dtype=np.int64))
+    count = len(batch)
     if count == 0:
         return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
-    keys = pick_arrow(batch.keys)
+    keys = batch.keys
     offsets = keys.offsets.to_numpy()
     values = keys.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     keys_column = pa.ListArray.from_arrays(pa.array((offsets - offsets[0]).astype(np.int32)),
                                            _string_array(values), type=ROW_SCHEMA.field("keys").type)
-    commit_log_offset, size = pick(batch.commit_log_offset), pick(batch.size)
+    topics = _string_array(pa.array(batch.topics, TEXT))
     columns = [
         pa.repeat(pa.scalar(arrow_text(broker), pa.string()), count),
-        _string_array(pick_arrow(batch.topic)),
-        pa.array(pick(batch.partition), pa.int32()),
-        pa.array(pick(batch.offset), pa.int64()),
-        _string_array(pick_arrow(batch.key)),
+        topics.take(pa.array(batch.topic_ids)),
+        pa.array(batch.partition, pa.int32()),
+        pa.array(batch.offset, pa.int64()),
+        _string_array(batch.key),
         keys_column,
-        pa.array(pick(batch.timestamp_ms) * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
-        pa.array(commit_log_offset, pa.int64(), mask=commit_log_offset == NO_VALUE),
-        pa.array(size, pa.int32(), mask=size == NO_VALUE),
-        pa.array(pick(batch.seqs), pa.int64()),
+        pa.array(shown_timestamps(batch.timestamp_ms) * 1000, pa.int64()).cast(ROW_SCHEMA.field("timestamp").type),
+        pa.array(batch.commit_log_offset, pa.int64(), mask=batch.commit_log_offset == NO_VALUE),
+        pa.array(batch.size, pa.int32(), mask=batch.size == NO_VALUE),
+        pa.array(batch.seqs, pa.int64()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
 
 
-def records(batch: DecodedBatch, take: np.ndarray | None = None) -> list[MessageRecord]:
+def records(batch: DecodedRows, take: np.ndarray | None = None) -> list[MessageRecord]:
     """MessageRecords of `batch` (its rows `take` when given): exact texts, for tools and tests."""
-    index = np.arange(len(batch)) if take is None else np.asarray(take)
-    topics = batch.topic.take(pa.array(index)).to_pylist()
-    keys = batch.key.take(pa.array(index)).to_pylist()
-    key_lists = batch.keys.take(pa.array(index)).to_pylist()
-    out = []
-    for i, row in enumerate(index.tolist()):
-        out.append(MessageRecord(
-            decode_text(topics[i]), int(batch.partition[row]), int(batch.offset[row]), int(batch.timestamp_ms[row]),
-            None if keys[i] is None else decode_text(keys[i]), tuple(decode_text(k) for k in key_lists[i]),
-            int(batch.commit_log_offset[row]), int(batch.size[row]),
-        ))
-    return out
+    if take is not None:
+        batch = batch.take(np.asarray(take, dtype=np.int64))
+    topics = [decode_text(t) for t in batch.topics]
+    keys = batch.key.to_pylist()
+    key_lists = batch.keys.to_pylist()
+    return [
+        MessageRecord(topics[topic], partition, offset, timestamp, None if key is None else decode_text(key),
+                      tuple(decode_text(k) for k in key_list), commit_log_offset, size)
+        for topic, partition, offset, timestamp, key, key_list, commit_log_offset, size in zip(
+            batch.topic_ids.tolist(), batch.partition.tolist(), batch.offset.tolist(), batch.timestamp_ms.tolist(),
+            keys, key_lists, batch.commit_log_offset.tolist(), batch.size.tolist())
+    ]

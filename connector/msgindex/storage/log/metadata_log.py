@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, UpgradeRequiredError
 from msgindex.storage.durable import fsync_directory, is_temporary
@@ -29,6 +30,7 @@ from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.columns import records_from_table  # noqa: F401  (re-exported)
 from msgindex.storage.log.segment import (
     LOG_SUFFIX,
+    BatchDirectory,
     LogSegment,
     SegmentState,
     parse_segment_name,
@@ -103,21 +105,12 @@ class SegmentInfo:
 
 
 
-@dataclass(frozen=True)
-class BatchHit:
-    """Rows of one decoded batch wanted by a read: `rows` are positions in the batch, `at` the
-    positions in the caller's seq array they answer."""
-
-    batch: bf.StoredBatch
-    rows: np.ndarray
-    at: np.ndarray
-
-
 class MetadataLog:
     """A directory of log segments (see the module docstring). Open with ``MetadataLog.open``."""
 
     def __init__(self, directory: Path, segment_bytes: int, index_interval_bytes: int,
-                 max_index_bytes: int, writable: bool, batch_records: int = DEFAULT_BATCH_RECORDS) -> None:
+                 max_index_bytes: int, writable: bool, batch_records: int = DEFAULT_BATCH_RECORDS,
+                 block_records: int = bf.DEFAULT_BLOCK_RECORDS) -> None:
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
             raise InvalidOptionError(f"segment_bytes={segment_bytes} must be in [1, {MAX_SEGMENT_BYTES}]")
         if index_interval_bytes < 0:
@@ -126,7 +119,11 @@ class MetadataLog:
             raise InvalidOptionError(f"max_index_bytes={max_index_bytes} must hold at least two time-index entries")
         if batch_records < 1:
             raise InvalidOptionError(f"batch_records={batch_records} must be >= 1")
+        if block_records < 1 or -(-batch_records // block_records) > bf.MAX_BLOCKS:
+            raise InvalidOptionError(f"block_records={block_records} must be >= 1 and cut a batch of "
+                                     f"{batch_records} records into at most {bf.MAX_BLOCKS} blocks")
         self.batch_records = batch_records
+        self.block_records = block_records
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -140,11 +137,13 @@ class MetadataLog:
     @classmethod
     def open(cls, directory: Path | str, *, segment_bytes: int, index_interval_bytes: int,
              max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES, writable: bool,
-             committed: LogPosition | None = None, batch_records: int = DEFAULT_BATCH_RECORDS) -> MetadataLog:
+             committed: LogPosition | None = None, batch_records: int = DEFAULT_BATCH_RECORDS,
+             block_records: int = bf.DEFAULT_BLOCK_RECORDS) -> MetadataLog:
         """Open the log in `directory` (a writer creates it). With `committed`, the log is cut
         to that position (a writer truncates the files, a reader just never reads further);
         without, every valid record is kept and a torn tail is dropped (Kafka-style recovery)."""
-        log = cls(Path(directory), segment_bytes, index_interval_bytes, max_index_bytes, writable, batch_records)
+        log = cls(Path(directory), segment_bytes, index_interval_bytes, max_index_bytes, writable, batch_records,
+                  block_records)
         if writable:
             log.directory.mkdir(parents=True, exist_ok=True)
             log._remove_strays()
@@ -283,16 +282,17 @@ class MetadataLog:
             raise InvalidAppendError(f"sequence numbers {first}.. of a {count}-record batch do not fit in int64")
         starts = list(range(0, count, self.batch_records))
         encoded = [bf.encode_batch(first + start, columns.slice(start, min(start + self.batch_records, count)),
-                                   bytes(annotation) if start == starts[-1] else b"")
+                                   bytes(annotation) if start == starts[-1] else b"", self.block_records)
                    for start in starts]
         for data in encoded:
-            header = bf.read_header(data, 0)
+            head = bf.check_head(data, 0, len(data))
+            header = head.header
             active = self._segments[-1]
             if active.size and (active.size + len(data) > self.segment_bytes or active.room() < 1
                                 or header.last_seq - active.base_seq > MAX_RELATIVE_SEQ):
                 self._roll()
                 active = self._segments[-1]
-            active.append(data, header)
+            active.append(data, head)
         return range(first, self.next_seq)
 
     def _roll(self) -> None:
@@ -356,39 +356,68 @@ class MetadataLog:
 
     def read(self, seq: int) -> MessageRecord:
         """The record with sequence number `seq`."""
-        return self._segment_of(seq).read(seq)
+        return self.read_few([seq])[0]
 
-    def hits(self, seqs: np.ndarray) -> Iterator[BatchHit]:
-        """For sorted unique `seqs`: each batch holding some of them, decoded once (checksum
-        verified), with the rows wanted. Segments by one searchsorted over their bases, batches
-        by one searchsorted over each segment's batch directory."""
+    def chunks(self, seqs: np.ndarray, work: Callable[[int, bf.Selection], R]) -> Iterator[R]:
+        """work(first, records) for the records of sorted unique `seqs`, a chunk of blocks (about
+        READ_CHUNK_RECORDS records) at a time, in order: `first` is the position in `seqs` of the
+        chunk's first record. Each block holding some of them is read once (checksum verified).
+        Chunks are read, decoded and worked on by a thread pool, a few ahead of the caller: a
+        caller keeping only some records of each chunk never holds the blocks of all of them, and
+        the work (numpy, Arrow, LZ4: mostly outside the GIL) runs on every core."""
         seqs = np.asarray(seqs, dtype=np.int64)
         if not len(seqs):
             return
         if seqs[0] < self.start_seq or seqs[-1] >= self.next_seq:
             bad = seqs[0] if seqs[0] < self.start_seq else seqs[-1]
             raise IndexError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
-        bases = np.array([s.base_seq for s in self._segments], dtype=np.int64)
-        owner = np.searchsorted(bases, seqs, side="right") - 1
-        cuts = np.flatnonzero(np.diff(owner)) + 1
-        wanted = []  # (segment, its directory, batch number, rows in the batch, positions in seqs)
-        for at in np.split(np.arange(len(seqs)), cuts):
-            segment = self._segments[int(owner[at[0]])]
+        bases = np.array([s.base_seq for s in self._segments[1:]], dtype=np.int64)
+        cuts = np.searchsorted(seqs, bases).tolist()  # seqs of segment i: [cuts[i - 1], cuts[i])
+        tasks = []  # (segment, directory, blocks to read, their seqs' positions in `seqs`, their first seqs)
+        for segment, start, stop in zip(self._segments, [0, *cuts], [*cuts, len(seqs)]):
+            if start == stop:
+                continue
             directory = segment.batches()
-            mine = seqs[at]
-            batch_of = directory.batch_of(mine)
-            batch_cuts = np.flatnonzero(np.diff(batch_of)) + 1
-            for part in np.split(np.arange(len(mine)), batch_cuts):
-                i = int(batch_of[part[0]])
-                wanted.append((segment, directory, i, mine[part] - directory.base_seqs[i], at[part]))
-        decoded = _decode_all([(segment, directory, i) for segment, directory, i, _, _ in wanted])
-        for (_, _, _, rows, at), batch in zip(wanted, decoded):
-            yield BatchHit(batch, rows, at)
+            # planned per block, not per seq: a hot key has millions of seqs in thousands of blocks
+            firsts = start + np.searchsorted(seqs[start:stop], directory.block_base_seqs)
+            ends = np.append(firsts[1:], stop)
+            touched = np.flatnonzero(ends > firsts)
+            # about READ_CHUNK_RECORDS wanted records a chunk: cache-sized arrays for a hot key's
+            # dense blocks, few chunks (each has a fixed cost) for scattered keys
+            per_chunk = max(1, min(READ_CHUNK_BLOCKS, READ_CHUNK_RECORDS * len(touched) // (stop - start)))
+            for piece in range(0, len(touched), per_chunk):
+                blocks = touched[piece : piece + per_chunk]
+                tasks.append((segment, directory, blocks, firsts[blocks], ends[blocks]))
 
-    def gather(self, seqs: np.ndarray) -> bf.DecodedBatch:
-        """The records of sorted unique `seqs`, in that order, as one DecodedBatch: each batch
-        holding some of them decoded once (checksum verified)."""
-        return bf.gather([(hit.batch, hit.rows) for hit in self.hits(seqs)])
+        def read(task: tuple[LogSegment, BatchDirectory, np.ndarray, np.ndarray, np.ndarray]) -> R:
+            segment, directory, blocks, firsts, ends = task
+            block = np.repeat(np.arange(len(blocks)), ends - firsts)
+            row = seqs[firsts[0] : ends[-1]] - directory.block_base_seqs[blocks][block]
+            return work(int(firsts[0]), segment.block_set(blocks, directory).select(block, row))
+
+        yield from _in_order(read, tasks)
+
+    def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
+        """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
+        cheaper than ``gather`` below a dozen or so records, dearer above."""
+        found: list[MessageRecord] = []
+        blocks: dict[tuple[int, int], bf.BlockRecords] = {}
+        for seq in seqs:
+            segment = self._segment_of(seq)
+            directory = segment.batches()
+            block = int(np.searchsorted(directory.block_base_seqs, seq, side="right")) - 1
+            reader = blocks.get((segment.base_seq, block))
+            if reader is None:
+                (raw,) = segment.read_blocks(np.array([block]), directory)
+                batch = int(directory.block_batches[block])
+                reader = blocks[(segment.base_seq, block)] = bf.BlockRecords(
+                    raw, directory.topic_tables[batch], segment.path, int(directory.positions[batch]))
+            found.append(reader.record(seq - int(directory.block_base_seqs[block])))
+        return found
+
+    def gather(self, seqs: np.ndarray) -> bf.DecodedRows:
+        """The records of sorted unique `seqs`, in that order (see ``chunks``)."""
+        return bf.concat_rows(list(self.chunks(seqs, lambda _, records: records.rows())))
 
     def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
         """The records of `seqs`, in the order given."""
@@ -413,8 +442,10 @@ class MetadataLog:
             reaching = np.flatnonzero(directory.max_timestamps >= timestamp_ms)
             if len(reaching):
                 i = int(reaching[0])
-                batch = segment.decode(i, directory)
-                return batch.base_seq + int(np.argmax(batch.timestamps() >= timestamp_ms))
+                blocks = np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
+                block_set = segment.block_set(blocks, directory)
+                records = block_set.select(*block_set.all_rows())
+                return int(directory.base_seqs[i]) + int(np.argmax(records.timestamp_ms >= timestamp_ms))
         return None
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, *,
@@ -436,12 +467,12 @@ class MetadataLog:
                    partitions: Iterable[int] | None = None, verify: bool = True) -> Iterator[pa.RecordBatch]:
         """ROW_SCHEMA batches of the records in [start_seq, end_seq) whose timestamp is in
         [begin_ms, end_ms] (inclusive, ms) and, when given, whose topic / partition is listed.
-        Batches whose time range misses the window are never read; rows are filtered with
-        Arrow/numpy kernels. Checksums are always verified (`verify` is kept for callers; a
-        batch is checked as a whole). Empty batches are not yielded."""
+        Batches whose time range misses the window are never read; the others are read about
+        `batch_rows` records at a time and filtered with numpy kernels. Checksums are always
+        verified (`verify` is kept for callers). Empty batches are not yielded."""
         start_seq = max(start_seq, self.start_seq)
         end_seq = min(end_seq, self.next_seq)
-        wanted_topics = None if topics is None else pa.array(sorted({encode_text(t) for t in topics}), bf.TEXT)
+        wanted_topics = None if topics is None else {encode_text(t) for t in topics}
         wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
         for segment in self._segments:
             if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
@@ -451,15 +482,25 @@ class MetadataLog:
                 continue
             directory = segment.batches()
             first, last = segment.batch_range(max(start_seq, segment.base_seq), min(end_seq, segment.next_seq))
-            for i in range(first, last):
-                if not _overlaps(int(directory.min_timestamps[i]), int(directory.max_timestamps[i]), begin_ms, end_ms):
-                    continue
-                batch = segment.decode(i, directory)
-                keep = _window_mask(batch, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
+            batches = np.arange(first, last)
+            overlap = np.ones(len(batches), dtype=bool)
+            if begin_ms is not None:
+                overlap &= directory.max_timestamps[batches] >= begin_ms
+            if end_ms is not None:
+                overlap &= directory.min_timestamps[batches] <= end_ms
+            batches = batches[overlap]
+            # pieces of about batch_rows records, cut at batch boundaries
+            piece_of = np.cumsum(directory.counts[batches]) // max(batch_rows, 1)
+            for piece in np.split(batches, np.flatnonzero(np.diff(piece_of)) + 1) if len(batches) else ():
+                touched = np.concatenate([np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
+                                          for i in piece.tolist()])
+                block_set = segment.block_set(touched, directory)
+                records = block_set.select(*block_set.all_rows())
+                keep = _window_mask(records, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
                 if keep is None:
-                    yield bf.rows(batch.all(), broker)
-                elif keep.any():  # only the rows kept get their texts and keys rebuilt
-                    yield bf.rows(batch.select(np.flatnonzero(keep)), broker)
+                    yield bf.rows(records.rows(), broker)
+                elif keep.any():  # only the records kept get their texts decoded
+                    yield bf.rows(records.rows(np.flatnonzero(keep)), broker)
 
     # ---- annotations ---------------------------------------------------------------------------
     def annotations(self) -> Iterator[tuple[int, bytes]]:
@@ -515,44 +556,60 @@ def _overlaps(low: int, high: int, begin_ms: int | None, end_ms: int | None) -> 
     return (begin_ms is None or high >= begin_ms) and (end_ms is None or low <= end_ms)
 
 
-def _window_mask(batch: bf.StoredBatch, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,
-                 partitions: np.ndarray | None, topics: pa.Array | None) -> np.ndarray | None:
-    """Rows of `batch` inside the seq range, the time window and the filters (None: all of them)."""
+def _window_mask(records: bf.Selection, start_seq: int, end_seq: int, begin_ms: int | None, end_ms: int | None,
+                 partitions: np.ndarray | None, topics: set[bytes] | None) -> np.ndarray | None:
+    """Which records lie in the seq range, the time window and the filters (None: all of them)."""
     keep = None
 
     def narrow(mask: np.ndarray) -> None:
         nonlocal keep
         keep = mask if keep is None else keep & mask
 
-    if batch.base_seq < start_seq or batch.base_seq + len(batch) > end_seq:
-        seqs = np.arange(batch.base_seq, batch.base_seq + len(batch))
+    seqs = records.seqs
+    if len(seqs) and (seqs[0] < start_seq or seqs[-1] >= end_seq):
         narrow((seqs >= start_seq) & (seqs < end_seq))
-    if begin_ms is not None or end_ms is not None:
-        stamps = batch.timestamps()
-        if begin_ms is not None:
-            narrow(stamps >= begin_ms)
-        if end_ms is not None:
-            narrow(stamps <= end_ms)
+    if begin_ms is not None:
+        narrow(records.timestamp_ms >= begin_ms)
+    if end_ms is not None:
+        narrow(records.timestamp_ms <= end_ms)
     if partitions is not None:
-        narrow(np.isin(batch.stored.column(1).to_numpy().astype(np.int64), partitions))
+        narrow(np.isin(records.partition, partitions))
     if topics is not None:
-        narrow(pc.is_in(bf.plain(batch.stored.column(0)), value_set=topics).to_numpy(zero_copy_only=False))
+        wanted = np.array([i for i, topic in enumerate(records.topics) if topic in topics], dtype=np.int64)
+        narrow(np.isin(records.topic_ids, wanted))
     if keep is not None and keep.all():
         return None
     return keep
 
 
-# Decoding a batch (pread, CRC, zstd, Arrow IPC) runs outside the GIL, so a read touching many
-# batches decodes them on every core, as DuckDB scans Parquet on every core.
-PARALLEL_DECODE_MIN_BATCHES = 8
+# Reading a block (pread, CRC, LZ4) runs outside the GIL, so a read touching many blocks reads
+# them on every core, as DuckDB scans Parquet on every core. Chunks of about READ_CHUNK_RECORDS
+# wanted records keep every array a read builds small enough to stay in the CPU's caches.
+READ_CHUNK_RECORDS = 24_576
+READ_CHUNK_BLOCKS = 4096
+READ_AHEAD_CHUNKS = 4
+PARALLEL_MIN_CHUNKS = 16
+CPUS = os.cpu_count() or 1
+T = TypeVar("T")
+R = TypeVar("R")
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _decode_all(wanted: list[tuple[LogSegment, object, int]]) -> Iterable[bf.StoredBatch]:
-    """The batches `wanted`, decoded, in order (on a thread pool when there are many)."""
+def _in_order(work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
+    """work(task) of each task, in order; with many, up to READ_AHEAD_CHUNKS run ahead on a
+    thread pool while the caller consumes the results (fewer run inline: the GIL hand-offs of
+    many short C calls cost more than a second core gives them, measured on 2 cores)."""
+    if len(tasks) < PARALLEL_MIN_CHUNKS or CPUS < 2:
+        yield from map(work, tasks)
+        return
     global _POOL
-    if len(wanted) < PARALLEL_DECODE_MIN_BATCHES or (os.cpu_count() or 1) < 2:
-        return (segment.decode(i, directory) for segment, directory, i in wanted)
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=os.cpu_count(), thread_name_prefix="msgindex-decode")
-    return _POOL.map(lambda item: item[0].decode(item[2], item[1]), wanted)
+        _POOL = ThreadPoolExecutor(max_workers=CPUS, thread_name_prefix="msgindex-read")
+    pending: deque[Future] = deque(_POOL.submit(work, task) for task in tasks[:READ_AHEAD_CHUNKS])
+    following = iter(tasks[READ_AHEAD_CHUNKS:])
+    while pending:
+        result = pending.popleft().result()
+        task = next(following, None)
+        if task is not None:
+            pending.append(_POOL.submit(work, task))
+        yield result

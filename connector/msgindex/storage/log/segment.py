@@ -9,11 +9,12 @@ the time index gets the running maximum. Because the rule only depends on the ba
 a lost index gives the very entries the writer appended, and a checkpoint can record entry counts
 that stay true across rebuilds.
 
-Every batch's (position, base seq, count, min/max timestamp) is the segment's batch directory,
-kept in memory: a writer extends it as it appends; a reader builds it once, lazily, by hopping over
-the batch headers of its committed extent (one read of 56 bytes per batch, thousands of records
-each). Lookups find a seq's batch with one ``searchsorted`` over it, time scans skip batches by
-their min/max.
+Every batch's (position, base seq, count, min/max timestamp) and every block's (base seq,
+position, lengths, checksum) and the batches' topic tables are the segment's batch directory, kept
+in memory: a writer extends it as it appends; a reader builds it once, lazily, by hopping over the
+batch heads of its committed extent (one small read per batch of thousands of records, its head
+checksum verified). Lookups find a seq's block with one ``searchsorted`` over it and read just
+that block; time scans skip batches by their min/max.
 
 A segment is opened in one of three ways (the log decides which):
 * sealed: immutable; entries = file length / entry size, summary gives its range;
@@ -30,23 +31,31 @@ A missing or corrupt index is rebuilt (in memory for a reader).
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullError
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
-from msgindex.storage.message import MessageRecord
+from msgindex.storage.mapped_file import storage_full
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 SUMMARY_SUFFIX = ".summary"
 NAME_DIGITS = 20
+HEAD_READ_BYTES = 512  # a batch head is 64 + 16 per block + its topics: one read usually gets it all
+# Blocks closer than this are read with one pread, the gap included: a pread costs a few us, and
+# so does copying 16 kB (a wider gap made a 60-record lookup read most of a small log).
+READ_GAP_BYTES = 16 * 1024
 
 
 def segment_name(base_seq: int) -> str:
@@ -73,7 +82,8 @@ class SegmentState:
 
 @dataclass(frozen=True)
 class BatchDirectory:
-    """Every batch of a segment's extent, as parallel int64 arrays in log order."""
+    """Every batch and every block of a segment's extent, as parallel int64 arrays in log order
+    (blocks: all batches' blocks, back to back; batch i owns blocks [first_blocks[i], first_blocks[i + 1]))."""
 
     positions: np.ndarray
     base_seqs: np.ndarray
@@ -81,6 +91,15 @@ class BatchDirectory:
     lengths: np.ndarray
     min_timestamps: np.ndarray
     max_timestamps: np.ndarray
+    first_blocks: np.ndarray
+    block_base_seqs: np.ndarray
+    block_positions: np.ndarray  # of the compressed bytes, in the file
+    block_lengths: np.ndarray
+    block_raw_lengths: np.ndarray
+    block_crcs: np.ndarray
+    block_counts: np.ndarray
+    block_batches: np.ndarray
+    topic_tables: tuple[tuple[bytes, ...], ...]  # per batch
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -88,6 +107,77 @@ class BatchDirectory:
     def batch_of(self, seqs: np.ndarray) -> np.ndarray:
         """Index of the batch holding each seq (all must be in the extent)."""
         return np.searchsorted(self.base_seqs, seqs, side="right") - 1
+
+    def block_of(self, seqs: np.ndarray) -> np.ndarray:
+        """Index of the block holding each seq (all must be in the extent)."""
+        return np.searchsorted(self.block_base_seqs, seqs, side="right") - 1
+
+    @classmethod
+    def of(cls, heads: list[tuple[int, bf.BatchHead]]) -> BatchDirectory:
+        """The directory of the batches (position, checked head), in log order."""
+        def column(values) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=len(heads))
+
+        headers = [head.header for _, head in heads]
+        positions = column(position for position, _ in heads)
+        blocks = np.frombuffer(b"".join(head.table for _, head in heads), bf.BLOCK_ENTRY_DTYPE)
+        per_batch = column(header.block_count for header in headers)
+        first_blocks = np.zeros(len(heads) + 1, dtype=np.int64)
+        np.cumsum(per_batch, out=first_blocks[1:])
+        block_batches = np.repeat(np.arange(len(heads), dtype=np.int64), per_batch)
+        block_counts = blocks["records"].astype(np.int64)
+        block_lengths = blocks["length"].astype(np.int64)
+        # A block starts after its batch's head and annotation and the blocks before it in its batch.
+        within = np.cumsum(block_lengths) - block_lengths
+        within -= within[first_blocks[:-1]][block_batches] if len(blocks) else 0
+        starts = positions + column(header.blocks_offset for header in headers)
+        seqs_within = np.cumsum(block_counts) - block_counts
+        base_seqs = column(header.base_seq for header in headers)
+        seqs_within -= seqs_within[first_blocks[:-1]][block_batches] if len(blocks) else 0
+        return cls(
+            positions, base_seqs, column(header.record_count for header in headers),
+            column(header.batch_length for header in headers), column(header.min_timestamp for header in headers),
+            column(header.max_timestamp for header in headers), first_blocks,
+            base_seqs[block_batches] + seqs_within, starts[block_batches] + within, block_lengths,
+            blocks["raw_length"].astype(np.int64), blocks["crc"].astype(np.int64), block_counts, block_batches,
+            tuple(head.topics for _, head in heads),
+        )
+
+
+class _WalkedHeads:
+    """Heads of batches the readers of this process walked, per segment file, so that the reader
+    of each new commit walks only the batches committed since (a segment holds thousands). Sound
+    because committed bytes never change; a reused prefix is checked by finding its last head
+    again (a file replaced under the same name and inode number is not taken for the old one)."""
+
+    def __init__(self, files: int) -> None:
+        self._files = files
+        self._known: OrderedDict[tuple[str, int, int], tuple[list[tuple[int, bf.BatchHead]], BatchDirectory]] = (
+            OrderedDict())
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(fd: int, path: Path) -> tuple[str, int, int]:
+        info = os.fstat(fd)
+        return str(path), info.st_dev, info.st_ino
+
+    def recall(self, fd: int, path: Path) -> tuple[list[tuple[int, bf.BatchHead]], BatchDirectory] | None:
+        """(the heads walked in the file, in order, and their directory), or None."""
+        with self._lock:
+            return self._known.get(self._key(fd, path))
+
+    def remember(self, fd: int, path: Path, heads: list[tuple[int, bf.BatchHead]], directory: BatchDirectory) -> None:
+        key = self._key(fd, path)
+        with self._lock:
+            known = self._known.get(key)
+            if known is None or len(known[0]) < len(heads):
+                self._known[key] = (list(heads), directory)
+            self._known.move_to_end(key)
+            while len(self._known) > self._files:
+                self._known.popitem(last=False)
+
+
+_WALKED = _WalkedHeads(files=256)
 
 
 class LogSegment:
@@ -117,8 +207,9 @@ class LogSegment:
         self._bytes_since_entry = 0
         self._max_so_far = NO_TIMESTAMP
         self._max_so_far_seq = base_seq
-        # The batch directory: lists the writer extends, walked up to `_walked` bytes by readers.
-        self._batches: list[list[int]] = [[], [], [], [], [], []]
+        # The batch directory: (position, head) of each batch; the writer extends it, readers walk
+        # it up to `_walked` bytes.
+        self._heads: list[tuple[int, bf.BatchHead]] = []
         self._walked = 0
         self._walked_seq = base_seq
         self._directory: BatchDirectory | None = None
@@ -130,7 +221,10 @@ class LogSegment:
         """A new empty writable segment (its files must not exist)."""
         segment = cls(directory, base_seq, index_interval_bytes=index_interval_bytes,
                       max_index_bytes=max_index_bytes, writable=True)
-        segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as error:
+            raise storage_full(error, segment.path, "creating it") or error
         for path in (segment.index_path, segment.time_index_path, segment.summary_path):
             path.unlink(missing_ok=True)
         segment.offset_index = OffsetIndex.open(segment.index_path, base_seq, max_index_bytes, writable=True)
@@ -266,19 +360,19 @@ class LogSegment:
         position, since = 0, 0
         if self.offset_index.entries:
             seq, position = self.offset_index.entry(self.offset_index.entries - 1)
-            header = self._check_at(position, self.size, None, False) if position < self.size else None
-            if not isinstance(header, bf.BatchHeader) or header.last_seq != seq:
+            checked = self._check_at(position, self.size, None, False) if position < self.size else None
+            if not isinstance(checked, bf.BatchHead) or checked.header.last_seq != seq:
                 raise CorruptFileError(f"{self.index_path}: last entry ({seq}, {position}) is not a batch's last seq")
         # Hop over the batches after the last entry (about one index interval): none may lack the
         # entry the rule gives it (a truncated index file passes every other check).
         while position < self.size:
-            header = self._check_at(position, self.size, None, False)
-            if not isinstance(header, bf.BatchHeader):
-                raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {header.reason}")
+            checked = self._check_at(position, self.size, None, False)
+            if isinstance(checked, bf.BatchProblem):
+                raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {checked.reason}")
             if since > self.index_interval_bytes and since != 0 and position != 0:
-                raise CorruptFileError(f"{self.index_path}: lacks the entry due at batch {header.base_seq}")
-            since += header.batch_length
-            position += header.batch_length
+                raise CorruptFileError(f"{self.index_path}: lacks the entry due at batch {checked.header.base_seq}")
+            since += checked.header.batch_length
+            position += checked.header.batch_length
         if self.sealed and self.max_timestamp is not None and self.max_timestamp > NO_TIMESTAMP and (
             self.time_index.last_entry()[0] != self.max_timestamp
         ):
@@ -302,6 +396,18 @@ class LogSegment:
                               int(directory.base_seqs[i] + directory.counts[i] - 1), int(directory.max_timestamps[i]))
         if self.sealed:
             self._seal_indexes()
+
+    def rule_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """The sparse indexes the index rule gives this segment's committed batches, built in
+        memory without touching this segment or its files: what its ``.index`` / ``.timeindex``
+        must hold (``verify`` compares them)."""
+        directory = self.batches()
+        twin = LogSegment(self.directory, self.base_seq, index_interval_bytes=self.index_interval_bytes,
+                          max_index_bytes=self.max_index_bytes, writable=False)
+        twin.size, twin.sealed = self.size, self.sealed
+        twin._directory, twin._walked, twin._walked_seq = directory, self.size, self.next_seq
+        twin._rebuild_indexes()
+        return twin.offset_index, twin.time_index
 
     def _index_batch(self, position: int, length: int, last_seq: int, max_timestamp: int) -> None:
         """Kafka's LogSegment.append index rule for one batch."""
@@ -340,40 +446,50 @@ class LogSegment:
 
     # ---- the batch directory ---------------------------------------------------------------
     def _walk_to(self, end: int, *, verify: bool, stop_at_torn: bool = False) -> int:
-        """Extend the batch directory by hopping over the batch headers up to byte `end`; returns
-        where the valid batches end. With `verify`, checksums are checked too (recovery)."""
+        """Extend the batch directory by hopping over the batch heads up to byte `end` (each head's
+        checksum verified); returns where the valid batches end. With `verify`, the checksums of
+        annotations and blocks are checked too (recovery)."""
         position, seq = self._walked, self._walked_seq
-        columns = self._batches
+        heads = self._heads
         while position < end:
             checked = self._check_at(position, end, seq, verify)
             if isinstance(checked, bf.BatchProblem):
                 if stop_at_torn and checked.torn:
                     break
-                if not verify and columns[0]:
-                    # An unverified hop may have trusted a damaged header of the batch before.
-                    before = self._check_at(columns[0][-1], end, columns[1][-1], True)
+                if not verify and heads:
+                    # A hop trusts the blocks of the batch before: the damage may be there.
+                    last_position, last = heads[-1]
+                    before = self._check_at(last_position, end, last.header.base_seq, True)
                     if isinstance(before, bf.BatchProblem):
-                        checked, position = before, columns[0][-1]
+                        checked, position = before, last_position
                 raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {checked.reason}")
-            for column, value in zip(columns, (position, seq, checked.record_count, checked.batch_length,
-                                               checked.min_timestamp, checked.max_timestamp)):
-                column.append(value)
-            position += checked.batch_length
-            seq += checked.record_count
+            heads.append((position, checked))
+            position += checked.header.batch_length
+            seq += checked.header.record_count
         self._walked, self._walked_seq = position, seq
         self._directory = None
         return position
 
-    def _check_at(self, position: int, end: int, seq: int | None, verify: bool) -> bf.BatchHeader | bf.BatchProblem:
-        """``check_batch`` of the batch at `position` (the file's extent ending at `end`), read
-        with pread; problems carry file positions. A batch that fails its checksum and reaches
-        exactly the end is a torn write of the last batch (pages reached the disk out of order)."""
+    def _check_at(self, position: int, end: int, seq: int | None, verify: bool) -> bf.BatchHead | bf.BatchProblem:
+        """``check_head`` (``check_batch`` with `verify`) of the batch at `position` (the file's
+        extent ending at `end`), read with pread; problems carry file positions. A batch that
+        fails a checksum and reaches exactly the end is a torn write of the last batch (pages
+        reached the disk out of order)."""
         left = end - position
-        head = os.pread(self._fd, min(bf.HEADER_SIZE, left), position)
-        checked = bf.check_batch(head, 0, left if len(head) == min(bf.HEADER_SIZE, left) else len(head), seq,
-                                 verify_crc=False)
-        if verify and isinstance(checked, bf.BatchHeader):
-            data = head + os.pread(self._fd, checked.batch_length - len(head), position + len(head))
+        data = os.pread(self._fd, min(HEAD_READ_BYTES, left), position)
+        short = len(data) < min(HEAD_READ_BYTES, left)  # the file ends before `end`: truncated under us
+        if not short and len(data) >= bf.HEADER_SIZE:
+            head_length = bf.head_length_at(data)
+            if len(data) < head_length <= left:
+                data += os.pread(self._fd, head_length - len(data), position + len(data))
+                short = len(data) < head_length
+        checked = bf.check_head(data, 0, len(data) if short else left, seq)
+        if verify and isinstance(checked, bf.BatchHead) or (
+            isinstance(checked, bf.BatchProblem) and checked.reason == "checksum mismatch"
+        ):
+            length = bf.read_header(data).batch_length
+            if len(data) < length:
+                data += os.pread(self._fd, length - len(data), position + len(data))
             checked = bf.check_batch(data, 0, len(data), seq)
             if isinstance(checked, bf.BatchProblem) and checked.reason == "checksum mismatch" and (
                 position + len(data) == end
@@ -386,10 +502,33 @@ class LogSegment:
     def batches(self) -> BatchDirectory:
         """The batch directory of the committed extent (built on first use)."""
         if self._walked < self.size:
-            self._walk_to(self.size, verify=False)
+            if not self.writable and not self._heads:
+                self._reuse_walked_heads()
+            if self._walked < self.size:
+                self._walk_to(self.size, verify=False)
         if self._directory is None:
-            self._directory = BatchDirectory(*(np.array(column, dtype=np.int64) for column in self._batches))
+            self._directory = BatchDirectory.of(self._heads)
+            if not self.writable:
+                _WALKED.remember(self._fd, self.path, self._heads, self._directory)
         return self._directory
+
+    def _reuse_walked_heads(self) -> None:
+        """Start from the heads another reader of this file walked (up to this reader's extent),
+        once the last of them is found again where it was."""
+        known = _WALKED.recall(self._fd, self.path)
+        if known is None:
+            return
+        walked, directory = known
+        heads = walked[: bisect.bisect_right([p + h.header.batch_length for p, h in walked], self.size)]
+        if not heads:
+            return
+        position, last = heads[-1]
+        again = self._check_at(position, self.size, last.header.base_seq, False)
+        if isinstance(again, bf.BatchHead) and again.header == last.header:
+            self._heads = list(heads)
+            self._walked = position + last.header.batch_length
+            self._walked_seq = last.header.next_seq
+            self._directory = directory if len(heads) == len(walked) else None
 
     # ---- raw bytes -------------------------------------------------------------------------
     def read_bytes(self, position: int, length: int) -> bytes:
@@ -400,19 +539,62 @@ class LogSegment:
                                    f"committed (the file was truncated)")
         return data
 
+    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> list[pa.Buffer]:
+        """The raw bytes of blocks `blocks` (sorted indexes in `directory`), each checksum
+        verified: one pread per run of blocks lying close together in the file."""
+        if not len(blocks):
+            return []
+        positions = directory.block_positions[blocks]
+        ends = positions + directory.block_lengths[blocks]
+        # a new read where the gap to the previous block would cost more than a second pread
+        cuts = (np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1).tolist()
+        facts = zip(positions.tolist(), directory.block_lengths[blocks].tolist(),
+                    directory.block_raw_lengths[blocks].tolist(), directory.block_crcs[blocks].tolist(),
+                    directory.positions[directory.block_batches[blocks]].tolist())
+        raws: list[pa.Buffer] = []
+        decompress, path = bf.decompress_block, self.path
+        for start_at, stop_at in zip([0, *cuts], [*cuts, len(blocks)]):
+            start = int(positions[start_at])
+            data = memoryview(self.read_bytes(start, int(ends[stop_at - 1]) - start))
+            for _ in range(stop_at - start_at):
+                position, length, raw_length, crc, origin = next(facts)
+                raws.append(decompress(data[position - start : position - start + length], raw_length, crc, path,
+                                       origin))
+        return raws
+
+    def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
+        """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
+        directory = self.batches() if directory is None else directory
+        batches = directory.block_batches[blocks].tolist()
+        return bf.BlockSet(self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
+                           directory.block_counts[blocks], [directory.topic_tables[b] for b in batches],
+                           [(self.path, int(directory.positions[b])) for b in batches])
+
+    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedRows:
+        """Every record of batch number `index` of the directory, each block's checksum verified
+        and every record's fields checked against its block (for verification and repair; the
+        read paths decode only the blocks they need)."""
+        directory = self.batches() if directory is None else directory
+        blocks = np.flatnonzero(directory.block_batches == index)
+        block_set = self.block_set(blocks, directory)
+        return block_set.select(*block_set.all_rows()).rows()
+
     # ---- appending -------------------------------------------------------------------------
-    def append(self, batch: bytes, header: bf.BatchHeader) -> None:
+    def append(self, batch: bytes, head: bf.BatchHead) -> None:
         """Append one encoded batch (its base seq must be next_seq) and index it."""
+        header = head.header
         if header.base_seq != self.next_seq:
             raise InvalidAppendError(f"{self.path}: batch from seq {header.base_seq} cannot follow {self.next_seq - 1}")
-        written = os.pwrite(self._fd, batch, self.size)
-        if written != len(batch):
-            raise OSError(f"{self.path}: short write ({written} of {len(batch)} bytes)")
+        try:
+            written = os.pwrite(self._fd, batch, self.size)
+        except OSError as error:
+            raise storage_full(error, self.path, f"appending {len(batch):,} bytes (the last commit is intact)") or error
+        if written != len(batch):  # a regular file only writes short when its filesystem is full
+            raise StorageFullError(f"{self.path}: only {written:,} of {len(batch):,} bytes could be written (no space "
+                                   f"left on its filesystem?); the last commit is intact")
         self._index_batch(self.size, len(batch), header.last_seq, header.max_timestamp)
         if self._walked == self.size:
-            for column, value in zip(self._batches, (self.size, header.base_seq, header.record_count, len(batch),
-                                                     header.min_timestamp, header.max_timestamp)):
-                column.append(value)
+            self._heads.append((self.size, head))
             self._walked += len(batch)
             self._walked_seq += header.record_count
             self._directory = None
@@ -443,28 +625,12 @@ class LogSegment:
                             self.min_timestamp, self.max_timestamp)
 
     # ---- reading ---------------------------------------------------------------------------
-    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.StoredBatch:
-        """Batch number `index` of the directory, checksum verified, decoded."""
-        directory = self.batches() if directory is None else directory
-        position, length = int(directory.positions[index]), int(directory.lengths[index])
-        data = self.read_bytes(position, length)
-        header = bf.checked_batch(data, length, self.path, position, int(directory.base_seqs[index]))
-        return bf.decode_body(data, header, self.path, position)
-
     def annotation(self, index: int) -> bytes:
-        """The annotation of batch number `index` (checksum verified)."""
+        """The annotation of batch number `index` (checksums verified)."""
         directory = self.batches()
         position, length = int(directory.positions[index]), int(directory.lengths[index])
         data = self.read_bytes(position, length)
-        header = bf.checked_batch(data, length, self.path, position)
-        return data[bf.HEADER_SIZE : bf.HEADER_SIZE + header.annotation_length]
-
-    def read(self, seq: int) -> MessageRecord:
-        if not self.base_seq <= seq < self.next_seq:
-            raise IndexError(f"{self.path}: sequence {seq} is not in [{self.base_seq}, {self.next_seq})")
-        directory = self.batches()
-        i = int(directory.batch_of(np.array([seq]))[0])
-        return bf.records(self.decode(i, directory).select(np.array([seq - int(directory.base_seqs[i])])))[0]
+        return bf.annotation_of(data, bf.checked_batch(data, length, self.path, position))
 
     def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
         """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
@@ -502,7 +668,10 @@ class LogSegment:
     # ---- durability and lifecycle ----------------------------------------------------------
     def flush(self) -> None:
         if self._fd is not None and self.writable:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as error:  # delayed allocation: a full disk can show here first
+                raise storage_full(error, self.path, "syncing it") or error
         self.offset_index.flush()
         self.time_index.flush()
 

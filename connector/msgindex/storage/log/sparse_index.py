@@ -26,7 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from msgindex.errors import CorruptFileError, IndexFullError, InvalidAppendError
-from msgindex.storage.mapped_file import map_file
+from msgindex.storage.mapped_file import map_file, storage_full
 
 # Kafka's lookups search the last 8 KiB of entries first ("warm section", KAFKA-6432): appends and
 # almost all lookups hit the end of the index, so a plain binary search over the whole file would
@@ -70,8 +70,11 @@ class SparseIndex:
         if not index.path.exists():
             if not writable:
                 raise CorruptFileError(f"{index.path}: {cls.KIND} file does not exist")
-            with open(index.path, "xb") as f:
-                f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
+            try:
+                with open(index.path, "xb") as f:
+                    f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
+            except OSError as error:
+                raise storage_full(error, index.path, "creating it") or error
             entries = 0
         index._map()
         if index._length % cls.ENTRY.size:
