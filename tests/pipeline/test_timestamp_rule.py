@@ -51,8 +51,10 @@ def test_records_outside_the_rule_are_set_aside_exactly_once(kafka_bootstrap, sp
     history = run_job_in_process(args)
     good = ground_truth(kafka_bootstrap, [topic], keep=lambda record: timestamp_problem(record.timestamp) is None)
     assert len(good.messages) == RECORDS - len(BAD)
+    # a batch that meets an unreadable record runs twice: what its first run committed before
+    # failing counts as "already committed"/"already quarantined" the second time
     assert sum(s.records for s in history) == RECORDS - len(BAD)
-    assert sum(s.quarantined for s in history) == len(BAD)
+    assert sum(s.malformed for s in history) == len(BAD)
     assert_index_equals(index, good, topics=[topic], always_single={"k7", "edge", "shared"})
 
     quarantined = read_quarantine(index / "_quarantine").to_pylist()
