@@ -38,8 +38,9 @@ JAVA_CLIENT_PREFIXES = ("security.", "sasl.", "ssl.")
 def admin_client(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[KafkaAdminClient]:
     """A KafkaAdminClient for `bootstrap`, closed on exit; BrokerError when unreachable."""
     try:
+        # kafka-python 3 waits for its bootstrap apart from requests (30 s by default): both bounded
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
-                                 request_timeout_ms=int(timeout * 1000))
+                                 request_timeout_ms=int(timeout * 1000), bootstrap_timeout_ms=int(timeout * 1000))
     except KafkaError as error:
         raise BrokerError(f"cannot reach Kafka at {bootstrap}: {error!r}") from error
     try:
@@ -82,7 +83,8 @@ def check_source(bootstrap: str, *, topics: Iterable[str] | None = None, pattern
     if needs_java_client(consumer_options or {}):
         return list(topics or ())
     try:
-        with admin_client(bootstrap, timeout) as admin:
+        # two requests at most (the client's bootstrap, then the listing): each gets half the time
+        with admin_client(bootstrap, timeout / 2) as admin:
             existing = sorted(name for name in admin.list_topics() if not name.startswith("__"))
     except (BrokerError, KafkaError) as error:
         raise KafkaUnreachableError(
