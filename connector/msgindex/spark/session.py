@@ -132,10 +132,17 @@ def _log_config() -> Path:
         "logger.sources.level = error\n"
         "logger.streamaqe.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream\n"
         "logger.streamaqe.level = error\n"
-        # "Lost task" warnings carry the task's whole stack trace in their message; the failure
-        # itself still shows (ERROR ... aborting job) and reaches the caller as an exception
+        # A failed task or query is logged three times on its way to the driver (the executor's
+        # "Exception in task", "Lost task"/"aborting job", "Query ... terminated with error"),
+        # the first two with the task's whole stack trace; the same error then reaches the caller
+        # as an exception (the CLI prints its one line and logs the whole text to a file), so
+        # the console says none of it.
+        "logger.failedTasks.name = org.apache.spark.executor.Executor\n"
+        "logger.failedTasks.level = off\n"
         "logger.lostTasks.name = org.apache.spark.scheduler.TaskSetManager\n"
-        "logger.lostTasks.level = error\n"
+        "logger.lostTasks.level = off\n"
+        "logger.failedQuery.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution\n"
+        "logger.failedQuery.level = off\n"
     )
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
