@@ -2,15 +2,13 @@
 the disk is full and naming the file, and once space is back the job resumes exactly (every
 record of the topic indexed once).
 
-The index lives on a small tmpfs mounted for the test (root only; skipped, saying so, where
-mounting is not allowed). Spark's own streaming checkpoint stays off it: a full disk there is
+The index lives on the storage tests' small tmpfs (root only; skipped, saying so, where mounting
+is not allowed). Spark's own streaming checkpoint stays off it: a full disk there is
 Hadoop's error, not msgindex's.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 
 import pytest
@@ -18,33 +16,11 @@ import pytest
 from msgindex.kafka.admin import OutgoingRecord, create_topics, produce
 from tests.pipeline.support import assert_index_equals, ground_truth, job_args, run_job_in_process
 from tests.pipeline.test_cli_failures import assert_one_line, run_cli
+from tests.storage.test_disk_full import _fill, small_disk  # noqa: F401 (a fixture: the 4 MiB tmpfs)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-MOUNT_BYTES = 8 << 20
 LEFT_BYTES = 96 << 10  # free space left before the second run: less than one index file of SMALL_STORE (~416 KB)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={MOUNT_BYTES}", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(mount, leave_bytes: int):
-    filler = mount / f"filler-{uuid.uuid4().hex}"
-    stats = os.statvfs(mount)
-    with open(filler, "wb") as f:
-        f.write(b"\0" * max(stats.f_bavail * stats.f_frsize - leave_bytes, 0))
-    return filler
 
 
 def _records(first: int, count: int) -> list[OutgoingRecord]:
