@@ -48,11 +48,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.5
 _PREPARED = "prepared string"
-# the batch log's columns the client reads (sink.BatchStats.to_json, plus the job id)
-_LOG_SCHEMA = ("job_id string, batch_id bigint, appended bigint, already_committed bigint, keys_indexed bigint, "
-               "unkeyed bigint, quarantined bigint, quarantined_before bigint, late_attempts bigint, seconds double, "
-               "write_seconds double, shards array<string>, deleted_segments bigint, deleted_index_files bigint, "
-               "deleted_bytes bigint")
+_LOG_ENTRY = "entry string"
 
 
 def _prepare(options: IndexJobOptions):
@@ -158,7 +154,7 @@ class _RemoteProgress:
 
     def __init__(self, spark: "SparkSession", root: str, job_id: str, spark_lines: bool) -> None:
         self.spark = spark
-        self.log = f"{root.rstrip('/')}/{BATCH_LOG_FILE}"
+        self.root = root
         self.job_id = job_id
         self.spark_lines = spark_lines
         self.seen_progress = -1  # the last Spark batch id whose progress was handled
@@ -180,26 +176,42 @@ class _RemoteProgress:
         return self._batches()
 
     def _batches(self) -> list:
-        from pyspark.sql import functions as F
-
         from msgindex.spark.sink import BatchStats
 
         try:
-            rows = (self.spark.read.schema(_LOG_SCHEMA).json(self.log)
-                    .where((F.col("job_id") == self.job_id) & (F.col("batch_id") > self.shown)).collect())
-        except Exception as error:  # no batch wrote the log yet
-            if "PATH_NOT_FOUND" in str(error) or "does not exist" in str(error).lower():
-                return []
-            raise MsgIndexError(f"{self.log}: cannot read the job's batch log through Spark Connect: "
-                                f"{str(error).splitlines()[0]}") from None
+            rows = (self.spark.range(1, numPartitions=1)
+                    .mapInArrow(_read_batch_log(self.root, self.job_id, self.shown), _LOG_ENTRY).collect())
+        except Exception as error:
+            raise MsgIndexError(f"{self.root}/{BATCH_LOG_FILE}: cannot read the job's batch log through Spark "
+                                f"Connect: {str(error).strip().splitlines()[0]}") from None
         printed = []
-        for row in sorted(rows, key=lambda r: r["batch_id"]):
-            stats = BatchStats.from_json(row.asDict())
+        for entry in sorted((json.loads(row[0]) for row in rows), key=lambda e: e["batch_id"]):
+            stats = BatchStats.from_json(entry)
             stats.lag = self.lags.get(stats.batch_id)
             say(stats.line())
             self.shown = max(self.shown, stats.batch_id)
             printed.append(stats)
         return printed
+
+
+def _read_batch_log(root: str, job_id: str, after: int):
+    """A one-task mapInArrow function: the entries of job `job_id` after batch `after` in the
+    index's batch log, as JSON text. Read by a task, not with ``spark.read.json``: Spark's file
+    listing skips names that start with ``_`` (its own metadata files), and the client may not see
+    the index at all."""
+
+    def task(batches):
+        import pyarrow as pa
+
+        from msgindex.spark.progress import read_batch_log
+
+        for _ in batches:
+            pass
+        entries = [entry for entry in read_batch_log(root)
+                   if entry.get("job_id") == job_id and entry.get("batch_id", -1) > after]
+        yield pa.RecordBatch.from_pydict({"entry": pa.array([json.dumps(e) for e in entries], pa.string())})
+
+    return task
 
 
 def _lag(progress) -> int | None:
