@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from msgindex.spark.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
 from msgindex.spark.timestamp_rule import timestamp_reason
-from msgindex.storage.rocketmq.message_keys import KEY_SEPARATOR  # RocketMQ's KEYS rule: split on U+0020 only
+from msgindex.storage.rocketmq.message_keys import KEYS_SEPARATOR  # RocketMQ's KEYS rule: split on U+0020 only
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -134,7 +134,7 @@ def _keys(event: "Column") -> "Column":
 
     raw = event[KEYS]
     is_list = F.coalesce(F.col(_TYPE + KEYS).startswith("ARRAY"), F.lit(False))
-    tokens = F.when(is_list, F.from_json(raw, "array<string>")).otherwise(F.split(raw, KEY_SEPARATOR))
+    tokens = F.when(is_list, F.from_json(raw, "array<string>")).otherwise(F.split(raw, KEYS_SEPARATOR))
     everything = F.concat(F.coalesce(tokens, F.array().cast("array<string>")),
                           F.array(event[UNIQ_KEY]))
     return F.array_distinct(F.filter(everything, lambda k: k.isNotNull() & (k != F.lit(""))))
