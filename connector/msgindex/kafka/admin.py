@@ -28,7 +28,6 @@ DEFAULT_TIMEOUT_S = 60.0
 SOURCE_CHECK_TIMEOUT_S = 15.0  # how long a job waits for Kafka before saying it cannot reach it
 CLIENT_ID = "msgindex-admin"
 RETENTION_MS = "retention.ms"
-KEEP_FOREVER_MS = -1  # Kafka's retention.ms for "never delete by age"
 # Consumer settings kafka-python cannot take as the Java client does (JAAS, key stores): with any
 # of them, kafka-python here would be refused where Spark's Kafka source is not.
 JAVA_CLIENT_PREFIXES = ("security.", "sasl.", "ssl.")
@@ -173,7 +172,7 @@ def partition_leaders(bootstrap: str, topics: Iterable[str] | None = None,
 
 def topic_retention_ms(bootstrap: str, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
     """``{topic: retention.ms}`` as the brokers apply it (the topic's own setting, else the
-    broker's default); ``KEEP_FOREVER_MS`` (-1) means no deletion by age."""
+    broker's default); -1 means no deletion by age."""
     wanted = list(topics)
     if not wanted:
         return {}
