@@ -60,8 +60,7 @@ def _arrow_floor(spark, options) -> tuple[float, int]:
 
     open_index(options).close()
     planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
-                          bootstrap_servers=options.bootstrap_servers, subscribe=options.subscribe,
-                          parallelism=spark.sparkContext.defaultParallelism)
+                          source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism)
     counted = []
 
     def count_only(df, batch_id):
@@ -82,7 +81,7 @@ def _baseline(spark, options, sink_format: str) -> tuple[float, int]:
 
     open_index(options).close()
     planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
-                          bootstrap_servers=options.bootstrap_servers, subscribe=options.subscribe)
+                          source=options.kafka_source())
     projected = project_records(kafka_stream(spark, options), planner._broker_column())
     writer = projected.writeStream.format(sink_format).option("checkpointLocation", options.checkpoint)
     if sink_format == "parquet":

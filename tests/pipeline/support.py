@@ -74,10 +74,13 @@ def consume_all(bootstrap: str, topics: list[str]):
         consumer.close()
 
 
-def ground_truth(bootstrap: str, topics: list[str]) -> Truth:
-    """The index's expected content for the records of `topics`, read straight from Kafka."""
+def ground_truth(bootstrap: str, topics: list[str], keep=None) -> Truth:
+    """The index's expected content for the records of `topics`, read straight from Kafka
+    (only those `keep(record)` accepts, when given)."""
     truth = Truth()
     for record in consume_all(bootstrap, topics):
+        if keep is not None and not keep(record):
+            continue
         keys = spec_keys(record.key, record.headers, truth)
         truth.unkeyed += not record.key
         truth.messages[(record.topic, record.partition, record.offset)] = keys

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from msgindex.spark.quarantine import read_quarantine
+from msgindex.storage.message import MAX_TIMESTAMP_MS, timestamp_problem
 from msgindex.kafka.loadgen import Message, metadata_events, produce
 from tests.pipeline.support import forget_commit, Truth, assert_index_equals, job_args, run_job_in_process
 
@@ -35,6 +36,17 @@ MALFORMED = [  # (value, reason the pipeline must give)
     (json.dumps({**GOOD, "storeTimestamp": -5}).encode(), "storeTimestamp is negative"),
     (json.dumps({k: v for k, v in GOOD.items() if k != "storeTimestamp"}).encode(), "missing storeTimestamp"),
     (json.dumps({**GOOD, "msgSize": -1}).encode(), "msgSize out of range [0, 2147483647]"),
+    # the one timestamp rule (B4): valid by the JSON schema, outside the years 0001..9999
+    (json.dumps({**GOOD, "storeTimestamp": 2**63 - 1}).encode(), f"storeTimestamp: {timestamp_problem(2**63 - 1)}"),
+    (json.dumps({**GOOD, "storeTimestamp": MAX_TIMESTAMP_MS + 1}).encode(),
+     f"storeTimestamp: {timestamp_problem(MAX_TIMESTAMP_MS + 1)}"),
+    # text fields of another JSON type (B5): Spark's from_json would read them as their JSON text
+    (json.dumps({**GOOD, "keys": 123}).encode(), "keys is not a string or a list of strings (JSON BIGINT)"),
+    (json.dumps({**GOOD, "keys": ["ok", 5]}).encode(), "keys is not a string or a list of strings (JSON ARRAY<VARIANT>)"),
+    (json.dumps({**GOOD, "keys": {"k": "v"}}).encode(), "keys is not a string or a list of strings (JSON OBJECT<k: STRING>)"),
+    (json.dumps({**GOOD, "uniqKey": 7}).encode(), "uniqKey is not a string (JSON BIGINT)"),
+    (json.dumps({**GOOD, "brokerName": True}).encode(), "brokerName is not a string (JSON BOOLEAN)"),
+    (json.dumps({**GOOD, "topic": ["TopicTest"]}).encode(), "topic is not a string (JSON ARRAY<STRING>)"),
 ]
 
 
@@ -54,6 +66,8 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
     good = [json.loads(m.value) for m in metadata_events(topic, EVENTS, brokers=BROKERS, source_topics=SOURCE_TOPICS, seed=5)]
     good[0]["keys"] = ["list-form-a", "list-form-b"]  # keys may also be a JSON list
     good[1].pop("commitLogOffset"), good[1].pop("msgSize"), good[1].pop("uniqKey")  # optional fields
+    good[3]["keys"], good[4]["keys"] = "12345 [x]", ["67890"]  # strings that look like other JSON, a list
+    good[5]["storeTimestamp"] = MAX_TIMESTAMP_MS  # the rule's last millisecond is a valid timestamp
     messages = [Message(topic, None, json.dumps(e).encode()) for e in good]
     for n, (value, _) in enumerate(MALFORMED):  # spread through the stream, so several batches meet them
         messages.insert(n * (len(messages) // len(MALFORMED)), Message(topic, b"k" if value is None else None, value))
@@ -79,8 +93,8 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
              good[2]["msgSize"], good[2]["storeTimestamp"])]
         bare = store.lookup(good[1]["keys"].split(" ")[0], topic=good[1]["topic"]).to_pylist()
         assert any(r["commit_log_offset"] is None and r["size"] is None for r in bare)
-    assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS), always_single={"list-form-a", "list-form-b"},
-                        with_broker=True)
+    assert_index_equals(index, _truth_of(good), topics=list(SOURCE_TOPICS),
+                        always_single={"list-form-a", "list-form-b", "12345", "[x]", "67890"}, with_broker=True)
 
     quarantined = read_quarantine(index / "_quarantine").to_pylist()
     expected = sorted((base64.b64encode(v).decode() if v is not None else "", reason) for v, reason in MALFORMED)

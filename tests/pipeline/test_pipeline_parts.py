@@ -15,7 +15,8 @@ from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
 from msgindex.spark.quarantine import committed_ranges, read_quarantine, write_quarantine
 from msgindex.spark.shard_owner import append_to_shard, forget_writers
-from msgindex.spark.sink import local_path, spark_batch_end_offsets
+from msgindex.spark.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
+from msgindex.spark.spark_checkpoint import local_path
 from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
@@ -146,9 +147,9 @@ def test_shard_append_waits_for_the_lock_then_skips_what_is_committed(tmp_path):
         releaser = threading.Timer(0.3, holder.close)
         releaser.start()
         started = time.monotonic()
-        first = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        first = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True).result
         assert time.monotonic() - started >= 0.25 and (first.appended, first.already_committed) == (5, 0)
-        second = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True)
+        second = append_to_shard(root, "b1", records, sources, lock_timeout_s=10, adopt_legacy_offsets=True).result
         assert (second.appended, second.already_committed) == (0, 5)  # the speculative copy
         assert store.lookup("k3").column("offset").to_pylist() == [3]
     finally:
@@ -169,7 +170,11 @@ BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--subscribe", "a", "--quarantine", "q"], "--quarantine only applies to --input metadata"),
+    (["--subscribe", "a", "--retention-ms", "soon"], "--retention-ms 'soon' is not a duration"),
+    (["--subscribe", "a", "--retention-bytes", "lots"], "--retention-bytes 'lots' is not a size"),
+    (["--subscribe", "a", "--retention-interval", "0"], "--retention-interval"),
+    (["--subscribe", "a", "--remote", "http://h:1"], "sc://HOST:PORT"),
+    (["--subscribe", "a", "--remote", "sc://h:1", "--master", "local[1]"], "drop --master and --conf"),
     (["--subscribe", " , "], "names no topic"),
     (["--subscribe-pattern", "("], "not a regular expression"),
     (["--subscribe", "a", "--starting-offsets", "yesterday"], "--starting-offsets"),
@@ -212,8 +217,9 @@ def test_sizing_flags_must_match_an_existing_index(tmp_path):
 def test_cli_exposes_the_job(tmp_path, capsys):
     from msgindex.cli import main
 
-    code = main(["index", *BASE, str(tmp_path), "--subscribe", "a", "--quarantine", "q"])
-    assert code == 2 and "--quarantine only applies" in capsys.readouterr().err
+    code = main(["index", *BASE, str(tmp_path), "--subscribe", "a", "--retention-ms", "soon"])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "msgindex index: --retention-ms 'soon' is not a duration: use e.g. 7d, 12h, 30m, 45s, 500ms"]
 
 
 def test_sigterm_and_sigint_request_a_graceful_stop():
@@ -240,6 +246,7 @@ def _records_task_rows(offsets: list[int], slices: list[int], partition: int = 0
         KEY_RAW: pa.array([f"k{o}".encode() for o in offsets], pa.binary()),
         KEYS_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]] * n, pa.list_(pa.binary())),
         "slice": pa.array(slices, pa.int64()),
+        "reason": pa.array([None] * n, pa.string()), "raw_value": pa.array([None] * n, pa.binary()),
     })
 
 
@@ -256,7 +263,8 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
         first = list(write_task(config, 0, [_records_task_rows([0, 1, 2], [0] * 3), _records_task_rows([6, 7], [2] * 2)]))
         assert first[0].schema == COMMIT_ARROW_SCHEMA
         assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
-            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0}
+            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0,
+            "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0}
         middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
         assert (middle["appended"], middle["already_committed"]) == (3, 0)
         again = list(write_task(config, 5, [_records_task_rows(list(range(8)), [0] * 8)]))[0].to_pylist()[0]
@@ -324,13 +332,16 @@ def test_the_foreach_batch_function_is_picklable_and_lock_free(tmp_path):
     """Spark Connect runs the foreachBatch function in a server-side process: it must pickle."""
     from pyspark import cloudpickle
 
-    from msgindex.spark.sink import BatchWriter, SinkConfig
+    from msgindex.spark.sink import BatchWriter, KafkaSource, SinkConfig
 
     open_store(tmp_path / "ix", create=True, settings=SMALL).close()
     writer = BatchWriter(SinkConfig(str(tmp_path / "ix"), "records", str(tmp_path / "q")),
-                         bootstrap_servers="127.0.0.1:1", subscribe=["a"], parallelism=2)
+                         source=KafkaSource("127.0.0.1:1", subscribe=("a",)), parallelism=2,
+                         claim=JobIdentity.current("q", "/ck"))
+    assert writer.partition_brokers.as_dict() == {}
     copy = cloudpickle.loads(cloudpickle.dumps(writer))
-    assert copy.config == writer.config and copy.parallelism == 2
+    assert copy.config == writer.config and copy.parallelism == 2 and copy.source == writer.source
+    assert copy._partition_brokers is None  # read again where the batches run
 
 
 def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
     msgindex index --bootstrap-servers 127.0.0.1:9092 --subscribe orders,payments --path ./index-data --available-now
     msgindex index --master spark://host:7077 --conf spark.executor.memory=2g ... --path /shared/index
+    msgindex index --remote sc://spark-host:15002 ... --path /shared/index       (Spark Connect)
     spark-submit --master spark://host:7077 --jars "$(msgindex kafka jars)" streaming_jobs/index_job.py ...
 
 Flags follow the Spark Kafka source's vocabulary; this module turns them into
@@ -17,8 +18,9 @@ import re
 import sys
 from pathlib import Path
 
-from msgindex.errors import InvalidOptionError, MsgIndexError
-from msgindex.spark.pipeline import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, IndexJobOptions
+from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
+from msgindex.errors import InvalidOptionError
+from msgindex.spark.pipeline import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
 SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segment_bytes": "segment_bytes",
@@ -38,9 +40,21 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from msgindex.spark.pipeline import run
-
     return run(options_from_args(args))
+
+
+def run(options: IndexJobOptions) -> int:
+    """Run the job (locally, or on a Spark Connect server with --remote); exit code 0 once caught
+    up (--available-now) or stopped by a signal."""
+    if options.remote is not None:
+        from msgindex.spark.connect_job import index_remotely
+
+        index_remotely(options)
+    else:
+        from msgindex.spark.pipeline import index_kafka
+
+        index_kafka(options)
+    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="records: index the topics' own records (key + KEYS/UNIQ_KEY headers); metadata: "
                            "the records are JSON message-metadata events (default records)")
     sink.add_argument("--quarantine", metavar="DIR",
-                      help="where malformed metadata events go (default: <path>/_quarantine); --input metadata only")
+                      help="where malformed metadata events, and records whose timestamp msgindex cannot store, "
+                           "are set aside (default: <path>/_quarantine)")
     sink.add_argument("--hash-slots", type=int, metavar="N", help="hash slots per index file (new store; default 5,000,000)")
     sink.add_argument("--index-num", type=int, metavar="N", help="entries per index file (new store; default 20,000,000)")
     sink.add_argument("--segment-bytes", type=int, metavar="N", help="metadata-log segment size (new store; default 1 GiB)")
@@ -77,6 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="log bytes between sparse index entries (new store; default 4096)")
     sink.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
                       help="how long a task waits for a shard lock held by another attempt (default 120)")
+    kept = parser.add_argument_group("retention (applied by the shards' writers between appends)")
+    kept.add_argument("--retention-ms", metavar="AGE",
+                      help="delete log segments whose newest record is older than this: milliseconds or 7d, 12h, "
+                           "30m, 45s; -1 keeps everything (default: the longest retention.ms of the indexed topics)")
+    kept.add_argument("--retention-bytes", metavar="SIZE",
+                      help="shrink each shard to at most this size, oldest segments first: bytes or 50GiB, 500MB "
+                           "(default: no size limit)")
+    kept.add_argument("--retention-interval", type=float, default=60.0, metavar="SECONDS",
+                      help="check retention at most this often per shard (default 60)")
     run = parser.add_argument_group("trigger")
     when = run.add_mutually_exclusive_group()
     when.add_argument("--trigger-interval", metavar="INTERVAL",
@@ -84,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--available-now", action="store_true", help="index what is in Kafka now, then stop")
     run.add_argument("--master", help="Spark master URL (default: what spark-submit or spark-defaults.conf "
                                       "says, else local[2])")
+    run.add_argument("--remote", metavar="sc://HOST:PORT",
+                     help="run the job on this Spark Connect server (msgindex installed there, the index mounted at "
+                          "--path on it); this process prints its progress")
     run.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", dest="spark_conf",
                      help="a Spark setting, as spark-submit's --conf (e.g. spark.executor.memory=2g); repeatable")
     run.add_argument("--query-name", default=DEFAULT_QUERY_NAME, help=f"streaming query name (default {DEFAULT_QUERY_NAME})")
@@ -123,12 +150,25 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         if not sep or not key.strip().startswith("spark."):
             raise InvalidOptionError(f"--conf {item!r} is not spark.KEY=VALUE")
         spark_conf[key.strip()] = value
-    if args.quarantine is not None and args.input != "metadata":
-        raise InvalidOptionError("--quarantine only applies to --input metadata (Kafka records are never malformed)")
     if args.trigger_interval is not None and not _TRIGGER_INTERVAL.match(args.trigger_interval.strip()):
         raise InvalidOptionError(f"--trigger-interval {args.trigger_interval!r}: use e.g. '500 ms', '10 seconds', '1 minute'")
     if args.lock_timeout <= 0:
         raise InvalidOptionError(f"--lock-timeout must be > 0 seconds, got {args.lock_timeout}")
+    retention_ms = None
+    if args.retention_ms is not None:
+        retention_ms = KEEP_FOREVER_MS if args.retention_ms.strip() == str(KEEP_FOREVER_MS) \
+            else parse_duration_ms("--retention-ms", args.retention_ms)
+    retention_bytes = None if args.retention_bytes is None else parse_size_bytes("--retention-bytes", args.retention_bytes)
+    if args.retention_interval <= 0:
+        raise InvalidOptionError(f"--retention-interval must be > 0 seconds, got {args.retention_interval}")
+    if args.remote is not None:
+        if not args.remote.startswith("sc://"):
+            raise InvalidOptionError(f"--remote {args.remote!r}: a Spark Connect URL is sc://HOST:PORT")
+        if args.master is not None or spark_conf:
+            raise InvalidOptionError("--remote runs the job on a Spark Connect server, whose master and settings are "
+                                     "the server's: drop --master and --conf")
+        if not path.is_absolute():
+            raise InvalidOptionError(f"--path {args.path!r}: with --remote give the index's absolute path on the server")
     kafka_options = {}
     for item in args.kafka_option:
         key, sep, value = item.partition("=")
@@ -148,7 +188,8 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         fail_on_data_loss=args.fail_on_data_loss, sizing=sizing, lock_timeout_s=args.lock_timeout,
         trigger_interval=args.trigger_interval, available_now=args.available_now, master=args.master,
         query_name=args.query_name, spark_progress=not args.quiet_spark, min_partitions=args.min_partitions,
-        spark_conf=spark_conf,
+        spark_conf=spark_conf, retention_ms=retention_ms, retention_bytes=retention_bytes,
+        retention_interval_s=args.retention_interval, remote=args.remote,
     )
 
 
@@ -160,12 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (the same job as `msgindex index`)."""
-    args = build_parser().parse_args(argv)
-    try:
-        from msgindex.spark.pipeline import run
+    """Standalone entry point: the same job, flags and one-line errors as `msgindex index`."""
+    from msgindex.cli import main as cli_main
 
-        return run(options_from_args(args))
-    except MsgIndexError as error:
-        print(f"index_job: {error}", file=sys.stderr)
-        return 2
+    return cli_main(["index", *(sys.argv[1:] if argv is None else argv)])

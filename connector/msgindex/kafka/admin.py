@@ -1,5 +1,6 @@
 """Small Kafka helpers over kafka-python: create topics and wait until they are usable, find the
-leader broker of every partition (the pipeline's shard key), read end offsets, produce records.
+leader broker of every partition (the pipeline's shard key), read end offsets and topic retention,
+check a job's source up front, produce records.
 
 Each helper opens its own short-lived client: callers are tests, CLI commands and jobs that make a
 handful of calls, so simplicity beats connection reuse here.
@@ -11,10 +12,12 @@ import contextlib
 import difflib
 import re
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from msgindex.errors import BrokerError, InvalidOptionError, KafkaUnreachableError, TopicNotFoundError
@@ -24,14 +27,19 @@ from msgindex.storage.message import UNIQ_KEY_PROPERTY as UNIQ_KEY_HEADER
 DEFAULT_TIMEOUT_S = 60.0
 SOURCE_CHECK_TIMEOUT_S = 15.0  # how long a job waits for Kafka before saying it cannot reach it
 CLIENT_ID = "msgindex-admin"
+RETENTION_MS = "retention.ms"
+# Consumer settings kafka-python cannot take as the Java client does (JAAS, key stores): with any
+# of them, kafka-python here would be refused where Spark's Kafka source is not.
+JAVA_CLIENT_PREFIXES = ("security.", "sasl.", "ssl.")
 
 
 @contextlib.contextmanager
 def admin_client(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[KafkaAdminClient]:
     """A KafkaAdminClient for `bootstrap`, closed on exit; BrokerError when unreachable."""
     try:
+        # kafka-python 3 waits for its bootstrap apart from requests (30 s by default): both bounded
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
-                                 request_timeout_ms=int(timeout * 1000))
+                                 request_timeout_ms=int(timeout * 1000), bootstrap_timeout_ms=int(timeout * 1000))
     except KafkaError as error:
         raise BrokerError(f"cannot reach Kafka at {bootstrap}: {error!r}") from error
     try:
@@ -53,18 +61,29 @@ def bootstrap_addresses(bootstrap: str, *, option: str = "--bootstrap-servers") 
     return addresses
 
 
+def needs_java_client(consumer_options: Mapping[str, str]) -> bool:
+    """Whether a source configured with these Kafka consumer settings (the job's
+    ``--kafka-option``s) is only reachable with the Java client's security settings."""
+    return any(key.startswith(JAVA_CLIENT_PREFIXES) for key in consumer_options)
+
+
 def check_source(bootstrap: str, *, topics: Iterable[str] | None = None, pattern: str | None = None,
-                 timeout: float = SOURCE_CHECK_TIMEOUT_S) -> list[str]:
+                 timeout: float = SOURCE_CHECK_TIMEOUT_S, consumer_options: Mapping[str, str] | None = None) -> list[str]:
     """Check, within about `timeout` seconds, that Kafka answers at `bootstrap` and that every
     topic in `topics` exists (or that `pattern` matches at least one); the topics found.
 
     What a streaming job would otherwise find out after minutes of retries, buried in a stack
     trace, is said in one line naming the host, address or topic: KafkaUnreachableError,
-    TopicNotFoundError, InvalidOptionError (a malformed bootstrap list)."""
+    TopicNotFoundError, InvalidOptionError (a malformed bootstrap list). With
+    `consumer_options` that need the Java client (``needs_java_client``) only the addresses are
+    checked (a TCP connection) and `topics` are returned unchecked (a pattern: an empty list)."""
     addresses = bootstrap_addresses(bootstrap)
     _require_a_listener(bootstrap, addresses, timeout)
+    if needs_java_client(consumer_options or {}):
+        return list(topics or ())
     try:
-        with admin_client(bootstrap, timeout) as admin:
+        # two requests at most (the client's bootstrap, then the listing): each gets half the time
+        with admin_client(bootstrap, timeout / 2) as admin:
             existing = sorted(name for name in admin.list_topics() if not name.startswith("__"))
     except (BrokerError, KafkaError) as error:
         raise KafkaUnreachableError(
@@ -151,6 +170,28 @@ def partition_leaders(bootstrap: str, topics: Iterable[str] | None = None,
     return leaders
 
 
+def topic_retention_ms(bootstrap: str, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
+    """``{topic: retention.ms}`` as the brokers apply it (the topic's own setting, else the
+    broker's default); -1 means no deletion by age."""
+    wanted = list(topics)
+    if not wanted:
+        return {}
+    with admin_client(bootstrap, timeout) as admin:
+        try:
+            described = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, configs=[RETENTION_MS]) for name in wanted],
+                config_filter="all")
+        except KafkaError as error:
+            raise BrokerError(f"reading {RETENTION_MS} of topics {wanted} on {bootstrap} failed: {error!r}") from error
+    found = {}
+    for name in wanted:
+        entry = described.get("topic", {}).get(name, {}).get(RETENTION_MS)
+        if entry is None or entry.get("value") is None:
+            raise BrokerError(f"{bootstrap} did not say the {RETENTION_MS} of topic {name!r}")
+        found[name] = int(entry["value"])
+    return found
+
+
 def broker_addresses(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict[int, str]:
     """``{broker id: "host:port"}`` of the cluster's live brokers."""
     with admin_client(bootstrap, timeout) as admin:
@@ -178,6 +219,42 @@ def latest_offsets(bootstrap: str, topics: Iterable[str], timeout: float = DEFAU
         if own:
             consumer.close()
     return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+
+@dataclass(frozen=True)
+class FetchedRecord:
+    """One record read back from Kafka (the fields the pipeline sets aside with)."""
+
+    offset: int
+    timestamp_ms: int
+    value: bytes | None
+
+
+def fetch_records(bootstrap: str, topic: str, partition: int, start: int, end: int, *, limit: int,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> list[FetchedRecord]:
+    """The records of `topic`-`partition` from offset `start` up to `end` (exclusive), at most
+    `limit` of them; BrokerError when Kafka stops delivering for `timeout` seconds before that."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID, enable_auto_commit=False,
+                             request_timeout_ms=int(timeout * 1000) + 1000, max_poll_records=10_000)
+    where = TopicPartition(topic, partition)
+    found: list[FetchedRecord] = []
+    try:
+        consumer.assign([where])
+        consumer.seek(where, start)
+        quiet_since = time.monotonic()
+        while len(found) < limit and consumer.position(where) < end:
+            batch = consumer.poll(timeout_ms=1000).get(where, [])
+            if batch:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > timeout:
+                raise BrokerError(f"reading {topic}-{partition} from offset {start} on {bootstrap}: no record "
+                                  f"for {timeout:g} s (position {consumer.position(where)}, wanted up to {end})")
+            found.extend(FetchedRecord(r.offset, r.timestamp, r.value) for r in batch if r.offset < end)
+    except KafkaError as error:
+        raise BrokerError(f"reading {topic}-{partition} from offset {start} on {bootstrap} failed: {error!r}") from error
+    finally:
+        consumer.close()
+    return found[:limit]
 
 
 def offsets_consumer(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> KafkaConsumer:

@@ -29,8 +29,17 @@ class TaskCommit:
     quarantined_before: int = 0  # malformed events of this task found in the quarantine already
     attempt: int = 0  # Spark's attempt number of the task that reported (>0: a retry or speculative copy)
     write_ms: float = 0.0
+    deleted_segments: int = 0  # retention run by this task after its append (shard_owner.RetentionPolicy)
+    deleted_index_files: int = 0
+    deleted_bytes: int = 0
+
+    def plus(self, other: TaskCommit) -> TaskCommit:
+        """The counts of both (same shard; the attempt is set once per task, afterwards)."""
+        return TaskCommit(self.broker, **{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                          for f in dataclasses.fields(self) if f.name not in _NOT_COUNTS})
 
 
+_NOT_COUNTS = ("broker", "attempt")
 _ARROW_TYPES = {"broker": pa.string(), "write_ms": pa.float64()}
 COMMIT_ARROW_SCHEMA = pa.schema([
     (f.name, _ARROW_TYPES.get(f.name, pa.int64())) for f in dataclasses.fields(TaskCommit)
@@ -46,6 +55,8 @@ def commits_batch(commits: list[TaskCommit]) -> pa.RecordBatch:
 
 
 def commit_of_row(row) -> TaskCommit:
-    """A collected Spark Row (or dict) back to the value type."""
+    """A collected Spark Row (or dict) back to the value type (a TaskCommit is returned as is)."""
+    if isinstance(row, TaskCommit):
+        return row
     get = row.asDict() if hasattr(row, "asDict") else row
     return TaskCommit(**{f.name: get[f.name] for f in dataclasses.fields(TaskCommit)})

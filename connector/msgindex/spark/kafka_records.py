@@ -1,10 +1,13 @@
 """Input shape ``records``: the indexed topics' own Kafka records.
 
 A record is indexed under its key, every non-empty space-separated token of its ``KEYS``
-header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key once. Null and
+header(s) and its ``UNIQ_KEY`` header(s) (RocketMQ's property names), each key once: the one rule
+of ``storage.rocketmq.message_keys``, applied to the decoded header values. Null and
 empty keys are not indexed (the record is still logged and counted as unkeyed). Key bytes that
 are not UTF-8 are indexed as ``message.decode_key_bytes(raw)``: query them by passing the raw
-``bytes`` to ``Store.lookup``. Payloads are never read.
+``bytes`` to ``Store.lookup``. Payloads are never read, except for a record set aside: one whose
+timestamp breaks the one timestamp rule (timestamp_rule.py) goes to the quarantine with its value
+and the reason, exactly once by its offset, as malformed metadata events do.
 """
 
 from __future__ import annotations
@@ -15,30 +18,37 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msgindex.spark.quarantine import RAW_VALUE, REASON
+from msgindex.spark.timestamp_rule import timestamp_reason
 from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
+from msgindex.storage.rocketmq.message_keys import message_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-KEY_SEPARATOR = " "
 KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 
 def project_records(kafka_df: "DataFrame", broker: "Column") -> "DataFrame":
     """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
-    `broker` as the shard column; header values travel as bytes, decoded on the executor."""
+    `broker` as the shard column; header values travel as bytes, decoded on the executor. A
+    record whose timestamp breaks the rule gets a ``reason`` and (only then) its value."""
     from pyspark.sql import functions as F
 
     def header_values(name: str) -> "Column":
         return F.transform(F.filter("headers", lambda h: h["key"] == F.lit(name)), lambda h: h["value"])
 
+    timestamp_ms = F.expr("unix_millis(timestamp)")
+    reason = timestamp_reason(timestamp_ms)
     return kafka_df.select(
         broker.alias("broker"),
         "topic", "partition", "offset",
-        F.expr("unix_millis(timestamp)").alias("timestamp_ms"),
+        timestamp_ms.alias("timestamp_ms"),
         F.col("key").alias(KEY_RAW),
         header_values(KEYS_PROPERTY).alias(KEYS_HEADERS),
         header_values(UNIQ_KEY_PROPERTY).alias(UNIQ_HEADERS),
+        reason.alias(REASON),
+        F.when(reason.isNotNull(), F.col("value")).alias(RAW_VALUE),
     )
 
 
@@ -50,13 +60,9 @@ def _decode(raw: bytes) -> str:
 
 
 def _record_keys(key: str | None, keys_headers: list | None, uniq_headers: list | None) -> tuple[str, ...]:
-    keys: list[str] = [key] if key else []
-    tokens = [token for raw in keys_headers or () if raw is not None for token in _decode(raw).split(KEY_SEPARATOR)]
-    tokens += [_decode(raw) for raw in uniq_headers or () if raw is not None]
-    for token in tokens:
-        if token and token not in keys:
-            keys.append(token)
-    return tuple(keys)
+    """A record's keys from its decoded key and raw header values (null header values carry none)."""
+    return message_keys(key, (_decode(raw) for raw in keys_headers or () if raw is not None),
+                        (_decode(raw) for raw in uniq_headers or () if raw is not None))
 
 
 def records_to_append(table: pa.Table) -> tuple[pa.Table | list[MessageRecord], int]:

@@ -59,12 +59,7 @@ class IndexClaim:
     def __enter__(self) -> IndexClaim:
         fd = try_lock(self.root / LOCK_FILE)
         if fd is None:
-            holder = read_owner(self.root)
-            who = holder.describe() if holder is not None else "a job that has not recorded itself yet"
-            raise IndexInUseError(
-                f"--path {self.root} is being indexed by another job right now ({who}); "
-                f"stop that job first, or index into another --path"
-            )
+            raise _in_use(self.root)
         self._fd = fd
         write_atomically(self.root / FILE_NAME, versioned_json(FORMAT, FORMAT_VERSION, vars(self.identity)))
         return self
@@ -73,6 +68,22 @@ class IndexClaim:
         if self._fd is not None:
             unlock(self._fd)
             self._fd = None
+
+
+def require_free(root: str | os.PathLike[str]) -> None:
+    """IndexInUseError naming the holder when a job holds the index right now (a check only:
+    the job that goes on takes an IndexClaim)."""
+    fd = try_lock(Path(root) / LOCK_FILE)
+    if fd is None:
+        raise _in_use(Path(root))
+    unlock(fd)
+
+
+def _in_use(root: Path) -> IndexInUseError:
+    holder = read_owner(root)
+    who = holder.describe() if holder is not None else "a job that has not recorded itself yet"
+    return IndexInUseError(f"--path {root} is being indexed by another job right now ({who}); "
+                           f"stop that job first, or index into another --path")
 
 
 def read_owner(root: str | os.PathLike[str]) -> JobIdentity | None:

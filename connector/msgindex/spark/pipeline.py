@@ -3,7 +3,14 @@
 ``index_kafka(options)`` runs the streaming query of ``msgindex index`` (the CLI parses the flags
 into ``IndexJobOptions``) until it has caught up (``available_now``), is stopped (SIGINT/SIGTERM or
 the caller's event) or fails, printing one progress line per micro-batch. The sink that does
-the writing is ``msgindex.spark.sink``.
+the writing is ``msgindex.spark.sink``. With ``remote`` (a Spark Connect URL) the job runs on the
+Connect server instead and this process only prints its progress (connect_job.py).
+
+Before any Spark starts, the Kafka source is checked (a missing topic, an address that does not
+answer or resolve: one line naming it, within ``SOURCE_CHECK_TIMEOUT_S``), and the retention the
+shards apply between appends is settled: ``--retention-ms`` / ``--retention-bytes``, by default
+the longest ``retention.ms`` of the indexed topics (a shard holds many topics: never delete what
+one of them still keeps).
 """
 
 from __future__ import annotations
@@ -15,9 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgindex.errors import InvalidOptionError
+from msgindex.spark.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
+from msgindex.spark.progress import say
+from msgindex.spark.shard_owner import DEFAULT_RETENTION_INTERVAL_S, RetentionPolicy
 
-KAFKA_OPTION_PREFIX = "kafka."
 DEFAULT_QUERY_NAME = "msgindex-index"
+KEEP_FOREVER_MS = -1  # Kafka's retention.ms for "no deletion by age"
+__all__ = ["KAFKA_OPTION_PREFIX", "IndexJobOptions", "index_kafka"]
 
 
 @dataclass
@@ -44,6 +55,21 @@ class IndexJobOptions:
     spark_progress: bool = True
     min_partitions: int | None = None  # Spark's minPartitions: split partitions' ranges over more tasks
     spark_conf: dict[str, str] = field(default_factory=dict)  # --conf K=V
+    retention_ms: int | None = None  # None: the topics' longest retention.ms; KEEP_FOREVER_MS: no age limit
+    retention_bytes: int | None = None  # per shard
+    retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
+    remote: str | None = None  # sc://HOST:PORT: run on a Spark Connect server
+
+    def kafka_source(self) -> KafkaSource:
+        """The Kafka source these options describe."""
+        return KafkaSource(
+            bootstrap_servers=self.bootstrap_servers,
+            subscribe=tuple(self.subscribe) if self.subscribe is not None else None,
+            subscribe_pattern=self.subscribe_pattern, include_headers=self.input_kind == "records",
+            consumer_options=dict(self.kafka_options), fail_on_data_loss=self.fail_on_data_loss,
+            starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
+            min_partitions=self.min_partitions,
+        )
 
 
 def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
@@ -90,26 +116,57 @@ def open_index(options: IndexJobOptions):
 
 def kafka_stream(spark, options: IndexJobOptions):
     """The streaming DataFrame of Spark's own Kafka source."""
-    reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", options.bootstrap_servers)
-              .option("startingOffsets", options.starting_offsets)
-              .option("failOnDataLoss", options.fail_on_data_loss)
-              .option("includeHeaders", str(options.input_kind == "records").lower()))
-    if options.subscribe is not None:
-        reader = reader.option("subscribe", ",".join(options.subscribe))
-    else:
-        reader = reader.option("subscribePattern", options.subscribe_pattern)
-    if options.max_offsets_per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
-    if options.min_partitions is not None:
-        reader = reader.option("minPartitions", str(options.min_partitions))
-    for key, value in options.kafka_options.items():
-        reader = reader.option(KAFKA_OPTION_PREFIX + key, value)
-    return reader.load()
+    return options.kafka_source().stream(spark)
 
 
-def say(line: str) -> None:
-    print(f"[msgindex {time.strftime('%H:%M:%S')}] {line}", flush=True)
+@dataclass(frozen=True)
+class JobStart:
+    """What the checks before the query found: the indexed Kafka topics (as far as they can be
+    listed) and the retention the shards will apply, with a line saying why."""
+
+    topics: tuple[str, ...]
+    retention: RetentionPolicy
+    retention_line: str
+
+
+def check_and_plan(options: IndexJobOptions) -> JobStart:
+    """Check the Kafka source (KafkaUnreachableError / TopicNotFoundError naming the address or
+    topic, within about SOURCE_CHECK_TIMEOUT_S) and settle the retention policy."""
+    from msgindex.kafka.admin import check_source
+
+    topics = check_source(options.bootstrap_servers, topics=options.subscribe, pattern=options.subscribe_pattern,
+                          consumer_options=options.kafka_options)
+    retention, line = retention_policy(options, topics)
+    return JobStart(tuple(topics), retention, line)
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
+
+
+def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[RetentionPolicy, str]:
+    """The retention the shards apply, and a line saying what it is and where it comes from.
+    Without --retention-ms the age limit is the LONGEST retention.ms among the indexed topics
+    (-1 in any of them, or topics that cannot be read: no age limit)."""
+    from msgindex.kafka.admin import needs_java_client, topic_retention_ms
+
+    max_age, why = options.retention_ms, "--retention-ms"
+    if max_age is None:
+        if not topics or needs_java_client(options.kafka_options):
+            max_age, why = KEEP_FOREVER_MS, "the topics' retention.ms cannot be read here: give --retention-ms"
+        else:
+            found = topic_retention_ms(options.bootstrap_servers, topics)
+            longest = max(found.items(), key=lambda item: (item[1] == KEEP_FOREVER_MS, item[1]))
+            max_age = longest[1]
+            why = f"the longest retention.ms of the indexed topics: {longest[0]}"
+    policy = RetentionPolicy(max_age_ms=None if max_age == KEEP_FOREVER_MS else max_age,
+                             max_bytes=options.retention_bytes, interval_s=options.retention_interval_s)
+    age = "no age limit" if policy.max_age_ms is None else f"segments older than {_duration(policy.max_age_ms)}"
+    size = "" if policy.max_bytes is None else f", shards above {policy.max_bytes:,} bytes"
+    return policy, f"retention: {age} ({why}){size}; checked after appends, at most every {policy.interval_s:g} s per shard"
 
 
 class _StopOnSignal:
@@ -136,49 +193,44 @@ class _StopOnSignal:
             signal.signal(sig, handler)
 
 
-def run(options: IndexJobOptions) -> int:
-    """The job's exit code: 0 once caught up (--available-now) or stopped by a signal."""
-    index_kafka(options)
-    return 0
-
-
 def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -> list:
     """Run the indexing query until caught up (--available-now), stopped (SIGINT/SIGTERM, or
     `stop` set by the caller), or failed; returns the per-batch statistics (sink.BatchStats).
 
     The driver holds the index (ownership.IndexClaim) for the query's life; executors get
     msgindex from the job and must see the index at the same path (shipping.py)."""
+    if options.remote is not None:
+        raise InvalidOptionError("a --remote job runs through msgindex.spark.connect_job.index_remotely")
+    import uuid
+
     from msgindex.spark.ownership import IndexClaim, JobIdentity
     from msgindex.spark.progress import SparkProgressListener
     from msgindex.spark.session import build_spark_session, is_local_master
     from msgindex.spark.shipping import check_executors_see_index, ship_code
     from msgindex.spark.sink import BatchWriter, IndexSink, SinkConfig
 
+    start = check_and_plan(options)
     store = open_index(options)
     root = options.path.resolve()
     with IndexClaim(root, JobIdentity.current(options.query_name, options.checkpoint)), store:
         for broker in upgrade_legacy_shards(store, options.input_kind):
             say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
+        say(start.retention_line)
         spark = build_spark_session(app_name=options.query_name, master=options.master, extra_conf=options.spark_conf)
         ship_code(spark)
         master = spark.sparkContext.master
         if not is_local_master(master):
             check_executors_see_index(spark, root)
-        config = SinkConfig(root=str(root), input_kind=options.input_kind,
-                            quarantine_dir=str(options.quarantine.resolve()), lock_timeout_s=options.lock_timeout_s)
-        writer = BatchWriter(config, bootstrap_servers=options.bootstrap_servers, subscribe=options.subscribe,
-                             subscribe_pattern=options.subscribe_pattern,
-                             parallelism=spark.sparkContext.defaultParallelism)
+        config = sink_config(options, root, start.retention)
+        writer = BatchWriter(config, source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism,
+                             checkpoint=options.checkpoint, job_id=uuid.uuid4().hex)
         sink = IndexSink(writer, checkpoint=options.checkpoint, on_batch=lambda stats: say(stats.line()))
         listener = SparkProgressListener(say, options.query_name) if options.spark_progress else None
         if listener is not None:
             spark.streams.addListener(listener)
-        stream_writer = (kafka_stream(spark, options).writeStream.foreachBatch(sink)
-                         .option("checkpointLocation", options.checkpoint).queryName(options.query_name))
-        if options.available_now:
-            stream_writer = stream_writer.trigger(availableNow=True)
-        elif options.trigger_interval:
-            stream_writer = stream_writer.trigger(processingTime=options.trigger_interval)
+        stream_writer = configure_trigger(kafka_stream(spark, options).writeStream.foreachBatch(sink)
+                                          .option("checkpointLocation", options.checkpoint)
+                                          .queryName(options.query_name), options)
         started = time.perf_counter()
         try:
             with _StopOnSignal(stop) as stop_request:
@@ -193,8 +245,25 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                 if sink.history:
                     listener.wait_for(sink.history[-1].batch_id)
                 spark.streams.removeListener(listener)
-        say(_summary(sink, time.perf_counter() - started, options))
+        say(summary(sink.history, sink.stopping, time.perf_counter() - started, options))
     return sink.history
+
+
+def sink_config(options: IndexJobOptions, root: Path, retention: RetentionPolicy):
+    """What the tasks need (sink.SinkConfig)."""
+    from msgindex.spark.sink import SinkConfig
+
+    return SinkConfig(root=str(root), input_kind=options.input_kind, quarantine_dir=str(options.quarantine.resolve()),
+                      lock_timeout_s=options.lock_timeout_s, retention=retention)
+
+
+def configure_trigger(stream_writer, options: IndexJobOptions):
+    """The query's trigger: available-now, a processing-time interval, or as fast as possible."""
+    if options.available_now:
+        return stream_writer.trigger(availableNow=True)
+    if options.trigger_interval:
+        return stream_writer.trigger(processingTime=options.trigger_interval)
+    return stream_writer
 
 
 def _wait(query, sink, stop: _StopOnSignal) -> None:
@@ -213,15 +282,20 @@ def _wait(query, sink, stop: _StopOnSignal) -> None:
             raise
 
 
-def _summary(sink, seconds: float, options: IndexJobOptions) -> str:
-    history = sink.history
+def summary(history: list, stopped: bool, seconds: float, options: IndexJobOptions) -> str:
+    """The job's last line: what all its batches did."""
     records = sum(s.records for s in history)
     appended = sum(s.appended for s in history)
     keys = sum(s.keys_indexed for s in history)
     malformed = sum(s.malformed for s in history)
     unkeyed = sum(s.unkeyed for s in history)
-    how = "stopped" if sink.stopping else "done"
+    segments = sum(s.deleted_segments for s in history)
+    index_files = sum(s.deleted_index_files for s in history)
+    how = "stopped" if stopped else "done"
     new = f"{appended:,} new" + (f", {records - appended:,} already committed" if records != appended else "")
-    extra = f", {malformed:,} quarantined (in {options.quarantine})" if options.input_kind == "metadata" else ""
+    extra = f", {malformed:,} quarantined (in {options.quarantine})" if malformed or options.input_kind == "metadata" else ""
+    if segments or index_files:
+        extra += (f", retention deleted {segments:,} segments and {index_files:,} index files "
+                  f"({sum(s.deleted_bytes for s in history):,} bytes)")
     return (f"{how}: {len(history)} batches, {records:,} records ({new}), {keys:,} keys indexed, "
             f"{unkeyed:,} unkeyed{extra} in {seconds:.1f} s")

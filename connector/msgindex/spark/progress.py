@@ -22,6 +22,11 @@ from pyspark.sql.streaming import StreamingQueryListener
 BATCH_LOG_FILE = "_batches.jsonl"
 
 
+def say(line: str) -> None:
+    """One progress line of the job on stdout (the driver's; on Spark Connect, the server's)."""
+    print(f"[msgindex {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
 def append_batch_log(root: str | os.PathLike[str], entry: dict) -> None:
     """Append one batch's counts (with the wall-clock time) to the index's batch log."""
     line = json.dumps({"time_ms": int(time.time() * 1000), **entry}, separators=(",", ":")) + "\n"

@@ -110,7 +110,9 @@ def kafka_connector_jars() -> list[Path]:
 
 
 def _log_config() -> Path:
-    """A log4j2 config that keeps Spark's driver quiet (WARN) from the first line it logs."""
+    """A log4j2 config that keeps Spark's driver quiet (WARN) from the first line it logs, one
+    line per event: a failed task's Java stack trace is in the error that reaches Python (the CLI
+    writes it to its log file), so the console does not repeat it (dozens of lines per task)."""
     path = msgindex_home() / "conf" / "log4j2-spark.properties"
     text = (
         "rootLogger.level = warn\n"
@@ -119,12 +121,28 @@ def _log_config() -> Path:
         "appender.console.name = console\n"
         "appender.console.target = SYSTEM_ERR\n"
         "appender.console.layout.type = PatternLayout\n"
-        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex\n"
-        # these two warn on every local session and mean nothing here
+        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+        "appender.console.layout.alwaysWriteExceptions = false\n"
+        # these warn on every session or query and mean nothing here
         "logger.nativeio.name = org.apache.hadoop.util.NativeCodeLoader\n"
         "logger.nativeio.level = error\n"
         "logger.kafkaconfig.name = org.apache.kafka.clients\n"
         "logger.kafkaconfig.level = error\n"
+        "logger.sources.name = org.apache.spark.sql.execution.datasources.DataSourceManager\n"
+        "logger.sources.level = error\n"
+        "logger.streamaqe.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream\n"
+        "logger.streamaqe.level = error\n"
+        # A failed task or query is logged three times on its way to the driver (the executor's
+        # "Exception in task", "Lost task"/"aborting job", "Query ... terminated with error"),
+        # the first two with the task's whole stack trace; the same error then reaches the caller
+        # as an exception (the CLI prints its one line and logs the whole text to a file), so
+        # the console says none of it.
+        "logger.failedTasks.name = org.apache.spark.executor.Executor\n"
+        "logger.failedTasks.level = off\n"
+        "logger.lostTasks.name = org.apache.spark.scheduler.TaskSetManager\n"
+        "logger.lostTasks.level = off\n"
+        "logger.failedQuery.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution\n"
+        "logger.failedQuery.level = off\n"
     )
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,13 +7,26 @@ and a lock parked here would block it. Each append takes the shard lock (waiting
 another attempt or task that holds it) and revalidates the writer's view on acquisition, which
 is cheap when nothing changed and only rolls back when a writer died mid-append (see
 ``ShardWriter``). The owner of a shard is whichever task holds its lock, on any executor.
+
+Retention runs here too: after an append, still under the lock, the owner applies the job's
+``RetentionPolicy`` (storage/retention.py: the log decides, the index follows), at most once per
+shard per interval in each Python worker so that appends stay fast. Readers are never blocked:
+retention commits the shard's new start through its checkpoint first, then deletes files.
+
+A full disk is reported as ``StorageFullError`` naming the shard and the file (``disk_full``).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msgindex.errors import ShardLockedError
+from msgindex.errors import ShardLockedError, StorageFullError
+from msgindex.storage.retention import RetentionReport, apply_shard_retention
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -22,8 +35,36 @@ if TYPE_CHECKING:
     from msgindex.storage.source_ranges import SourceRows
     from msgindex.storage.store import Store
 
+DEFAULT_RETENTION_INTERVAL_S = 60.0
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
 _STORES: dict[str, "Store"] = {}  # per Python worker: index root -> open store
 _WRITERS: dict[tuple[str, str], "ShardWriter"] = {}  # (index root, broker) -> writer kept open
+_RETENTION_RUNS: dict[tuple[str, str], float] = {}  # (index root, broker) -> monotonic time of the last pass here
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """What a shard's lock holder deletes between appends: log segments whose newest record is
+    older than `max_age_ms`, then the oldest segments until the shard is at most `max_bytes`
+    (None: no limit of that kind), checked at most once per `interval_s` per shard in each
+    Python worker."""
+
+    max_age_ms: int | None = None
+    max_bytes: int | None = None
+    interval_s: float = DEFAULT_RETENTION_INTERVAL_S
+
+    @property
+    def active(self) -> bool:
+        return self.max_age_ms is not None or self.max_bytes is not None
+
+
+@dataclass(frozen=True)
+class ShardAppend:
+    """One append of a task to one shard, and what the retention pass after it deleted."""
+
+    result: "AppendResult"
+    retention: RetentionReport
 
 
 def _writer(root: str, broker: str) -> "ShardWriter":
@@ -39,9 +80,11 @@ def _writer(root: str, broker: str) -> "ShardWriter":
 
 
 def append_to_shard(root: str, broker: str, records: "pa.Table | list", sources: "SourceRows", *,
-                    lock_timeout_s: float, adopt_legacy_offsets: bool) -> "AppendResult":
+                    lock_timeout_s: float, adopt_legacy_offsets: bool,
+                    retention: RetentionPolicy = RetentionPolicy()) -> ShardAppend:
     """Append `records` (with their source coordinates) to `broker`'s shard of the index at
-    `root` under the shard lock; rows whose source offsets the shard holds are skipped.
+    `root` under the shard lock; rows whose source offsets the shard holds are skipped. Then,
+    when due, apply `retention` under the same lock.
 
     `adopt_legacy_offsets`: a version-1 shard (batch-id checkpoint) is upgraded from its log's own
     offsets first; only right when the log's topic/partition/offset are the source's (--input
@@ -51,14 +94,44 @@ def append_to_shard(root: str, broker: str, records: "pa.Table | list", sources:
         with writer.locked(lock_timeout_s):
             if writer.committed_ranges is None and adopt_legacy_offsets:
                 writer.adopt_log_offsets()
-            return writer.append(records, sources)
+            result = writer.append(records, sources)
+            return ShardAppend(result, _retention_pass(root, broker, writer, retention))
     except ShardLockedError as locked:
         raise ShardLockedError(f"{locked} (a stuck task of this job, or another job writing the same index?)") from None
-    except BaseException:
+    except BaseException as error:
         # Whatever went wrong, the next task here starts from a cold writer (full recovery).
         _WRITERS.pop((root, broker), None)
         writer.close()
+        full = disk_full(error, f"shard {broker!r}", writer.directory)
+        if full is not None:
+            raise full from None
         raise
+
+
+def _retention_pass(root: str, broker: str, writer: "ShardWriter", policy: RetentionPolicy) -> RetentionReport:
+    if not policy.active:
+        return RetentionReport()
+    now = time.monotonic()
+    last = _RETENTION_RUNS.get((root, broker))
+    if last is not None and now - last < policy.interval_s:
+        return RetentionReport()
+    _RETENTION_RUNS[(root, broker)] = now
+    return apply_shard_retention(writer, max_age_ms=policy.max_age_ms, max_bytes=policy.max_bytes)
+
+
+def disk_full(error: BaseException, what: str, where: str | os.PathLike[str]) -> StorageFullError | None:
+    """`error` as one line saying the disk is full and naming the file (`where` when the error
+    does not name one) and what was being written, when it is a full disk or quota; else None."""
+    if isinstance(error, StorageFullError):
+        detail = str(error)  # names its file already
+    elif isinstance(error, OSError) and (error.errno in _FULL_ERRNOS or "short write" in str(error)):
+        file = error.filename or where
+        detail = f"{file}: {error.strerror or error}"
+    else:
+        return None
+    return StorageFullError(f"disk full writing {what}: {detail}; free some space (or grow the filesystem of "
+                            f"{Path(where)}) and start the job again: it resumes exactly where the index's "
+                            f"checkpoints are")
 
 
 def forget_writers() -> None:
@@ -69,3 +142,4 @@ def forget_writers() -> None:
     for store in _STORES.values():
         store.close()
     _STORES.clear()
+    _RETENTION_RUNS.clear()

@@ -14,31 +14,36 @@ Per micro-batch, on the driver (no per-row Python here):
 
 Exactly once by Kafka offsets (storage/source_ranges.py), so nothing here depends on batch ids:
 a replayed batch, a retried or speculative task, or a new Spark checkpoint finds its rows
-committed and reports them as such.
+committed and reports them as such. A batch holding records that Spark's Kafka source cannot
+read at all (a timestamp that overflows) is indexed around them, and they are quarantined
+(unreadable_records.py).
 
 ``BatchWriter`` is the foreachBatch function proper: picklable, no threads or locks (a Spark
-Connect server runs it in a process of its own). ``IndexSink`` wraps it for a local driver:
-graceful stop, lag, progress lines.
+Connect server runs it in a process of its own: there, given ``claim``, it also holds the index
+for the job, see ownership.py). ``IndexSink`` wraps it for a local driver: graceful stop, lag,
+progress lines.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlparse
 
 from msgindex.errors import InvalidOptionError, MsgIndexError
-from msgindex.spark.commits import COMMIT_DDL, commit_of_row
+from msgindex.spark.commits import COMMIT_DDL, TaskCommit, commit_of_row
 from msgindex.spark.kafka_records import project_records
+from msgindex.spark.kafka_source import KafkaSource
 from msgindex.spark.metadata_events import parse_metadata_events
+from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import PartitionBrokerMap
 from msgindex.spark.progress import append_batch_log
+from msgindex.spark.shard_owner import disk_full
+from msgindex.spark.spark_checkpoint import batch_end_offsets
 from msgindex.spark.task_writer import (
     INPUT_KINDS,
     INPUT_METADATA,
@@ -47,11 +52,14 @@ from msgindex.spark.task_writer import (
     SinkConfig,
     task_function,
 )
+from msgindex.spark.timestamp_rule import overflowing_record
+from msgindex.spark.unreadable_records import salvage_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["BatchStats", "BatchWriter", "GracefulStop", "IndexSink", "SinkConfig", "INPUT_RECORDS", "INPUT_METADATA"]
+__all__ = ["BatchStats", "BatchWriter", "GracefulStop", "IndexSink", "KafkaSource", "SinkConfig", "INPUT_RECORDS",
+           "INPUT_METADATA"]
 
 LEADER_WAIT_S = 30.0  # how long a batch waits for a new partition to get a leader
 NO_LEADER = -1
@@ -78,6 +86,9 @@ class BatchStats:
     write_seconds: float = 0.0  # summed over tasks: time inside shard appends (executors)
     lag: int | None = None
     brokers: list[str] = field(default_factory=list)
+    deleted_segments: int = 0  # retention run by the shards' lock holders during the batch
+    deleted_index_files: int = 0
+    deleted_bytes: int = 0
 
     @property
     def records(self) -> int:
@@ -91,6 +102,7 @@ class BatchStats:
 
     @classmethod
     def from_commits(cls, batch_id: int, rows: list, seconds: float) -> BatchStats:
+        """The batch's counts from its tasks' commits (collected Spark rows or TaskCommits)."""
         stats = cls(batch_id, seconds=seconds)
         for commit in map(commit_of_row, rows):
             stats.appended += commit.appended
@@ -100,61 +112,118 @@ class BatchStats:
             stats.quarantined += commit.quarantined
             stats.quarantined_before += commit.quarantined_before
             stats.write_seconds += commit.write_ms / 1000
+            stats.deleted_segments += commit.deleted_segments
+            stats.deleted_index_files += commit.deleted_index_files
+            stats.deleted_bytes += commit.deleted_bytes
             if commit.broker is not None and commit.broker not in stats.brokers:
                 stats.brokers.append(commit.broker)
             stats.late_attempts += commit.attempt > 0
         stats.brokers.sort()
         return stats
 
+    _JSON_NAMES = {"brokers": "shards"}
+
     def to_json(self) -> dict:
-        return {"batch_id": self.batch_id, "records": self.records, "appended": self.appended,
-                "already_committed": self.already_committed, "keys_indexed": self.keys_indexed,
-                "unkeyed": self.unkeyed, "quarantined": self.quarantined,
-                "quarantined_before": self.quarantined_before, "shards": self.brokers,
-                "late_attempts": self.late_attempts,
-                "seconds": round(self.seconds, 3), "write_seconds": round(self.write_seconds, 3)}
+        """The batch log's entry (progress.py); ``from_json`` reads it back."""
+        entry = {self._JSON_NAMES.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name != "lag"}
+        entry.update(records=self.records, seconds=round(self.seconds, 3), write_seconds=round(self.write_seconds, 3))
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: dict) -> BatchStats:
+        """A batch log entry as BatchStats (fields it lacks keep their defaults)."""
+        names = {cls._JSON_NAMES.get(f.name, f.name): f.name for f in dataclasses.fields(cls)}
+        return cls(**{names[key]: value for key, value in entry.items() if key in names and value is not None})
 
     def line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
         new = f"{self.appended:,} new" + (f", {self.already_committed:,} already committed" if self.already_committed else "")
         quarantined = f"{self.malformed:,} quarantined" + (f" ({self.quarantined_before:,} already)" if self.quarantined_before else "")
+        retention = ""
+        if self.deleted_segments or self.deleted_index_files:
+            retention = (f" | retention deleted {self.deleted_segments:,} segments, {self.deleted_index_files:,} index "
+                         f"files ({self.deleted_bytes:,} bytes)")
         return (
             f"batch {self.batch_id}: {self.records:,} records ({new}) in {self.seconds:.2f} s ({rate:,.0f} rec/s) | "
             f"{self.keys_indexed:,} keys indexed | {len(self.brokers)} shards | "
-            f"{self.unkeyed:,} unkeyed | {quarantined} | lag {lag}"
+            f"{self.unkeyed:,} unkeyed | {quarantined}{retention} | lag {lag}"
         )
 
 
 class BatchWriter:
     """The ``foreachBatch`` function: plans the batch, runs its tasks, returns its BatchStats.
-    Picklable and free of threads and locks (see the module docstring)."""
+    Picklable and free of threads and locks (see the module docstring).
 
-    def __init__(self, config: SinkConfig, *, bootstrap_servers: str | None = None,
-                 subscribe: list[str] | None = None, subscribe_pattern: str | None = None,
-                 parallelism: int | None = None) -> None:
+    `source`: the job's Kafka source (records input needs it: new partitions' leaders; a batch
+    with records Spark cannot read is re-read from it); `checkpoint`: the query's Spark
+    checkpoint (that batch's offset ranges); `job_id`: tags the batch log's entries; `claim`: hold
+    the index for this job from the first batch on, in the process that runs the batches (Spark
+    Connect, where the client may not see the index)."""
+
+    def __init__(self, config: SinkConfig, *, source: KafkaSource | None = None, parallelism: int | None = None,
+                 checkpoint: str | None = None, job_id: str | None = None, claim: JobIdentity | None = None) -> None:
         if config.input_kind not in INPUT_KINDS:
             raise InvalidOptionError(f"input kind {config.input_kind!r} is not one of {', '.join(INPUT_KINDS)}")
-        if config.input_kind == INPUT_RECORDS and bootstrap_servers is None:
-            raise InvalidOptionError("input 'records' needs the Kafka bootstrap servers to find partition leaders")
-        if config.input_kind == INPUT_RECORDS and (subscribe is None) == (subscribe_pattern is None):
-            raise InvalidOptionError("input 'records' needs exactly one of subscribe / subscribe_pattern")
+        if config.input_kind == INPUT_RECORDS and source is None:
+            raise InvalidOptionError("input 'records' needs the Kafka source to find partition leaders")
+        if source is not None and (source.subscribe is None) == (source.subscribe_pattern is None):
+            raise InvalidOptionError("the Kafka source needs exactly one of subscribe / subscribe_pattern")
         if parallelism is not None and parallelism < 1:
             raise InvalidOptionError(f"parallelism must be >= 1, got {parallelism}")
         self.config = config
-        self.bootstrap_servers = bootstrap_servers
-        self.subscribe = subscribe
-        self.subscribe_pattern = subscribe_pattern
+        self.source = source
         self.parallelism = parallelism
-        self.partition_brokers = PartitionBrokerMap(config.root)
+        self.checkpoint = checkpoint
+        self.job_id = job_id
+        self.claim = claim
+        self._partition_brokers: PartitionBrokerMap | None = None  # read where the batches run
+        self._claimed: IndexClaim | None = None
+
+    def __getstate__(self) -> dict:
+        # what the batches' process opens for itself: never pickled
+        return {**self.__dict__, "_partition_brokers": None, "_claimed": None}
+
+    @property
+    def partition_brokers(self) -> PartitionBrokerMap:
+        if self._partition_brokers is None:
+            self._partition_brokers = PartitionBrokerMap(self.config.root)
+        return self._partition_brokers
 
     def __call__(self, df: "DataFrame", batch_id: int) -> BatchStats:
         started = time.perf_counter()
-        tasks = self.plan(df)
-        rows = tasks.mapInArrow(task_function(self.config, int(batch_id)), COMMIT_DDL).collect()
-        stats = BatchStats.from_commits(int(batch_id), rows, time.perf_counter() - started)
-        append_batch_log(self.config.root, stats.to_json())
+        batch_id = int(batch_id)
+        try:
+            self._hold_index()
+            try:
+                commits = self._run(self.plan(df), batch_id)
+            except Exception as error:
+                unreadable = overflowing_record(error)
+                if unreadable is None or self.source is None or self.checkpoint is None:
+                    raise
+                commits = salvage_batch(
+                    df.sparkSession, batch_id, unreadable, source=self.source, checkpoint=self.checkpoint,
+                    quarantine_dir=self.config.quarantine_dir, input_kind=self.config.input_kind,
+                    lock_timeout_s=self.config.lock_timeout_s, run=lambda frame: self._run(self.plan(frame), batch_id))
+            stats = BatchStats.from_commits(batch_id, commits, time.perf_counter() - started)
+            append_batch_log(self.config.root, {"job_id": self.job_id, **stats.to_json()})
+        except OSError as error:  # driver-side files: the batch log, the partition -> broker map
+            full = disk_full(error, f"the index {self.config.root}", self.config.root)
+            if full is not None:
+                raise full from None
+            raise
         return stats
+
+    def _run(self, frame: "DataFrame", batch_id: int) -> list[TaskCommit]:
+        rows = frame.mapInArrow(task_function(self.config, batch_id), COMMIT_DDL).collect()
+        return [commit_of_row(row) for row in rows]
+
+    def _hold_index(self) -> None:
+        """With `claim`: hold the index (ownership.py) from the first batch until this process
+        ends; a second job fails its first batch naming the first one."""
+        if self.claim is not None and self._claimed is None:
+            self._claimed = IndexClaim(self.config.root, self.claim).__enter__()
 
     def plan(self, df: "DataFrame") -> "DataFrame":
         """The batch's rows as the columns the tasks take (shard and slice columns included),
@@ -173,10 +242,10 @@ class BatchWriter:
     def _leaders(self) -> dict[tuple[str, int], int]:
         from msgindex.kafka.admin import partition_leaders
 
-        if self.subscribe is not None:
-            return partition_leaders(self.bootstrap_servers, self.subscribe)
-        pattern = re.compile(self.subscribe_pattern)
-        return {tp: leader for tp, leader in partition_leaders(self.bootstrap_servers).items()
+        if self.source.subscribe is not None:
+            return partition_leaders(self.source.bootstrap_servers, self.source.subscribe)
+        pattern = re.compile(self.source.subscribe_pattern)
+        return {tp: leader for tp, leader in partition_leaders(self.source.bootstrap_servers).items()
                 if pattern.fullmatch(tp[0])}
 
     def _new_partition_leaders(self) -> dict[tuple[str, int], int]:
@@ -263,52 +332,18 @@ class IndexSink:
         (Spark's offset log in a local checkpoint) against the brokers' log-end offsets."""
         from msgindex.kafka.admin import latest_offsets, offsets_consumer
 
-        if self.writer.bootstrap_servers is None or self.checkpoint is None:
+        source = self.writer.source
+        if source is None or self.checkpoint is None:
             return None
-        ends = spark_batch_end_offsets(self.checkpoint, batch_id)
+        ends = batch_end_offsets(self.checkpoint, batch_id)  # local checkpoints only: never a Spark job here
         if not ends:
             return None
         try:
             if self._offsets is None:
-                self._offsets = offsets_consumer(self.writer.bootstrap_servers)
-            latest = latest_offsets(self.writer.bootstrap_servers, sorted({topic for topic, _ in ends}),
+                self._offsets = offsets_consumer(source.bootstrap_servers)
+            latest = latest_offsets(source.bootstrap_servers, sorted({topic for topic, _ in ends}),
                                     consumer=self._offsets)
         except Exception:  # lag is informational (a broker may be restarting): report "?" instead
             self._close_offsets()
             return None
         return sum(max(latest.get(tp, end) - end, 0) for tp, end in ends.items())
-
-
-def local_path(location: str | Path) -> Path | None:
-    """A checkpoint location as a local path: a plain path or a ``file:`` URI (None otherwise)."""
-    text = str(location)
-    parsed = urlparse(text)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme and len(parsed.scheme) > 1:  # hdfs://, s3a://, ... (not a Windows drive)
-        return None
-    return Path(text)
-
-
-def spark_batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[tuple[str, int], int]:
-    """The Kafka end offsets of micro-batch `batch_id` from Spark's offset log
-    (``<checkpoint>/offsets/<id>``: a version line, the batch metadata, then one JSON line per
-    source). Empty when the checkpoint is not on a local filesystem or the file is missing."""
-    directory = local_path(checkpoint)
-    if directory is None:
-        return {}
-    try:
-        lines = (directory / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return {}
-    ends: dict[tuple[str, int], int] = {}
-    for line in lines[2:]:
-        try:
-            source = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(source, dict):
-            for topic, partitions in source.items():
-                if isinstance(partitions, dict):
-                    ends.update({(topic, int(p)): int(o) for p, o in partitions.items()})
-    return ends

@@ -5,7 +5,9 @@ coalesced), splits its rows by shard and appends each part to that shard under t
 one lock at a time (shard_owner.py). Rows carry their source coordinates and the id of the
 slice they came from, so each append commits exactly the source offset ranges it covers
 (storage/source_ranges.py): whatever attempt of whatever task wrote a row first, every other
-one skips it. Malformed metadata events go to the quarantine, exactly once the same way.
+one skips it. Rows that come with a ``reason`` (malformed metadata events; records or events
+whose timestamp breaks the one timestamp rule, see timestamp_rule.py) go to the quarantine,
+exactly once the same way, and never reach a shard.
 
 A task appends in chunks of at most ``APPEND_ROWS`` rows (bounded memory in the Python worker
 whatever the batch size) and reports one ``TaskCommit`` per shard it touched; ``SliceOrder``
@@ -28,8 +30,16 @@ import pyarrow.compute as pc
 from msgindex.errors import MsgIndexError
 from msgindex.spark.commits import TaskCommit, commits_batch
 from msgindex.spark.kafka_records import records_to_append
-from msgindex.spark.quarantine import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, write_quarantine
-from msgindex.spark.shard_owner import append_to_shard
+from msgindex.spark.quarantine import (
+    RAW_VALUE,
+    REASON,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
+    SOURCE_TOPIC,
+    write_quarantine,
+)
+from msgindex.spark.shard_owner import RetentionPolicy, append_to_shard, disk_full
 from msgindex.storage.message import APPEND_SCHEMA
 from msgindex.storage.source_ranges import SourceRows
 
@@ -49,6 +59,7 @@ class SinkConfig:
     input_kind: str
     quarantine_dir: str
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    retention: RetentionPolicy = RetentionPolicy()
 
 
 def task_function(config: SinkConfig, batch_id: int):
@@ -115,14 +126,12 @@ def _source_rows(config: SinkConfig, table: pa.Table) -> SourceRows:
 def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: SliceOrder) -> list[TaskCommit]:
     order.check(_source_rows(config, table))
     commits = []
+    malformed = pc.is_valid(table.column(REASON))
+    if pc.any(malformed).as_py():
+        commits.append(_quarantine(config, batch_id, table.filter(malformed)))
+        table = table.filter(pc.invert(malformed))
     brokers = table.column(BROKER)
-    if config.input_kind == INPUT_METADATA:
-        malformed = pc.is_null(brokers)
-        if pc.any(malformed).as_py():
-            commits.append(_quarantine(config, batch_id, table.filter(malformed)))
-            table = table.filter(pc.invert(malformed))
-            brokers = table.column(BROKER)
-    elif brokers.null_count:
+    if brokers.null_count:  # records input only: a malformed event has a reason
         lost = table.filter(pc.is_null(brokers))
         raise MsgIndexError(
             f"batch {batch_id}: {lost.num_rows} records of partitions with no recorded broker (e.g. "
@@ -140,17 +149,37 @@ def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
         records, unkeyed = part.select(APPEND_SCHEMA.names), 0
     else:
         records, unkeyed = records_to_append(part)
-    result = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
-                             adopt_legacy_offsets=config.input_kind == INPUT_RECORDS)
+    done = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
+                           adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention)
+    result, retention = done.result, done.retention
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
-                      keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000)
+                      keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,
+                      deleted_segments=len(retention.deleted_segments),
+                      deleted_index_files=len(retention.deleted_index_files), deleted_bytes=retention.bytes_freed)
+
+
+def quarantine_rows(input_kind: str, table: pa.Table) -> pa.Table:
+    """The quarantine's columns of malformed rows: metadata events carry them; records are their
+    own source (their value travels only for such rows, see kafka_records.project_records)."""
+    if input_kind == INPUT_METADATA:
+        return table
+    return pa.table({SOURCE_TOPIC: table.column("topic"), SOURCE_PARTITION: table.column("partition"),
+                     SOURCE_OFFSET: table.column("offset"), SOURCE_TIMESTAMP: table.column("timestamp_ms"),
+                     RAW_VALUE: table.column(RAW_VALUE), REASON: table.column(REASON), SLICE: table.column(SLICE)})
 
 
 def _quarantine(config: SinkConfig, batch_id: int, table: pa.Table) -> TaskCommit:
     started = time.perf_counter()
-    slices = table.column(SLICE).to_numpy(zero_copy_only=False).astype(np.int64)
-    result = write_quarantine(config.quarantine_dir, batch_id, table, table.column(REASON).to_pylist(), slices,
-                              lock_timeout_s=config.lock_timeout_s)
+    rows = quarantine_rows(config.input_kind, table)
+    slices = rows.column(SLICE).to_numpy(zero_copy_only=False).astype(np.int64)
+    try:
+        result = write_quarantine(config.quarantine_dir, batch_id, rows, rows.column(REASON).to_pylist(), slices,
+                                  lock_timeout_s=config.lock_timeout_s)
+    except OSError as error:
+        full = disk_full(error, "the quarantine", config.quarantine_dir)
+        if full is not None:
+            raise full from None
+        raise
     return TaskCommit(None, quarantined=result.written, quarantined_before=result.already,
                       write_ms=(time.perf_counter() - started) * 1000)
 
@@ -158,19 +187,7 @@ def _quarantine(config: SinkConfig, batch_id: int, table: pa.Table) -> TaskCommi
 def _merge(totals: dict[str | None, TaskCommit], commits: list[TaskCommit]) -> None:
     for commit in commits:
         have = totals.get(commit.broker)
-        if have is None:
-            totals[commit.broker] = commit
-            continue
-        totals[commit.broker] = TaskCommit(
-            commit.broker,
-            appended=have.appended + commit.appended,
-            already_committed=have.already_committed + commit.already_committed,
-            keys_indexed=have.keys_indexed + commit.keys_indexed,
-            unkeyed=have.unkeyed + commit.unkeyed,
-            quarantined=have.quarantined + commit.quarantined,
-            quarantined_before=have.quarantined_before + commit.quarantined_before,
-            write_ms=have.write_ms + commit.write_ms,
-        )
+        totals[commit.broker] = commit if have is None else have.plus(commit)
 
 
 def _attempt_number() -> int:

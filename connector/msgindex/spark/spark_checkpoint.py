@@ -1,0 +1,82 @@
+"""What msgindex reads from Spark's own streaming checkpoint: the Kafka offsets of a micro-batch.
+
+Spark's offset log ``<checkpoint>/offsets/<batch id>`` holds a version line, the batch's metadata,
+then one JSON line per source (for Kafka: topic -> partition -> end offset); the Kafka source's
+initial offsets are in ``<checkpoint>/sources/0/0``. The files are read directly when the
+checkpoint is local to the driver, else through Spark (any Hadoop filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from msgindex.spark.kafka_source import OffsetRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def local_path(location: str | Path) -> Path | None:
+    """A checkpoint location as a local path: a plain path or a ``file:`` URI (None otherwise)."""
+    text = str(location)
+    parsed = urlparse(text)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:  # hdfs://, s3a://, ... (not a Windows drive)
+        return None
+    return Path(text)
+
+
+def _checkpoint_text(spark: "SparkSession | None", checkpoint: str, relative: str) -> str | None:
+    """A file of Spark's checkpoint as text: read directly when local to the driver, else
+    through Spark (any Hadoop filesystem); None when it does not exist."""
+    directory = local_path(checkpoint)
+    if directory is not None:
+        try:
+            return (directory / relative).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    if spark is None:
+        return None
+    try:
+        rows = spark.read.text(f"{str(checkpoint).rstrip('/')}/{relative}", wholetext=True).collect()
+    except Exception:  # missing file: Spark's AnalysisException (its class differs under Connect)
+        return None
+    return rows[0][0] if rows else None
+
+
+def _source_offsets(text: str | None) -> dict[tuple[str, int], int]:
+    """The Kafka offsets of the job's one source in an offset-log or initial-offsets file: the
+    last line that is a JSON object of topic -> partition -> offset."""
+    offsets: dict[tuple[str, int], int] = {}
+    for line in (text or "").splitlines():
+        start = line.find("{")
+        try:
+            source = json.loads(line[start:]) if start >= 0 else None
+        except ValueError:
+            continue
+        if isinstance(source, dict) and source and all(isinstance(v, dict) for v in source.values()):
+            try:
+                offsets = {(topic, int(p)): int(o) for topic, parts in source.items() for p, o in parts.items()}
+            except (TypeError, ValueError):
+                continue
+    return offsets
+
+
+def batch_end_offsets(checkpoint: str, batch_id: int, spark: "SparkSession | None" = None) -> dict[tuple[str, int], int]:
+    """The Kafka end offsets of micro-batch `batch_id` from Spark's offset log (``offsets/<id>``:
+    a version line, the batch metadata, then one JSON line per source); empty when unreadable."""
+    return _source_offsets(_checkpoint_text(spark, checkpoint, f"offsets/{batch_id}"))
+
+
+def batch_ranges(spark: "SparkSession | None", checkpoint: str, batch_id: int) -> dict[tuple[str, int], OffsetRange]:
+    """Each partition's [start, end) in micro-batch `batch_id`: ends from its offset-log entry,
+    starts from the previous entry (batch 0: the query's initial offsets); a partition in
+    neither starts at its earliest offset, as Spark's source starts new partitions."""
+    ends = batch_end_offsets(checkpoint, batch_id, spark)
+    previous = (batch_end_offsets(checkpoint, batch_id - 1, spark) if batch_id > 0
+                else _source_offsets(_checkpoint_text(spark, checkpoint, "sources/0/0")))
+    return {tp: OffsetRange(previous.get(tp), end) for tp, end in ends.items() if previous.get(tp, -1) < end}
