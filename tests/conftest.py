@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.small_disk import small_disk  # noqa: F401  (the fixture: a small tmpfs tests fill up)
+
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 TESTCONTAINERS_IMAGE = "confluentinc/cp-kafka:7.6.0"  # the image testcontainers' KRaft mode is built for
 

@@ -50,6 +50,6 @@ def test_the_job_runs_on_a_connect_server_with_progress_on_the_client(kafka_boot
 
     again = _index([*args, "--checkpoint", str(tmp_path / "new-checkpoint")])
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert _progress(again.stdout)[-1].startswith(f"done: ") and f"{RECORDS:,} records (0 new, {RECORDS:,} already committed)" \
+    assert _progress(again.stdout)[-1].startswith("done: ") and f"{RECORDS:,} records (0 new, {RECORDS:,} already committed)" \
         in _progress(again.stdout)[-1], again.stdout[-2000:]
     assert_index_equals(index, ground_truth(kafka_bootstrap, [topic]), topics=[topic])

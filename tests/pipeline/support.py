@@ -66,8 +66,7 @@ def consume_all(bootstrap: str, topics: list[str]):
         pending = {tp for tp in partitions if ends[tp] > 0}
         while pending:
             for tp, records in consumer.poll(timeout_ms=2000).items():
-                for record in records:
-                    yield record
+                yield from records
                 if consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
     finally:
@@ -109,7 +108,8 @@ def assert_index_equals(index_path: Path, truth: Truth, *, topics: list[str], al
 
     with msgindex.open(index_path) as store:
         logged = [row for batch in store.scan(topics=topics) for row in batch.to_pylist()]
-        positions = [((row["broker"],) if with_broker else ()) + (row["topic"], row["partition"], row["offset"]) for row in logged]
+        positions = [((row["broker"],) if with_broker else ()) + (row["topic"], row["partition"], row["offset"])
+                     for row in logged]
         assert len(positions) == len(set(positions)), "a message was logged twice"
         assert set(positions) == set(truth.messages), (
             f"missing {len(set(truth.messages) - set(positions))}, extra {len(set(positions) - set(truth.messages))}")

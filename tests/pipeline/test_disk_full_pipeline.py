@@ -16,7 +16,7 @@ import pytest
 from msgindex.kafka.admin import OutgoingRecord, create_topics, produce
 from tests.pipeline.support import assert_index_equals, ground_truth, job_args, run_job_in_process
 from tests.pipeline.test_cli_failures import assert_one_line, run_cli
-from tests.storage.test_disk_full import _fill, small_disk  # noqa: F401 (a fixture: the 4 MiB tmpfs)
+from tests.small_disk import fill_disk
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -37,7 +37,7 @@ def test_a_full_disk_stops_the_job_with_one_line_and_it_resumes_exactly(kafka_bo
     assert sum(s.appended for s in run_job_in_process(args)) == 2_000
 
     produce(kafka_bootstrap, topic, _records(2_000, 20_000))  # two keys each: a new index file is due
-    filler = _fill(small_disk, LEFT_BYTES)
+    filler = fill_disk(small_disk, LEFT_BYTES)
     done, _ = run_cli(args)
     line = assert_one_line(done, "disk full writing", f"{index}/", "free some space")
     assert "Traceback" not in done.stderr and "crashed" not in line

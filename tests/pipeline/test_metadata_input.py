@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from msgindex.kafka.loadgen import Message, metadata_events, produce
 from msgindex.spark.quarantine import read_quarantine
 from msgindex.storage.message import MAX_TIMESTAMP_MS, timestamp_problem
-from msgindex.kafka.loadgen import Message, metadata_events, produce
-from tests.pipeline.support import forget_commit, Truth, assert_index_equals, job_args, run_job_in_process
+from tests.pipeline.support import Truth, assert_index_equals, forget_commit, job_args, run_job_in_process
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -23,7 +23,8 @@ GOOD = {"brokerName": "broker-a", "topic": "TopicTest", "queueId": 0, "queueOffs
 MALFORMED = [  # (value, reason the pipeline must give)
     (b"not json at all", "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
     (b"[1, 2]", "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
-    (json.dumps({**GOOD, "queueId": "three"}).encode(), "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
+    (json.dumps({**GOOD, "queueId": "three"}).encode(),
+     "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
     (b"\xff\xfe{}", "value is not UTF-8 text"),
     (None, "value is null"),
     (json.dumps({k: v for k, v in GOOD.items() if k != "topic"}).encode(), "missing topic"),
@@ -100,7 +101,8 @@ def test_metadata_events_indexed_and_malformed_quarantined(kafka_bootstrap, kafk
     expected = sorted((base64.b64encode(v).decode() if v is not None else "", reason) for v, reason in MALFORMED)
     assert sorted((q["value_base64"] or "", q["reason"]) for q in quarantined) == expected
     assert all(q["topic"] == topic and q["offset"] >= 0 for q in quarantined)
-    assert {q["value"] for q in quarantined if q["value_base64"] == base64.b64encode(b"not json at all").decode()} == {"not json at all"}
+    not_json = base64.b64encode(b"not json at all").decode()
+    assert {q["value"] for q in quarantined if q["value_base64"] == not_json} == {"not json at all"}
 
     # Replaying the last batch writes neither its events nor its quarantine file again.
     last = history[-1].batch_id

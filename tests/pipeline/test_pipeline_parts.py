@@ -9,7 +9,9 @@ import time
 import pyarrow as pa
 import pytest
 
+from msgindex.cli import index as index_job
 from msgindex.errors import CorruptFileError, IndexInUseError, InvalidOptionError, ShardLockedError
+from msgindex.spark import pipeline
 from msgindex.spark.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
 from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
@@ -17,11 +19,9 @@ from msgindex.spark.quarantine import committed_ranges, read_quarantine, write_q
 from msgindex.spark.shard_owner import append_to_shard, forget_writers
 from msgindex.spark.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
 from msgindex.spark.spark_checkpoint import local_path
-from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.message import MessageRecord
+from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.store import StoreSettings, open_store
-from msgindex.cli import index as index_job
-from msgindex.spark import pipeline
 
 SMALL = StoreSettings(hash_slot_num=17, index_num=50, segment_bytes=4096)
 
@@ -80,7 +80,8 @@ def test_quarantine_reads_legacy_batch_files_as_set_aside(tmp_path):
 def test_one_job_per_index_at_a_time(tmp_path):
     first = JobIdentity.current("q1", "/ck/1")
     with IndexClaim(tmp_path, first):
-        with pytest.raises(IndexInUseError, match=f"another job right now \\(host {first.host} pid {first.pid}, query 'q1', checkpoint /ck/1"):
+        running = f"another job right now \\(host {first.host} pid {first.pid}, query 'q1', checkpoint /ck/1"
+        with pytest.raises(IndexInUseError, match=running):
             with IndexClaim(tmp_path, JobIdentity.current("q2", "file:///ck/2")):
                 pass
     with IndexClaim(tmp_path, JobIdentity.current("q2", "hdfs://nn/ck/2")):  # free again; any checkpoint location

@@ -59,7 +59,8 @@ def test_records_outside_the_rule_are_set_aside_exactly_once(kafka_bootstrap, sp
 
     quarantined = read_quarantine(index / "_quarantine").to_pylist()
     assert sorted((q["partition"], q["offset"], q["timestamp_ms"], q["reason"], q["value"]) for q in quarantined) == sorted(
-        (partition, position, timestamp, timestamp_problem(timestamp), f"bad-{position}") for partition, position, timestamp in BAD)
+        (partition, position, timestamp, timestamp_problem(timestamp), f"bad-{position}")
+        for partition, position, timestamp in BAD)
     assert all(q["topic"] == topic for q in quarantined)
 
     # a replay of the last batch, and a new Spark checkpoint from earliest: nothing new, nothing twice

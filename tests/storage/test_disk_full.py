@@ -12,15 +12,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
 from msgindex.storage.store import open_store
+from tests.small_disk import fill_disk
 from tests.storage.shard_model import shard_files
 
-MOUNT_BYTES = 4 << 20
 # index files of ~0.5 MB: a few fit, the disk fills while rolling to new ones
 SETTINGS = dict(hash_slot_num=4096, index_num=25_000, segment_bytes=256 << 10, index_interval_bytes=4096)
 
@@ -44,20 +43,6 @@ WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={MOUNT_BYTES}", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def _write(root: Path, first: int, last: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", WRITER, str(root), str(first), str(last)],
                           capture_output=True, text=True, timeout=300)
@@ -67,14 +52,6 @@ def _committed(output: str) -> list[int]:
     return [int(line.split()[1]) for line in output.splitlines() if line.startswith("committed ")]
 
 
-def _fill(mount: Path, leave_bytes: int) -> Path:
-    filler = mount / f"filler-{uuid.uuid4().hex}"
-    free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
-    with open(filler, "wb") as f:
-        f.write(b"\0" * max(free - leave_bytes, 0))
-    return filler
-
-
 def test_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
     from msgindex.storage.settings import StoreSettings
 
@@ -82,7 +59,7 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
     open_store(root, create=True, settings=StoreSettings(**SETTINGS)).close()
     first = _write(root, 0, 2)
     assert first.returncode == 0 and _committed(first.stdout) == [0, 1], first.stdout + first.stderr
-    filler = _fill(small_disk, leave_bytes=300 << 10)
+    filler = fill_disk(small_disk, leave_bytes=300 << 10)
 
     full = _write(root, 2, 40)  # runs out of space somewhere: a log write or a new index file
     assert full.returncode == 3, f"expected a clean error, got status {full.returncode}: {full.stderr[-2000:]}"

@@ -129,7 +129,8 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         try:
             re.compile(args.subscribe_pattern)
         except re.error as bad:
-            raise InvalidOptionError(f"--subscribe-pattern {args.subscribe_pattern!r} is not a regular expression: {bad}") from None
+            raise InvalidOptionError(
+                f"--subscribe-pattern {args.subscribe_pattern!r} is not a regular expression: {bad}") from None
     offsets = args.starting_offsets.strip()
     if offsets not in STARTING_OFFSETS_WORDS:
         try:

@@ -75,7 +75,7 @@ def _prepare(options: IndexJobOptions):
     return task
 
 
-def connect_session(url: str) -> "SparkSession":
+def connect_session(url: str) -> SparkSession:
     """A Spark Connect session on `url` (switches this process to Connect mode, as pyspark does)."""
     from pyspark.sql import SparkSession
 
@@ -140,7 +140,7 @@ def _with_resolved_paths(options: IndexJobOptions, root: str, quarantine: str) -
     return replace(options, path=Path(root), quarantine=Path(quarantine))
 
 
-def _server_parallelism(spark: "SparkSession") -> int | None:
+def _server_parallelism(spark: SparkSession) -> int | None:
     """``spark.default.parallelism`` when the server sets it (no SparkContext over Connect)."""
     try:
         value = spark.conf.get("spark.default.parallelism", None)
@@ -152,7 +152,7 @@ def _server_parallelism(spark: "SparkSession") -> int | None:
 class _RemoteProgress:
     """Prints the remote query's progress: Spark's line per trigger and msgindex's per batch."""
 
-    def __init__(self, spark: "SparkSession", root: str, job_id: str, spark_lines: bool) -> None:
+    def __init__(self, spark: SparkSession, root: str, job_id: str, spark_lines: bool) -> None:
         self.spark = spark
         self.root = root
         self.job_id = job_id

@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 
-def project_records(kafka_df: "DataFrame", broker: "Column") -> "DataFrame":
+def project_records(kafka_df: DataFrame, broker: Column) -> DataFrame:
     """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
     `broker` as the shard column; header values travel as bytes, decoded on the executor. A
     record whose timestamp breaks the rule gets a ``reason`` and (only then) its value."""
     from pyspark.sql import functions as F
 
-    def header_values(name: str) -> "Column":
+    def header_values(name: str) -> Column:
         return F.transform(F.filter("headers", lambda h: h["key"] == F.lit(name)), lambda h: h["value"])
 
     timestamp_ms = F.expr("unix_millis(timestamp)")
@@ -123,7 +123,8 @@ def _decoded_keys(column: pa.ChunkedArray) -> list[str | None]:
 
 def _message_records(table: pa.Table) -> tuple[list[MessageRecord], int]:
     primary = _decoded_keys(table.column(KEY_RAW))
-    columns = [table.column(name).to_pylist() for name in ("topic", "partition", "offset", "timestamp_ms", KEYS_HEADERS, UNIQ_HEADERS)]
+    names = ("topic", "partition", "offset", "timestamp_ms", KEYS_HEADERS, UNIQ_HEADERS)
+    columns = [table.column(name).to_pylist() for name in names]
     records = [
         MessageRecord(topic, partition, offset, timestamp_ms, key,
                       _record_keys(key, keys_headers, uniq_headers) if keys_headers or uniq_headers

@@ -53,7 +53,7 @@ class KafkaSource:
             reader = reader.option(KAFKA_OPTION_PREFIX + key, value)
         return reader
 
-    def stream(self, spark: "SparkSession") -> "DataFrame":
+    def stream(self, spark: SparkSession) -> DataFrame:
         """The streaming DataFrame of the job's query."""
         reader = self._reader(spark.readStream).option("startingOffsets", self.starting_offsets)
         if self.subscribe is not None:
@@ -66,8 +66,8 @@ class KafkaSource:
             reader = reader.option("minPartitions", str(self.min_partitions))
         return reader.load()
 
-    def read_pieces(self, spark: "SparkSession",
-                    pieces: Mapping[tuple[str, int], Sequence[OffsetRange]]) -> "DataFrame | None":
+    def read_pieces(self, spark: SparkSession,
+                    pieces: Mapping[tuple[str, int], Sequence[OffsetRange]]) -> DataFrame | None:
         """One batch DataFrame of exactly these offset ranges (None when there are none): the
         union of one read per round, round i reading the i-th range of every partition that has
         one (a read takes one range per partition). Each range is its own Spark input partition."""

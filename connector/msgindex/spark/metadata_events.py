@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 
 from msgindex.spark.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
 from msgindex.spark.timestamp_rule import timestamp_reason
+from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.rocketmq.message_keys import KEYS_SEPARATOR  # RocketMQ's KEYS rule: split on U+0020 only
+from msgindex.storage.shard import BROKER_NAME_FORBIDDEN_CHARACTERS, BROKER_NAME_RULE, RESERVED_BROKER_NAMES
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -53,7 +55,6 @@ EVENT_DDL = (
     f"`{STORE_TIMESTAMP}` bigint, `{KEYS}` string, `{UNIQ_KEY}` string, `{COMMIT_LOG_OFFSET}` bigint, "
     f"`{MSG_SIZE}` bigint, `{_CORRUPT}` string"
 )
-INT32_MAX = 2**31 - 1
 # The JSON types (schema_of_variant's names) a text field may have; absent or null is VOID/NULL.
 _ABSENT = ("VOID", "NULL")
 TEXT_TYPES = {
@@ -69,7 +70,7 @@ _MAYBE_NOT_A_STRING = r"^(\[|\{|true$|false$|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+
 _FIRST_CHARACTERS = tuple("[{-0123456789tf")  # of those texts: a cheap test before the regex
 
 
-def _json_types(event: "Column", raw_value: "Column") -> list["Column"]:
+def _json_types(event: Column, raw_value: Column) -> list[Column]:
     """One column per text field: its JSON type as schema_of_variant names it, computed only for
     values whose text could be another JSON type (the variant parse costs about as much as
     from_json itself, and ordinary keys never need it); null for the others."""
@@ -81,7 +82,7 @@ def _json_types(event: "Column", raw_value: "Column") -> list["Column"]:
             for name in TEXT_TYPES]
 
 
-def _type_problem(name: str) -> "Column":
+def _type_problem(name: str) -> Column:
     from pyspark.sql import functions as F
 
     kind = F.col(_TYPE + name)
@@ -90,11 +91,11 @@ def _type_problem(name: str) -> "Column":
                   F.concat(F.lit(f"{name} is not {expected} (JSON "), kind, F.lit(")")))
 
 
-def _reason(event: "Column", value: "Column") -> "Column":
+def _reason(event: Column, value: Column) -> Column:
     """The first thing wrong with an event, or null when it can be indexed."""
     from pyspark.sql import functions as F
 
-    def missing_text(name: str) -> "Column":
+    def missing_text(name: str) -> Column:
         return event[name].isNull() | (event[name] == F.lit(""))
 
     checks = [
@@ -104,10 +105,9 @@ def _reason(event: "Column", value: "Column") -> "Column":
          "not a JSON object of the event schema (malformed JSON or a field of the wrong type)"),
         *((_type_problem(name).isNotNull(), _type_problem(name)) for name in TEXT_TYPES),
         (missing_text(BROKER_NAME), f"missing {BROKER_NAME}"),
-        # the shard's directory name: storage.shard.validate_broker_name's rule, checked here too
-        # so that the raw event is kept with the reason
-        (event[BROKER_NAME].isin(".", "..") | event[BROKER_NAME].contains("/") | event[BROKER_NAME].contains("\0"),
-         f"{BROKER_NAME} cannot name a shard directory (no '/', NUL, '.', '..')"),
+        # the shard's directory name: storage.shard's broker-name rule, checked here too so that
+        # the raw event is kept with the reason
+        (_breaks_broker_name_rule(event[BROKER_NAME]), f"{BROKER_NAME} cannot name a shard directory ({BROKER_NAME_RULE})"),
         (missing_text(TOPIC), f"missing {TOPIC}"),
         (event[QUEUE_ID].isNull(), f"missing {QUEUE_ID}"),
         ((event[QUEUE_ID] < 0) | (event[QUEUE_ID] > INT32_MAX), f"{QUEUE_ID} out of range [0, {INT32_MAX}]"),
@@ -119,7 +119,7 @@ def _reason(event: "Column", value: "Column") -> "Column":
         (event[COMMIT_LOG_OFFSET] < 0, f"{COMMIT_LOG_OFFSET} is negative"),
         ((event[MSG_SIZE] < 0) | (event[MSG_SIZE] > INT32_MAX), f"{MSG_SIZE} out of range [0, {INT32_MAX}]"),
     ]
-    def text(reason: "str | Column") -> "Column":
+    def text(reason: str | Column) -> Column:
         return F.lit(reason) if isinstance(reason, str) else reason
 
     reason = F.when(checks[0][0], text(checks[0][1]))
@@ -128,7 +128,7 @@ def _reason(event: "Column", value: "Column") -> "Column":
     return reason.otherwise(F.lit(None).cast("string"))
 
 
-def _keys(event: "Column") -> "Column":
+def _keys(event: Column) -> Column:
     """KEYS tokens (space-separated string, or a JSON list) then uniqKey; non-empty, each once."""
     from pyspark.sql import functions as F
 
@@ -140,7 +140,7 @@ def _keys(event: "Column") -> "Column":
     return F.array_distinct(F.filter(everything, lambda k: k.isNotNull() & (k != F.lit(""))))
 
 
-def parse_metadata_events(kafka_df: "DataFrame") -> "DataFrame":
+def parse_metadata_events(kafka_df: DataFrame) -> DataFrame:
     """Kafka source rows -> one row per event: the append columns (broker, topic, partition,
     offset, timestamp_ms, key, keys, commit_log_offset, size; broker null when malformed) plus
     the quarantine columns (reason, source coordinates, and the raw value only when malformed,
@@ -159,7 +159,7 @@ def parse_metadata_events(kafka_df: "DataFrame") -> "DataFrame":
     good = F.col(REASON).isNull()
     event = F.col("event")
 
-    def when_good(column: "Column", otherwise: "Column | None" = None) -> "Column":
+    def when_good(column: Column, otherwise: Column | None = None) -> Column:
         return F.when(good, column).otherwise(otherwise if otherwise is not None else F.lit(None))
 
     return parsed.select(
@@ -176,3 +176,10 @@ def parse_metadata_events(kafka_df: "DataFrame") -> "DataFrame":
         F.col(SOURCE_TOPIC), F.col(SOURCE_PARTITION), F.col(SOURCE_OFFSET), F.col(SOURCE_TIMESTAMP),
         when_good(F.lit(None), F.col(RAW_VALUE)).alias(RAW_VALUE),
     )
+
+
+def _breaks_broker_name_rule(name: Column) -> Column:
+    broken = name.isin(*RESERVED_BROKER_NAMES)
+    for character in BROKER_NAME_FORBIDDEN_CHARACTERS:
+        broken = broken | name.contains(character)
+    return broken

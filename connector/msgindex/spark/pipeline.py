@@ -176,7 +176,7 @@ class _StopOnSignal:
         self.requested = requested or threading.Event()
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "_StopOnSignal":
+    def __enter__(self) -> _StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -207,7 +207,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     from msgindex.spark.progress import SparkProgressListener
     from msgindex.spark.session import build_spark_session, is_local_master
     from msgindex.spark.shipping import check_executors_see_index, ship_code
-    from msgindex.spark.sink import BatchWriter, IndexSink, SinkConfig
+    from msgindex.spark.sink import BatchWriter, IndexSink
 
     start = check_and_plan(options)
     store = open_index(options)

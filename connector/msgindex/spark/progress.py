@@ -14,8 +14,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pyspark.sql.streaming import StreamingQueryListener
 

@@ -15,8 +15,9 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from msgindex.errors import MsgIndexError
 from msgindex.jvm import msgindex_home, stage_jars
@@ -269,7 +270,7 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
 
 
 def build_spark_session(app_name: str = "msgindex", master: str | None = None,
-                        extra_conf: Mapping[str, str] | None = None) -> "SparkSession":
+                        extra_conf: Mapping[str, str] | None = None) -> SparkSession:
     """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath; see
     `session_conf` for which settings it makes and which it leaves to the user.
 

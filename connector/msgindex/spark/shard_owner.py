@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 DEFAULT_RETENTION_INTERVAL_S = 60.0
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-_STORES: dict[str, "Store"] = {}  # per Python worker: index root -> open store
-_WRITERS: dict[tuple[str, str], "ShardWriter"] = {}  # (index root, broker) -> writer kept open
+_STORES: dict[str, Store] = {}  # per Python worker: index root -> open store
+_WRITERS: dict[tuple[str, str], ShardWriter] = {}  # (index root, broker) -> writer kept open
 _RETENTION_RUNS: dict[tuple[str, str], float] = {}  # (index root, broker) -> monotonic time of the last pass here
 
 
@@ -63,11 +63,11 @@ class RetentionPolicy:
 class ShardAppend:
     """One append of a task to one shard, and what the retention pass after it deleted."""
 
-    result: "AppendResult"
+    result: AppendResult
     retention: RetentionReport
 
 
-def _writer(root: str, broker: str) -> "ShardWriter":
+def _writer(root: str, broker: str) -> ShardWriter:
     from msgindex.storage.store import open_store
 
     writer = _WRITERS.get((root, broker))
@@ -79,7 +79,7 @@ def _writer(root: str, broker: str) -> "ShardWriter":
     return writer
 
 
-def append_to_shard(root: str, broker: str, records: "pa.Table | list", sources: "SourceRows", *,
+def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: SourceRows, *,
                     lock_timeout_s: float, adopt_legacy_offsets: bool,
                     retention: RetentionPolicy = RetentionPolicy()) -> ShardAppend:
     """Append `records` (with their source coordinates) to `broker`'s shard of the index at
@@ -108,7 +108,7 @@ def append_to_shard(root: str, broker: str, records: "pa.Table | list", sources:
         raise
 
 
-def _retention_pass(root: str, broker: str, writer: "ShardWriter", policy: RetentionPolicy) -> RetentionReport:
+def _retention_pass(root: str, broker: str, writer: ShardWriter, policy: RetentionPolicy) -> RetentionReport:
     if not policy.active:
         return RetentionReport()
     now = time.monotonic()

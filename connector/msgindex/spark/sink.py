@@ -30,9 +30,10 @@ import dataclasses
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from msgindex.errors import InvalidOptionError, MsgIndexError
 from msgindex.spark.commits import COMMIT_DDL, TaskCommit, commit_of_row
@@ -140,7 +141,8 @@ class BatchStats:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
         new = f"{self.appended:,} new" + (f", {self.already_committed:,} already committed" if self.already_committed else "")
-        quarantined = f"{self.malformed:,} quarantined" + (f" ({self.quarantined_before:,} already)" if self.quarantined_before else "")
+        before = f" ({self.quarantined_before:,} already)" if self.quarantined_before else ""
+        quarantined = f"{self.malformed:,} quarantined{before}"
         retention = ""
         if self.deleted_segments or self.deleted_index_files:
             retention = (f" | retention deleted {self.deleted_segments:,} segments, {self.deleted_index_files:,} index "
@@ -191,7 +193,7 @@ class BatchWriter:
             self._partition_brokers = PartitionBrokerMap(self.config.root)
         return self._partition_brokers
 
-    def __call__(self, df: "DataFrame", batch_id: int) -> BatchStats:
+    def __call__(self, df: DataFrame, batch_id: int) -> BatchStats:
         started = time.perf_counter()
         batch_id = int(batch_id)
         try:
@@ -215,7 +217,7 @@ class BatchWriter:
             raise
         return stats
 
-    def _run(self, frame: "DataFrame", batch_id: int) -> list[TaskCommit]:
+    def _run(self, frame: DataFrame, batch_id: int) -> list[TaskCommit]:
         rows = frame.mapInArrow(task_function(self.config, batch_id), COMMIT_DDL).collect()
         return [commit_of_row(row) for row in rows]
 
@@ -225,7 +227,7 @@ class BatchWriter:
         if self.claim is not None and self._claimed is None:
             self._claimed = IndexClaim(self.config.root, self.claim).__enter__()
 
-    def plan(self, df: "DataFrame") -> "DataFrame":
+    def plan(self, df: DataFrame) -> DataFrame:
         """The batch's rows as the columns the tasks take (shard and slice columns included),
         coalesced to at most `parallelism` tasks without a shuffle."""
         from pyspark.sql import functions as F
@@ -233,7 +235,7 @@ class BatchWriter:
         prepared = self.prepare(df).withColumn(SLICE, F.spark_partition_id().cast("long"))
         return prepared.coalesce(self.parallelism) if self.parallelism else prepared
 
-    def prepare(self, df: "DataFrame") -> "DataFrame":
+    def prepare(self, df: DataFrame) -> DataFrame:
         """The batch's Kafka rows as the columns `write_task` takes, with the shard column."""
         if self.config.input_kind == INPUT_METADATA:
             return parse_metadata_events(df)
@@ -259,7 +261,7 @@ class BatchWriter:
                 return {tp: leader for tp, leader in new.items() if leader != NO_LEADER}
             time.sleep(0.5)
 
-    def _broker_column(self) -> "Column":
+    def _broker_column(self) -> Column:
         """partition -> broker as a map literal: new partitions get their leader, recorded first."""
         from pyspark.sql import functions as F
 
@@ -299,7 +301,7 @@ class IndexSink:
         return self._stopping.is_set()
 
     # --- the batch -----------------------------------------------------------------------------
-    def __call__(self, df: "DataFrame", batch_id: int) -> None:
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._busy:
             if self._stopping.is_set():
                 raise GracefulStop(f"batch {batch_id} not started: the indexing job is stopping")

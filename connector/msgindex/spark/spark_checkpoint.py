@@ -30,7 +30,7 @@ def local_path(location: str | Path) -> Path | None:
     return Path(text)
 
 
-def _checkpoint_text(spark: "SparkSession | None", checkpoint: str, relative: str) -> str | None:
+def _checkpoint_text(spark: SparkSession | None, checkpoint: str, relative: str) -> str | None:
     """A file of Spark's checkpoint as text: read directly when local to the driver, else
     through Spark (any Hadoop filesystem); None when it does not exist."""
     directory = local_path(checkpoint)
@@ -66,13 +66,13 @@ def _source_offsets(text: str | None) -> dict[tuple[str, int], int]:
     return offsets
 
 
-def batch_end_offsets(checkpoint: str, batch_id: int, spark: "SparkSession | None" = None) -> dict[tuple[str, int], int]:
+def batch_end_offsets(checkpoint: str, batch_id: int, spark: SparkSession | None = None) -> dict[tuple[str, int], int]:
     """The Kafka end offsets of micro-batch `batch_id` from Spark's offset log (``offsets/<id>``:
     a version line, the batch metadata, then one JSON line per source); empty when unreadable."""
     return _source_offsets(_checkpoint_text(spark, checkpoint, f"offsets/{batch_id}"))
 
 
-def batch_ranges(spark: "SparkSession | None", checkpoint: str, batch_id: int) -> dict[tuple[str, int], OffsetRange]:
+def batch_ranges(spark: SparkSession | None, checkpoint: str, batch_id: int) -> dict[tuple[str, int], OffsetRange]:
     """Each partition's [start, end) in micro-batch `batch_id`: ends from its offset-log entry,
     starts from the previous entry (batch 0: the query's initial offsets); a partition in
     neither starts at its earliest offset, as Spark's source starts new partitions."""

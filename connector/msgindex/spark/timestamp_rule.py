@@ -37,7 +37,7 @@ _OVERFLOW = re.compile(r"Record at topic (?P<topic>\S+) partition (?P<partition>
                        r"has timestamp value (?P<timestamp>-?\d+) that overflows")
 
 
-def timestamp_reason(ms: "Column", field: str | None = None) -> "Column":
+def timestamp_reason(ms: Column, field: str | None = None) -> Column:
     """``timestamp_problem(ms)`` as a Spark column (null when `ms` is inside the rule or null),
     prefixed with ``"<field>: "`` when a field is named."""
     from pyspark.sql import functions as F

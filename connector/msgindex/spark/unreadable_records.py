@@ -58,7 +58,7 @@ MAX_ROUNDS = 256
 
 
 def _pieces(ranges: dict[tuple[str, int], OffsetRange],
-            unreadable: dict[tuple[str, int], dict[int, "FetchedRecord"]]) -> dict[tuple[str, int], list[OffsetRange]]:
+            unreadable: dict[tuple[str, int], dict[int, FetchedRecord]]) -> dict[tuple[str, int], list[OffsetRange]]:
     """The batch's ranges minus the unreadable offsets (empty pieces dropped)."""
     pieces = {}
     for tp, whole in ranges.items():
@@ -79,9 +79,9 @@ def _describe(record: OverflowingRecord) -> str:
             f"which Spark's Kafka source cannot read (it overflows Spark's microsecond timestamps)")
 
 
-def salvage_batch(spark: "SparkSession", batch_id: int, first: OverflowingRecord, *, source: KafkaSource,
+def salvage_batch(spark: SparkSession, batch_id: int, first: OverflowingRecord, *, source: KafkaSource,
                   checkpoint: str, quarantine_dir: str, input_kind: str, lock_timeout_s: float,
-                  run: Callable[["DataFrame"], list[TaskCommit]]) -> list[TaskCommit]:
+                  run: Callable[[DataFrame], list[TaskCommit]]) -> list[TaskCommit]:
     """Index batch `batch_id` without the records Spark cannot read and quarantine those (see
     the module docstring); `run` runs the batch's tasks over a DataFrame of Kafka rows and
     returns their commits. The commits of the whole batch, the quarantine's last."""
@@ -124,7 +124,7 @@ def salvage_batch(spark: "SparkSession", batch_id: int, first: OverflowingRecord
     return [*commits, _quarantine(unreadable, batch_id, quarantine_dir, input_kind, lock_timeout_s)]
 
 
-def _quarantine(unreadable: dict[tuple[str, int], dict[int, "FetchedRecord"]], batch_id: int, quarantine_dir: str,
+def _quarantine(unreadable: dict[tuple[str, int], dict[int, FetchedRecord]], batch_id: int, quarantine_dir: str,
                 input_kind: str, lock_timeout_s: float) -> TaskCommit:
     records = [(tp, record) for tp, found in sorted(unreadable.items()) for _, record in sorted(found.items())]
     if not records:

@@ -157,10 +157,18 @@ def _missing_checkpoint(directory: Path, broker: str, registered: bool) -> Corru
         f"repair {Path(directory).parent} --forget-missing` to accept the loss")
 
 
+# A broker name becomes its shard's directory name (shard_directory): the rule, stated once (the
+# pipeline checks incoming events with it too, to set a bad one aside with the reason).
+RESERVED_BROKER_NAMES = (".", "..")
+BROKER_NAME_FORBIDDEN_CHARACTERS = ("/", "\0")
+BROKER_NAME_RULE = "it names a directory: no '/', NUL, '.', '..'"
+
+
 def validate_broker_name(broker: str) -> None:
     """A broker name becomes a directory name: no separators, no NUL, not empty or dot-only."""
-    if not isinstance(broker, str) or not broker or broker in (".", "..") or "/" in broker or "\0" in broker:
-        raise InvalidOptionError(f"invalid broker name {broker!r} (it names a directory: no '/', NUL, '.', '..')")
+    if (not isinstance(broker, str) or not broker or broker in RESERVED_BROKER_NAMES
+            or any(c in broker for c in BROKER_NAME_FORBIDDEN_CHARACTERS)):
+        raise InvalidOptionError(f"invalid broker name {broker!r} ({BROKER_NAME_RULE})")
 
 
 def max_sparse_index_bytes(settings: StoreSettings) -> int:
