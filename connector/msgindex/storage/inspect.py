@@ -75,6 +75,7 @@ FILE_KINDS = {
     "_batches.jsonl": "indexing job's per-batch counts, one JSON line per micro-batch (informational)",
     "_quarantine": "indexing job's quarantine: input records set aside with their reasons (JSON lines)",
 }
+DIRECTORY_KINDS = {"_quarantine"}  # the names of FILE_KINDS that are directories (the others are files)
 # chain-length histogram buckets (upper bounds, inclusive); the last bucket is open-ended
 CHAIN_BUCKETS = (1, 2, 3, 4, 8, 16, 64)
 LISTED_ENTRIES = 40  # sparse index entries shown per index of a segment
@@ -95,7 +96,12 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
         if name in (LOG_DIR, INDEX_DIR) and _is_shard(path.parent):
             return _inspect_shard_part(path, verify)
         if name in FILE_KINDS:
-            return {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
+            report = {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
+            if name not in DIRECTORY_KINDS:
+                report["problems"] = [f"{path}: is a directory, but a store keeps a file of this name here"]
+            return report
+        if shard_directories(path):
+            open_store(path)  # raises: names the missing manifest
         raise InvalidOptionError(f"{path}: a directory that is neither a msgindex store nor a shard")
     in_shard = _shard_of(path)
     if name in FILE_KINDS and not (name == CHECKPOINT_FILE and in_shard is None):
@@ -347,8 +353,9 @@ def inspect_segment(path: Path, settings: StoreSettings | None, *, verify: bool 
             "time_range": _time_range(summary.min_timestamp, summary.max_timestamp)}
     if verify and (shard / CHECKPOINT_FILE).exists():
         stem = str(path.with_suffix(""))
+        # the segment's own problems, and those of other files that its damage causes (named in them)
         report["problems"] = [p for p in _shard_problems(shard, settings)
-                              if p.startswith(stem + ".") or str(path.parent) + ":" in p]
+                              if p.startswith(stem + ".") or str(path.parent) + ":" in p or str(path) in p]
     return report
 
 

@@ -437,6 +437,9 @@ class ShardWriter(_Committed):
             raw = path.read_bytes()
         except FileNotFoundError:
             raw = None
+        except OSError as error:  # e.g. a directory in its place
+            raise CorruptFileError(f"{path}: cannot read the checkpoint ({error.strerror}); "
+                                   f"{_repair_hint(self.directory, self.broker)}") from None
         if self._loaded and raw is not None and raw == self._seen:
             if self._tail_is_clean():
                 self.last_revalidation = REVALIDATION_UNCHANGED  # nobody wrote since our last commit or look
@@ -820,6 +823,8 @@ class ShardReader(_Committed):
             who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
                 wanted.hashes, limit_index_count=state.index_count)
             inside = (phy_offsets >= low) & (phy_offsets < high)
+            if not inside.all():
+                _check_entry_targets(index_file, phy_offsets[~inside], high)
             seqs.append(phy_offsets[inside])
             whos.append(who[inside])
         if not seqs:
@@ -921,6 +926,18 @@ class ShardReader(_Committed):
             return _Matched(bf.rows(found, self.broker), found)
 
         return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
+
+
+def _check_entry_targets(index_file: IndexFile, outside: np.ndarray, high: int) -> None:
+    """Committed entries pointing outside the retained log: below it they point into segments
+    retention dropped (normal); at or past the committed record count, or negative, no commit
+    ever wrote them, so the file is damaged: an error, not a silently missed message."""
+    bad = outside[(outside >= high) | (outside < 0)]
+    if len(bad):
+        raise CorruptFileError(
+            f"{index_file.path}: a committed hash entry points at seq {int(bad[0])}, outside the {high} records "
+            f"the shard committed: the file is damaged (`msgindex inspect` lists every bad entry; `msgindex repair` "
+            f"cannot rebuild hash index files: restore the file from a backup)")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -274,6 +275,11 @@ class LogSegment:
             raise CorruptFileError(f"{self.path}: log segment does not exist") from None
         except IsADirectoryError:
             raise CorruptFileError(f"{self.path}: is a directory, not a log segment") from None
+        # a read-only open of a directory succeeds (and the first read fails with EISDIR)
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise CorruptFileError(f"{self.path}: is a directory (or not a regular file), not a log segment")
 
     def _summarize(self, expected_next_seq: int | None) -> SegmentSummary:
         self._walk_to(self.size, verify=True)
@@ -382,6 +388,10 @@ class LogSegment:
         """Recreate both indexes from the batch directory with the append rule (the writer's
         files, or in memory for a reader)."""
         if self.writable:
+            for path in (self.index_path, self.time_index_path):
+                if path.is_dir():  # never removed for the operator: it is not ours
+                    raise CorruptFileError(f"{path}: a directory where the segment's sparse index belongs; remove "
+                                           f"it (the index is rebuilt from the log, nothing is lost)")
             for path in (self.index_path, self.time_index_path):
                 path.unlink(missing_ok=True)
             self.offset_index = OffsetIndex.open(self.index_path, self.base_seq, self.max_index_bytes, writable=True)

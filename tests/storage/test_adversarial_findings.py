@@ -1,0 +1,124 @@
+"""What the adversarial run (tests/adversarial) found, one test each: a file of a store replaced by
+a directory, a committed segment deleted by hand, a hash entry pointing past the log, inspect on a
+damaged file. A clear error naming the file, or the right answer; nothing committed deleted."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from msgindex.cli import main
+from msgindex.errors import CorruptFileError, StoreNotFoundError
+from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE
+from msgindex.storage.store import open_store
+from tests.storage import damage
+from tests.storage.shard_model import model_lookup, model_scan, table_rows
+
+
+@pytest.fixture
+def small(tmp_path):
+    return damage.build(tmp_path / "store")
+
+
+def read_everything(small: damage.SmallStore) -> None:
+    with open_store(small.root) as store:
+        assert table_rows(store.lookup(small.keys())) == model_lookup(small.models.values(), small.keys())
+        assert table_rows(list(store.scan())) == model_scan(small.models.values())
+
+
+def append_one(small: damage.SmallStore) -> None:
+    with open_store(small.root) as store, store.writer("b1") as writer:
+        writer.append([damage.record(0, 50_000)])
+
+
+def inspect(path, capsys) -> tuple[int, str]:
+    code = main(["inspect", str(path)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_a_log_segment_replaced_by_a_directory_is_named(small, which):
+    victim = damage.segments(small, "b1")[which]
+    damage.replace_by_directory(victim)
+    with pytest.raises(CorruptFileError, match=f"{victim}: is a directory"):  # was a bare IsADirectoryError
+        read_everything(small)
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex", ".summary"])
+def test_a_derived_file_replaced_by_a_directory(small, suffix):
+    victim = damage.segments(small, "b1", suffix)[0]
+    damage.replace_by_directory(victim)
+    before = damage.listing(small.root)
+    read_everything(small)  # readers recompute it
+    with pytest.raises(CorruptFileError, match=f"{victim}: a directory where"):
+        append_one(small)  # the writer would rewrite it: it names it and leaves the directory alone
+    assert damage.listing(small.root) == before and victim.is_dir()
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "lock"])
+def test_a_checkpoint_or_lock_replaced_by_a_directory_stops_the_writer_clearly(small, name):
+    victim = damage.shard(small, "b1") / name
+    damage.replace_by_directory(victim)
+    with pytest.raises(CorruptFileError, match=str(victim)):
+        append_one(small)
+
+
+def test_the_active_segment_deleted_names_it_and_its_sidecars_stay(small):
+    victim = damage.segments(small, "b1")[-1]
+    victim.unlink()
+    sidecars = sorted(p.name for p in victim.parent.glob(victim.stem + ".*"))
+    assert sidecars  # .index, .timeindex
+    with pytest.raises(CorruptFileError, match=str(victim)):
+        read_everything(small)
+    with pytest.raises(CorruptFileError, match=str(victim)):
+        append_one(small)
+    assert sorted(p.name for p in victim.parent.glob(victim.stem + ".*")) == sidecars
+
+
+def test_the_oldest_segment_deleted_keeps_its_sidecars_when_a_writer_opens(small):
+    victim = damage.segments(small, "b1")[0]
+    victim.unlink()
+    before = damage.listing(small.root)
+    with pytest.raises(CorruptFileError, match=victim.name):
+        append_one(small)
+    assert damage.listing(small.root) == before
+
+
+def test_a_hash_entry_pointing_past_the_log_is_an_error_not_a_miss(small):
+    victim = damage.index_files(small, "b1")[0]
+    entries = HEADER_SIZE + damage.SMALL.hash_slot_num * 4
+    raw = bytearray(victim.read_bytes())
+    key_hash = struct.unpack_from(">i", raw, entries + 5 * ENTRY_SIZE)[0]
+    struct.pack_into(">q", raw, entries + 5 * ENTRY_SIZE + 4, 1 << 32)  # phyOffset of entry 5
+    victim.write_bytes(bytes(raw))
+    assert key_hash  # entry 5 is a real one
+    with pytest.raises(CorruptFileError, match=f"{victim}: a committed hash entry points at seq {1 << 32}"):
+        with open_store(small.root) as store:
+            # every key of b1: some lookup walks entry 5's chain (a key not in it would not notice)
+            for key in small.keys():
+                store.lookup([key], brokers=["b1"])
+
+
+def test_inspect_a_damaged_segment_names_what_its_damage_breaks(small, capsys):
+    victim = damage.segments(small, "b1")[0]
+    damage.scribble(victim, victim.stat().st_size // 2, 8)
+    code, said = inspect(victim, capsys)
+    assert code == 2 and str(victim) in said and "checksum" in said
+
+
+@pytest.mark.parametrize("name", ["msgindex.json", "broker=b1/checkpoint"])
+def test_inspect_a_store_file_replaced_by_a_directory(small, capsys, name):
+    victim = small.root / name
+    damage.replace_by_directory(victim)
+    code, said = inspect(victim, capsys)
+    assert code == 2 and f"{victim}: is a directory" in said
+
+
+def test_inspect_a_store_root_without_manifest_names_it(small, capsys):
+    (small.root / "msgindex.json").unlink()
+    with pytest.raises(StoreNotFoundError, match="msgindex.json"):
+        open_store(small.root)
+    code, said = inspect(small.root, capsys)
+    assert code == 2 and "msgindex.json" in said
