@@ -122,3 +122,43 @@ def test_inspect_a_store_root_without_manifest_names_it(small, capsys):
         open_store(small.root)
     code, said = inspect(small.root, capsys)
     assert code == 2 and "msgindex.json" in said
+
+
+HELD = """
+import sys, time
+from pathlib import Path
+from msgindex.errors import CorruptFileError
+from msgindex.storage.settings import StoreSettings
+from msgindex.storage.store import open_store
+from tests.storage import damage
+
+root, how = Path(sys.argv[1]), sys.argv[2]
+small = damage.build(root, settings=StoreSettings(hash_slot_num=4096, index_num=8000, segment_bytes=1 << 20,
+                                                  index_interval_bytes=4096))
+victim = damage.index_files(small, "b1")[-1]
+with open_store(root) as store:
+    store.lookup(small.keys())  # readers cached, index files mapped
+    time.sleep(0.05)  # later than the file's last write (mtime granularity)
+    damage.truncate(victim, 4096) if how == "truncate" else damage.zero(victim)
+    try:
+        store.lookup(small.keys())
+        print("answered")
+    except CorruptFileError as error:
+        print("error", error)
+"""
+
+
+@pytest.mark.parametrize("how", ["truncate", "zero"])
+def test_an_index_file_changed_under_a_long_lived_store_is_an_error_not_sigbus(tmp_path, how):
+    """Store keeps its readers (and their mapped index files) until the next commit: a file
+    truncated under them killed the process with SIGBUS, one zeroed made lookups miss."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", HELD, str(tmp_path / "s"), how], cwd=repo, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert child.returncode == 0, f"status {child.returncode}: {child.stderr[-1500:]}"
+    assert child.stdout.startswith("error ") and "/broker=b1/index/" in child.stdout, child.stdout

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import NamedTuple, Self
 
 import numpy as np
 import pyarrow as pa
@@ -678,6 +678,7 @@ class ShardReader(_Committed):
         self.settings = settings
         self._log: MetadataLog | None = None
         self._files: list[tuple[IndexFileState, IndexFile]] = []
+        self._mapped: dict[str, _FileIdentity] = {}  # see check_unchanged
         for attempt in range(OPEN_ATTEMPTS):
             checkpoint = read_committed(self.directory, broker)
             if checkpoint is None and (registered or has_data(self.directory)):
@@ -685,6 +686,7 @@ class ShardReader(_Committed):
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
             try:
                 self._open_files()
+                self._mapped = self._mapped_files()
                 return
             except CorruptFileError:
                 self.close()
@@ -711,6 +713,54 @@ class ShardReader(_Committed):
             index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True)
             self._files.append((state, index_file))
             verify.check_index_file(index_file, state, active=n == last)
+
+    def check_unchanged(self) -> None:
+        """Before a long-lived reader answers again (``Store`` keeps one per shard until the
+        next commit): its hash index files and hash runs are memory-mapped, and one changed in
+        place since (truncated, zeroed, overwritten) would make lookups miss entries silently
+        or, past the file's new end, kill the process with SIGBUS. One stat per file of the
+        shard's ``index/`` directory: a committed index file of the same inode whose size
+        changed is a CorruptFileError, one whose mtime changed is checked against the commit
+        again (``verify.check_index_file``: header, slot count); a hash run that changed is
+        dropped, and reloaded (and verified) at its next use. A file replaced by a rename is
+        harmless: the mapping keeps the old inode. (A change within the filesystem's mtime
+        granularity of the file's last write goes unnoticed: a few ms.)"""
+        now = self._mapped_files()
+        if now == self._mapped:
+            return
+        last = len(self._files) - 1
+        for n, (state, index_file) in enumerate(self._files):
+            before, after = self._mapped.get(state.name), now.get(state.name)
+            if before is None or after is None or before.inode != after.inode:
+                continue
+            if after.size != before.size:
+                raise CorruptFileError(
+                    f"{index_file.path}: hash index file changed size under an open reader ({before.size} -> "
+                    f"{after.size} bytes): it was truncated or rewritten in place")
+            if after.mtime_ns != before.mtime_ns:
+                verify.check_index_file(index_file, state, active=n == last)
+        changed_runs = {name.split(".", 1)[0] for name in set(now) ^ set(self._mapped) | {
+            name for name in set(now) & set(self._mapped) if now[name] != self._mapped[name]}
+            if name.endswith(hash_run.SUFFIX)}
+        for state, index_file in self._files:
+            if state.name in changed_runs:
+                index_file.forget_hash_runs()
+        self._mapped = now
+
+    def _mapped_files(self) -> dict[str, _FileIdentity]:
+        """Every file in the shard's index/ directory (index files and hash runs) as it is now."""
+        found = {}
+        try:
+            with os.scandir(self.directory / INDEX_DIR) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    found[entry.name] = _FileIdentity((info.st_dev, info.st_ino), info.st_size, info.st_mtime_ns)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return found
 
     # --- snapshot facts -------------------------------------------------------------------------
 
@@ -938,6 +988,15 @@ def _check_entry_targets(index_file: IndexFile, outside: np.ndarray, high: int) 
             f"{index_file.path}: a committed hash entry points at seq {int(bad[0])}, outside the {high} records "
             f"the shard committed: the file is damaged (`msgindex inspect` lists every bad entry; `msgindex repair` "
             f"cannot rebuild hash index files: restore the file from a backup)")
+
+
+class _FileIdentity(NamedTuple):
+    """What ``ShardReader.check_unchanged`` compares (os.stat_result's equality would compare
+    whole seconds)."""
+
+    inode: tuple[int, int]  # (st_dev, st_ino)
+    size: int
+    mtime_ns: int
 
 
 @dataclass(frozen=True)
