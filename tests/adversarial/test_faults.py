@@ -29,6 +29,7 @@ from msgindex.storage.store import open_store
 from tests.adversarial.tally import RIGHT, TALLY, WRONG, Outcome
 from tests.storage import damage
 from tests.storage.shard_model import ShardModel, model_lookup, model_scan, table_rows
+from tests.storage.test_disk_full import small_disk  # noqa: F401  (a fixture: a small tmpfs)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -362,20 +363,6 @@ def test_damage_under_an_open_reader(tmp_path, kind_name, damage_name):
 
 
 # --- a full disk -----------------------------------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_disk_while_appending_and_reading(small_disk):
     """Appends until the disk is full: each append commits or is StorageFullError naming a file
     under the store; afterwards every reader still answers exactly what was committed, and
