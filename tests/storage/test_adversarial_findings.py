@@ -162,3 +162,32 @@ def test_an_index_file_changed_under_a_long_lived_store_is_an_error_not_sigbus(t
                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
     assert child.returncode == 0, f"status {child.returncode}: {child.stderr[-1500:]}"
     assert child.stdout.startswith("error ") and "/broker=b1/index/" in child.stdout, child.stdout
+
+
+def test_inspect_says_what_every_file_of_a_store_is(tmp_path, capsys):
+    """Every file and directory of an intact store (with hash runs): exit 0, a kind, what it is."""
+    import json
+
+    from tests.adversarial.file_attacks import build_pristine
+
+    small = build_pristine(tmp_path / "s")
+    kinds = {}
+    for path in [small.root, *sorted(small.root.rglob("*"))]:
+        code = main(["inspect", str(path), "--json"])
+        out = capsys.readouterr()
+        assert code == 0, f"{path}: {out.err}"
+        report = json.loads(out.out)
+        assert report.get("is"), f"{path}: no description in {sorted(report)}"
+        assert not report.get("problems"), report["problems"]
+        kinds[path.suffix if path.suffix != ".json" and path.suffix else path.name] = report["kind"]
+    assert kinds[".index"] == "offset_index" and kinds[".timeindex"] == "time_index"
+    assert kinds[".summary"] == "segment_summary" and kinds[".log"] == "log_segment"
+    assert kinds[".hashrun"] == "hash_run" and kinds["msgindex.json"] == "manifest"
+    assert kinds["checkpoint"] == "checkpoint" and kinds["broker=b1"] == "shard"
+    assert kinds[small.root.name] == "store" and kinds["log"] == "log_directory"
+
+
+def test_inspect_the_manifest_names_a_missing_shard(small, capsys):
+    damage.remove(damage.shard(small, "b2"))
+    code, said = inspect(small.root / "msgindex.json", capsys)
+    assert code == 2 and "broker=b2: shard directory missing" in said
