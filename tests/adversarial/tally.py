@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 RIGHT = "right answer"
+GAP = "known gap"  # see file_attacks.KNOWN_GAPS
 WRONG = "WRONG"  # a silent wrong answer, a foreign exception, a signal, deleted data: the test fails
 
 
@@ -38,10 +39,14 @@ class Tally:
             return []
         counts = Counter(outcome.result for outcome in self.outcomes)
         by_group = Counter(outcome.attack.split(" ", 1)[0] for outcome in self.outcomes)
+        gaps = counts.pop(GAP, 0)
         lines = [f"adversarial: {len(self.outcomes)} attacks, {counts.pop(RIGHT, 0)} right answers, "
-                 f"{sum(n for r, n in counts.items() if r != WRONG)} clear errors, {counts.pop(WRONG, 0)} wrong"]
+                 f"{sum(n for r, n in counts.items() if r != WRONG)} clear errors, {counts.pop(WRONG, 0)} wrong, "
+                 f"{gaps} known gaps (silent misses that only msgindex inspect finds)"]
         lines.append("  errors by class: " + ", ".join(f"{result} {n}" for result, n in sorted(counts.items())))
         lines.append("  attacks by group: " + ", ".join(f"{group} {n}" for group, n in sorted(by_group.items())))
+        lines += [f"  known gap {outcome.attack}: {outcome.detail[:160]!r}" for outcome in self.outcomes
+                  if outcome.result == GAP]
         lines += [f"  WRONG {outcome.attack}: {outcome.detail[:300]!r}" for outcome in self.outcomes if outcome.wrong]
         return lines
 

@@ -66,3 +66,6 @@ def test_damaged_file(outcomes, attack):
     assert got, f"{attack}: no outcome (the child never reached it)"
     wrong = [f"{reader}: {detail}" for reader, result, detail in got if result == WRONG]
     assert not wrong, f"{attack}:\n" + "\n".join(wrong)
+    if attack in file_attacks.KNOWN_GAPS:  # readers miss it (see KNOWN_GAPS): inspect must not
+        inspected = {reader: result for reader, result, _ in got if reader.startswith("cli_inspect")}
+        assert inspected == {"cli_inspect": "exit 2", "cli_inspect_file": "exit 2"}, inspected

@@ -191,3 +191,19 @@ def test_inspect_the_manifest_names_a_missing_shard(small, capsys):
     damage.remove(damage.shard(small, "b2"))
     code, said = inspect(small.root / "msgindex.json", capsys)
     assert code == 2 and "broker=b2: shard directory missing" in said
+
+
+def test_another_shards_sealed_segment_is_an_error_not_its_records(small):
+    """Its seqs are the same (0..35), its checksums valid: only the summary written when this
+    shard's segment was sealed (its size) tells; before, readers returned b2's records as b1's."""
+    victim = damage.segments(small, "b1")[0]
+    victim.write_bytes(damage.segments(small, "b2")[0].read_bytes())
+    with pytest.raises(CorruptFileError, match=f"{victim}: .* but its summary .*summary, written when it was sealed"):
+        read_everything(small)
+
+
+def test_another_shards_checkpoint_names_the_checkpoint(small):
+    checkpoint = damage.shard(small, "b1") / "checkpoint"
+    checkpoint.write_bytes((damage.shard(small, "b2") / "checkpoint").read_bytes())
+    with pytest.raises(CorruptFileError, match=f"or {checkpoint} is another shard's"):
+        read_everything(small)

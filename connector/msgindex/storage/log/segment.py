@@ -242,6 +242,15 @@ class LogSegment:
         segment._open_fd()
         segment.size = os.fstat(segment._fd).st_size
         summary = SegmentSummary.read(segment.summary_path)
+        if summary is not None and summary.base_seq == base_seq and summary.size_bytes != segment.size:
+            # A sealed segment never changes and its summary was written when it was sealed:
+            # valid (checksummed) and of another size, one of the two was replaced or altered,
+            # e.g. by another shard's segment, whose seqs would otherwise pass every check.
+            segment.close()
+            raise CorruptFileError(
+                f"{segment.path}: {segment.size} bytes, but its summary {segment.summary_path}, written when it "
+                f"was sealed, says {summary.size_bytes}: the segment (or the summary) was replaced or altered (a "
+                f"wrong summary may be deleted: it is recomputed)")
         if summary is None or summary.size_bytes != segment.size or summary.base_seq != base_seq or (
             next_seq is not None and summary.next_seq != next_seq
         ):
@@ -317,7 +326,8 @@ class LogSegment:
         file_size = os.fstat(self._fd).st_size
         if file_size < state.size_bytes:
             raise CorruptFileError(
-                f"{self.path}: {file_size} bytes, but {state.size_bytes} were committed (committed data lost)"
+                f"{self.path}: {file_size} bytes, but {state.size_bytes} were committed (committed data lost, or "
+                f"{self.path.parent.parent / 'checkpoint'} is another shard's)"
             )
         if self.writable and file_size > state.size_bytes:
             os.ftruncate(self._fd, state.size_bytes)  # whatever lies past the commit is not real
