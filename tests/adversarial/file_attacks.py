@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import shutil
+import struct
 import sys
 import traceback
 from collections.abc import Callable
@@ -33,19 +34,21 @@ import msgindex
 from msgindex.cli import main
 from msgindex.errors import MsgIndexError
 from msgindex.storage import hash_run
-from msgindex.storage.index_file import IndexFile
+from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows
 
 from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 
-# a silent wrong answer that readers cannot see cheaply; inspect must (KNOWN_GAPS)
-# Another shard's hash index file in place of one of this shard's: same sizing, and the same
-# header and slot count when both shards hold the same number of records at the same times (as
-# here). Readers compare a file with the checkpoint (header, slot count), not every entry with
-# the log, so lookups of this shard's keys miss; `msgindex inspect` verifies every entry and
-# names the file. (A sealed log segment of another shard is caught by its summary's size.)
-KNOWN_GAPS = {"hash_index_sealed:swap", "hash_index_active:swap"}
+# Silent wrong answers that readers cannot see cheaply, and inspect must. Readers compare a hash
+# index file with the checkpoint (header, slot count), its newest few entries with the log
+# (verify._check_newest_entries), and every entry a lookup follows with its record (it must carry
+# a key of the entry's hash: ShardReader._check_entry_target). An entry moved to another record
+# that carries the same key passes all of that: lookups of the key find that record and miss the
+# entry's own; `msgindex inspect` verifies every entry and names the file. (An entry moved to a
+# record without its key is an error; another shard's file, same header and slot count, is caught
+# by its newest entries; a sealed log segment of another shard by its summary's size.)
+KNOWN_GAPS = {"hash_index_sealed:entry_same_key", "hash_index_active:entry_same_key"}
 VICTIM_SHARD = "b1"
 WINDOW = (damage.BASE_MS + 10_000, damage.BASE_MS + 30_000)
 EXTRA = damage.record(0, 100_000)  # what the writer appends after the damage
@@ -116,8 +119,20 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
     "scribble_head": lambda p: damage.scribble(p, 0, 8, seed=11),
     "delete": damage.remove,
     "swap": lambda p: _swap_with_other_shard(p),
+    "entry_other_record": lambda p: _move_entry(p, lambda phy: 1 if phy == 0 else phy - 1),
+    # 12 records on: the same topic (offset % 3) and shared key (offset % 4); b1 holds 72 records
+    "entry_same_key": lambda p: _move_entry(p, lambda phy: phy + 12 if phy + 12 < 72 else phy - 12),
     "directory": damage.replace_by_directory,
 }
+
+
+def _move_entry(path: Path, move: Callable[[int], int]) -> None:
+    """Entry 2 of a hash index file (the shared key of its first record) pointed at another
+    committed record: the one before (other keys), or one with the same topic and shared key."""
+    at = HEADER_SIZE + damage.SMALL.hash_slot_num * 4 + 2 * ENTRY_SIZE + 4
+    raw = bytearray(path.read_bytes())
+    struct.pack_into(">q", raw, at, move(struct.unpack_from(">q", raw, at)[0]))
+    path.write_bytes(bytes(raw))
 
 
 def _swap_with_other_shard(path: Path) -> None:
@@ -139,7 +154,8 @@ def attack_ids() -> list[str]:
     for kind in KINDS:
         for name in DAMAGES:
             if (kind.empty or kind.directory) and name not in ("delete", "directory") or (
-                    name == "swap" and (kind.empty or kind.directory or kind.name.startswith("manifest"))):
+                    name == "swap" and (kind.empty or kind.directory or kind.name.startswith("manifest"))) or (
+                    name.startswith("entry_") and not kind.name.startswith("hash_index")):
                 continue
             ids.append(f"{kind.name}:{name}")
     return ids
@@ -263,7 +279,7 @@ def _read_all(judge: Judge, store: damage.SmallStore, victim: Path) -> None:
     judge.api("api_scan", lambda: _api(root, lambda s: table_rows(list(s.scan()))), everything)
     judge.api("api_scan_window", lambda: _api(root, lambda s: table_rows(list(
         s.scan(begin_ms=WINDOW[0], end_ms=WINDOW[1])))), window)
-    some_keys = keys[::7] + ["shared1"]
+    some_keys = keys[3::7] + [f"shared{n}" for n in range(4)]  # most records only through shared keys
     judge.cli("cli_lookup", ["lookup", str(root), "--format", "json", *[a for k in some_keys for a in ("--key", k)]],
               model_lookup(models, some_keys))
     judge.cli("cli_scan", ["lookup", str(root), "--scan", "--format", "json", "--begin", str(WINDOW[0]),

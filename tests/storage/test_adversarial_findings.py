@@ -207,3 +207,32 @@ def test_another_shards_checkpoint_names_the_checkpoint(small):
     checkpoint.write_bytes((damage.shard(small, "b2") / "checkpoint").read_bytes())
     with pytest.raises(CorruptFileError, match=f"or {checkpoint} is another shard's"):
         read_everything(small)
+
+
+def _move_entry_2(path, move) -> None:
+    at = HEADER_SIZE + damage.SMALL.hash_slot_num * 4 + 2 * ENTRY_SIZE + 4
+    raw = bytearray(path.read_bytes())
+    struct.pack_into(">q", raw, at, move(struct.unpack_from(">q", raw, at)[0]))
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("keys", [["shared0"], None], ids=["few candidates", "many candidates"])
+def test_an_entry_moved_to_a_record_without_its_key_is_an_error(small, keys):
+    """Entry 2 (shared0 of record 0) pointed at record 1, which carries no key of its hash: the
+    lookup that follows it raised nothing and missed record 0. (Both verification paths.)"""
+    victim = damage.index_files(small, "b1")[0]
+    _move_entry_2(victim, lambda phy: phy + 1)
+    keys = keys or small.keys()[3::7] + [f"shared{n}" for n in range(4)]
+    with pytest.raises(CorruptFileError, match=f"{victim}: a committed hash entry of keyHash .* points at record seq 1"):
+        with open_store(small.root) as store:
+            store.lookup(keys, brokers=["b1"])
+
+
+def test_another_shards_active_index_file_is_an_error(small):
+    """Same header and slot count as b1's own (both shards hold the same records' times): only
+    its entries tell, and readers check the newest ones against the log when they open it."""
+    victim = damage.index_files(small, "b1")[-1]
+    victim.write_bytes(damage.index_files(small, "b2")[-1].read_bytes())
+    with pytest.raises(CorruptFileError, match=f"{victim}: committed entry .* carries no key of that hash"):
+        with open_store(small.root) as store:
+            store.lookup(["k0-70"])
