@@ -4,8 +4,9 @@ Layers (each only uses the ones above it):
   msgindex.storage   file formats, shards and the store, and RocketMQ broker stores read in
                      place (``open_rocketmq``); no Spark, no Kafka
   msgindex.kafka     the local KRaft broker and Kafka helpers
-  msgindex.spark     SparkSession builder, the shard-writing sink, the `msgindex` data source
-  streaming_jobs     runnable jobs (indexing pipeline, demo, load generators)
+  msgindex.spark     SparkSession builder, the indexing pipeline, the `msgindex` data source
+  msgindex.cli       the `msgindex` command
+  streaming_jobs     thin runnable scripts over msgindex.cli (not part of the library)
 
 Names are imported lazily so that `import msgindex` stays cheap on Spark executors.
 """
@@ -22,6 +23,7 @@ _EXPORTS = {
     "MessageRecord": "msgindex.storage.message",
     "Store": "msgindex.storage.store",
     "open": "msgindex.storage.store",
+    "Query": "msgindex.storage.query",
     "open_rocketmq": "msgindex.storage.rocketmq.broker_store",
     "RocketMQBrokerStore": "msgindex.storage.rocketmq.broker_store",
 }

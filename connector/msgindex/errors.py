@@ -26,6 +26,19 @@ class InvalidAppendError(MsgIndexError):
     """An append would break an ordering invariant (e.g. a sparse index offset that does not grow)."""
 
 
+class OutOfRangeError(MsgIndexError, IndexError):
+    """A sequence number, entry or position outside what a log, segment or index file holds."""
+
+
+class InvalidArgumentError(MsgIndexError, ValueError):
+    """A call whose arguments break the called function's contract (a caller's mistake, not bad
+    data on disk): e.g. truncating a sparse index to more entries than it holds."""
+
+
+class InvalidKeyError(MsgIndexError, TypeError):
+    """A key that is not text (None, bytes, a number) where msgindex needs a key string."""
+
+
 class LegacyCheckpointError(MsgIndexError):
     """A shard's checkpoint predates exactly-once-by-offsets (it recorded batch ids) and cannot be
     appended to as it is; the message says how to upgrade or what to do instead."""

@@ -143,9 +143,9 @@ class StoreMachine(RuleBasedStateMachine):
 def _committed_size(segment: Path, reader) -> int:
     """Bytes of `segment` that the committed position covers (the whole file if it is sealed)."""
     position = reader.checkpoint.log_position
-    if int(segment.stem) != position["segment_base"]:
+    if int(segment.stem) != position.segment_base:
         return segment.stat().st_size
-    return position["segment_bytes"]
+    return position.segment_bytes
 
 
 StoreMachine.TestCase.settings = settings(

@@ -158,10 +158,10 @@ def test_rolled_file_inherits_end_fields(store):
     with store.writer("b") as writer:
         writer.append([rec(i, ["k"], BASE + i) for i in range(TINY.index_num)])
         first, second = writer.checkpoint.index_files
-    assert first.header["index_count"] == TINY.index_num
+    assert first.header.index_count == TINY.index_num
     # RocketMQ: the new file starts from the full one's end; its first put then resets begin
-    assert second.header["begin_phy_offset"] == TINY.index_num - 1
-    assert second.header["end_timestamp"] == BASE + TINY.index_num - 1
+    assert second.header.begin_phy_offset == TINY.index_num - 1
+    assert second.header.end_timestamp == BASE + TINY.index_num - 1
 
 
 def append_table(records, chunks=1, dictionary_topics=False):

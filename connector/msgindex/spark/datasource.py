@@ -245,34 +245,16 @@ class MsgIndexReader(DataSourceReader):
 
     def _lookup(self, store, partition: KeyLookup) -> pa.Table:
         query = self.query
-        keys = list(query.keys_to_look_up[partition.start : partition.end])
-        topics = sorted(query.topics) if query.topics is not None else [None]
-        tables = [
-            store.lookup(
-                keys, topic=topic, begin_ms=query.begin_ms,
-                end_ms=query.end_ms, max_results=query.max_results, brokers=list(partition.brokers),
-                partitions=None if query.partitions is None else sorted(query.partitions),
-            )
-            for topic in topics
-        ]
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        keys = query.keys_to_look_up[partition.start : partition.end]
+        table = store.lookup(query.store_query(keys, partition.brokers))
         if query.primary_keys is not None:
             table = table.filter(pc.is_in(table["key"], pa.array(sorted(query.primary_keys), pa.string())))
-        if query.max_results is not None and len(topics) > 1:
-            from msgindex.storage.query import sort_and_limit
-
-            table = sort_and_limit([table], query.max_results)
         return table
 
     def _scan(self, store, piece: LogRange) -> Iterator[pa.RecordBatch]:
-        query = self.query
         reader = store.reader(piece.broker)
         try:
-            yield from reader.scan_range(
-                piece.start_seq, piece.end_seq, begin_ms=query.begin_ms, end_ms=query.end_ms,
-                topics=None if query.topics is None else sorted(query.topics),
-                partitions=None if query.partitions is None else sorted(query.partitions),
-            )
+            yield from reader.scan_range(piece.start_seq, piece.end_seq, self.query.store_query(None, [piece.broker]))
         finally:
             reader.close()
 

@@ -37,6 +37,7 @@ from pyspark.sql.datasource import (
 
 from msgindex.spark.read_options import ReadOptions, micros_since_epoch
 from msgindex.storage.message import text_of_shown
+from msgindex.storage.query import Query
 
 STRING_COLUMNS = ("broker", "topic", "key")
 INT_COLUMNS = ("partition",)
@@ -98,6 +99,12 @@ class IndexQuery:
         empty_window = (self.begin_ms is not None and self.end_ms is not None
                         and self.begin_ms > self.end_ms)
         return empty_set or empty_keys or empty_window
+
+    def store_query(self, keys: Iterable[str] | None, brokers: Iterable[str]) -> Query:
+        """The storage Query that reads `keys` (None: a scan) from the shards `brokers` under
+        this query's restrictions (``primary_keys`` are the reader's to apply afterwards)."""
+        return Query.of(keys, topics=self.topics, brokers=brokers, partitions=self.partitions,
+                        begin_ms=self.begin_ms, end_ms=self.end_ms, max_results=self.max_results)
 
     def restrict(self, filter_: Filter) -> "IndexQuery | None":
         """This query narrowed by `filter_`, or None when the index cannot apply it exactly."""

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import KEY_SEPARATOR, MessageRecord, decode_text, encode_text
+from msgindex.storage.message import INDEX_KEY_SEPARATOR, MessageRecord, decode_text, encode_text
 
 IndexKeys: TypeAlias = "pa.Array | list[str]"
 # (index keys ``topic#key``, phyOffsets = log seqs, store timestamps): IndexFile.put_keys' arguments
@@ -32,7 +32,7 @@ TEXT = pa.large_string()
 RAW_TEXT = pa.large_binary()  # encode_text bytes: texts Arrow strings cannot hold
 # Up to this many keys in a record, repeats are found by comparing neighbours (see _first_occurrences).
 MAX_LAG_PASSES = 8
-_SEPARATORS = {TEXT: pa.scalar(KEY_SEPARATOR, TEXT), RAW_TEXT: pa.scalar(encode_text(KEY_SEPARATOR), RAW_TEXT)}
+_SEPARATORS = {TEXT: pa.scalar(INDEX_KEY_SEPARATOR, TEXT), RAW_TEXT: pa.scalar(encode_text(INDEX_KEY_SEPARATOR), RAW_TEXT)}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import FORMAT_FIELD, VERSION_FIELD, parse_versioned_json, write_atomically
 from msgindex.storage.index_file import IndexHeader
+from msgindex.storage.log.metadata_log import LogPosition
 from msgindex.storage.source_ranges import SourceRanges
 
 CHECKPOINT_FILE = "checkpoint"
@@ -47,13 +48,13 @@ class IndexFileState:
     times, which bound nothing when timestamps are not monotonic)."""
 
     name: str
-    header: dict[str, int]
+    header: IndexHeader
     min_timestamp_ms: int
     max_timestamp_ms: int
 
     @property
     def index_count(self) -> int:
-        return self.header["index_count"]
+        return self.header.index_count
 
     def overlaps(self, begin_ms: int | None, end_ms: int | None) -> bool:
         """True when a record of this file may fall in [begin_ms, end_ms] (inclusive)."""
@@ -68,7 +69,7 @@ class IndexFileState:
 class Checkpoint:
     """The committed state of a shard (see the module docstring)."""
 
-    log_position: dict[str, Any] | None = None  # MetadataLog's LogPosition.to_dict(); None = empty log
+    log_position: LogPosition | None = None  # None: an empty log
     log_start_seq: int = 0  # first sequence number still retained (retention moves it up)
     index_files: tuple[IndexFileState, ...] = ()  # oldest first; the last one is the active file
     topics: tuple[str, ...] = ()  # sorted
@@ -79,6 +80,7 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        body["log_position"] = None if self.log_position is None else self.log_position.to_dict()
         body["index_files"] = [dataclasses.asdict(state) for state in self.index_files]
         body["topics"] = list(self.topics)
         body["source_ranges"] = None if self.source_ranges is None else self.source_ranges.to_json()
@@ -90,15 +92,16 @@ class Checkpoint:
             files = tuple(
                 IndexFileState(
                     name=str(item["name"]),
-                    header={name: int(item["header"][name]) for name in HEADER_FIELDS},
+                    header=IndexHeader(**{name: int(item["header"][name]) for name in HEADER_FIELDS}),
                     min_timestamp_ms=int(item["min_timestamp_ms"]),
                     max_timestamp_ms=int(item["max_timestamp_ms"]),
                 )
                 for item in body["index_files"]
             )
             ranges = body["source_ranges"]
+            position = body["log_position"]
             checkpoint = cls(
-                log_position=body["log_position"],
+                log_position=None if position is None else LogPosition.from_dict(position),
                 log_start_seq=int(body["log_start_seq"]),
                 index_files=files,
                 topics=tuple(str(topic) for topic in body["topics"]),
@@ -106,7 +109,7 @@ class Checkpoint:
                 extra=dict(body.get("extra") or {}),
                 source_ranges=None if ranges is None else SourceRanges.from_json(ranges, source=source),
             )
-        except (KeyError, TypeError, ValueError) as bad:
+        except (KeyError, TypeError, ValueError, CorruptFileError) as bad:
             raise CorruptFileError(f"{source}: checkpoint is malformed ({bad!r})") from None
         checkpoint._validate(source)
         return checkpoint

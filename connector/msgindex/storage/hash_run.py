@@ -55,9 +55,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError
+from msgindex.errors import CorruptFileError, InvalidArgumentError
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.mapped_file import map_file
+from msgindex.storage.int_limits import INT32_MAX, INT32_MIN
 
 
 
@@ -105,7 +106,6 @@ MIN_SEAL_ENTRIES = 1 << 16
 TAIL_ENTRIES = 1 << 20
 MAX_RUNS = 16
 _VERIFIED_RUNS = 256  # run files whose verified blocks a process remembers
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _FIRST_INDEX = 1  # index_file.FIRST_INDEX (entry 0 is never written); index_file imports this module
 
 assert HEADER_STRUCT.size == HEADER_SIZE and DIRECTORY_DTYPE.itemsize == DIRECTORY_ROW
@@ -220,13 +220,13 @@ class HashRun:
     def hits(self, key_hash: int, limit_index_count: int) -> RunHits | None:
         """The run's entries with `key_hash` below `limit_index_count`, newest first; None when a
         block they lie in fails its checksum (the run is then marked corrupt and left alone)."""
-        if not _INT32_MIN <= key_hash <= _INT32_MAX:
+        if not INT32_MIN <= key_hash <= INT32_MAX:
             return RunHits(self.entries[:0], self.phy_offsets[:0], self.time_diffs[:0])
         # the needle has the column's dtype: else numpy converts the whole column first
         needle = np.int32(key_hash)
         lo = int(self.key_hashes.searchsorted(needle, side="left"))
         hi = int(self.key_hashes.searchsorted(needle, side="right"))
-        if hi > lo and limit_index_count <= _INT32_MAX:
+        if hi > lo and limit_index_count <= INT32_MAX:
             # entries ascend within one hash: those below the limit are a prefix of the slice
             hi = lo + int(self.entries[lo:hi].searchsorted(np.int32(max(limit_index_count, 0)), side="left"))
         if hi <= lo:
@@ -314,7 +314,7 @@ def build(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAU
     cannot have one (a negative key hash: not a file RocketMQ or msgindex wrote)."""
     n_slots = index_file.hash_slot_num
     if not _FIRST_INDEX <= start <= end <= min(index_file.index_count, index_file.index_num):
-        raise ValueError(f"{index_file.path}: cannot cover entries [{start}, {end}) of {index_file.index_count}")
+        raise InvalidArgumentError(f"{index_file.path}: cannot cover entries [{start}, {end}) of {index_file.index_count}")
     rows = index_file.entry_array()[start:end]
     stored = rows["key_hash"].astype(np.int32)
     if stored.size and int(stored.min()) < 0:

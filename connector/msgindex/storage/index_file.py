@@ -42,6 +42,7 @@ from msgindex.storage import hash_run
 from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
+from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 
 HEADER_SIZE = 40
 HEADER_STRUCT = struct.Struct(">qqqqii")  # the six IndexHeader fields, in file order
@@ -59,7 +60,6 @@ FIRST_INDEX = 1  # indexCount of an empty file; entry 0 is never written
 DEFAULT_HASH_SLOT_NUM = 5_000_000
 DEFAULT_INDEX_NUM = 20_000_000
 TIME_DIFF_UNIT_MS = 1000  # entries store whole seconds since beginTimestamp
-INT32_MAX = (1 << 31) - 1
 NAME_FORMAT = "%Y%m%d%H%M%S"  # + 3 digits of milliseconds: RocketMQ's yyyyMMddHHmmssSSS
 NAME_LENGTH = 17
 
@@ -773,9 +773,8 @@ class IndexFile:
             raise MsgIndexError(f"{self.path}: index file was opened read-only")
 
 
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # beginTimestamp + timeDiff * 1000 (timeDiff in [0, Integer.MAX_VALUE]) fits a Java long up to here
-_NO_WRAP_BEGIN_MAX = _INT64_MAX - INT32_MAX * TIME_DIFF_UNIT_MS
+_NO_WRAP_BEGIN_MAX = INT64_MAX - INT32_MAX * TIME_DIFF_UNIT_MS
 
 
 _scratch = threading.local()
@@ -817,7 +816,7 @@ def reference_candidates(index_file: IndexFile, key_or_hash: str | int, *,
 def _stamp(begin_timestamp: int, time_diff: int) -> int:
     """An entry's approximate store time (ms): beginTimestamp + timeDiff s, as a Java long."""
     stamp = begin_timestamp + time_diff * TIME_DIFF_UNIT_MS
-    return stamp if _INT64_MIN <= stamp <= _INT64_MAX else _wrap64(stamp)
+    return stamp if INT64_MIN <= stamp <= INT64_MAX else _wrap64(stamp)
 
 
 def _stamps(begin_timestamp: int, time_diffs: Sequence[int] | np.ndarray, *, reuse: bool = False) -> np.ndarray:
@@ -850,7 +849,7 @@ def _assemble(pieces: list[tuple], begin_timestamp: int) -> tuple[np.ndarray, np
 
 
 def _check_int64(name: str, value: int) -> None:
-    if not _INT64_MIN <= value <= _INT64_MAX:
+    if not INT64_MIN <= value <= INT64_MAX:
         raise InvalidOptionError(f"{name} {value} does not fit a Java long")
 
 

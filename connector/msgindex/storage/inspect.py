@@ -17,6 +17,8 @@ other shards are still inspected.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -185,12 +187,12 @@ def _checkpoint_summary(checkpoint) -> dict[str, Any]:
         "records": checkpoint.record_count - checkpoint.log_start_seq,
         "log_start_seq": checkpoint.log_start_seq,
         "next_seq": checkpoint.record_count,
-        "log_position": checkpoint.log_position,
+        "log_position": None if checkpoint.log_position is None else checkpoint.log_position.to_dict(),
         "topics": list(checkpoint.topics),
         "source_ranges": None if checkpoint.source_ranges is None else checkpoint.source_ranges.to_json(),
         "index_files": [{"name": state.name, "entries": state.index_count - FIRST_INDEX,
                          "time_range": _time_range(state.min_timestamp_ms, state.max_timestamp_ms),
-                         "header": state.header} for state in checkpoint.index_files],
+                         "header": dataclasses.asdict(state.header)} for state in checkpoint.index_files],
     }
 
 
@@ -221,7 +223,7 @@ def _inspect_index_file_in_shard(path: Path, shard: Path, settings: StoreSetting
     states = {state.name: state for state in (checkpoint.index_files if checkpoint else ())}
     state = states.get(path.name)
     report["committed"] = None if state is None else {"entries": state.index_count - FIRST_INDEX,
-                                                      "header": state.header}
+                                                      "header": dataclasses.asdict(state.header)}
     if state is None:
         report["note"] = "not listed by the shard checkpoint: left by a batch that never committed (the next writer removes it)"
     if verify:
@@ -389,7 +391,7 @@ def _committed(segment_path: Path) -> LogPosition | None:
     checkpoint = read_committed(shard, _broker_of(shard))
     if checkpoint is None or checkpoint.log_position is None:
         return None
-    return LogPosition.from_dict(checkpoint.log_position)
+    return checkpoint.log_position
 
 
 def _segment_summary(log: MetadataLog, info: SegmentInfo, *, entries: bool = False) -> dict[str, Any]:

@@ -32,7 +32,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-INT32_MIN = -(1 << 31)
+from msgindex.errors import InvalidKeyError
+from msgindex.storage.int_limits import INT32_MIN
+
 _MASK32 = (1 << 32) - 1
 _MULTIPLIER = 31
 _MULTIPLIER_INVERSE = pow(_MULTIPLIER, -1, 1 << 32)
@@ -79,7 +81,7 @@ def _unsigned_hash(text: str) -> int:
         return (int(data.translate(_LOW_DIGIT), _MULTIPLIER)
                 + _MULTIPLIER * int(data.translate(_HIGH_DIGIT), _MULTIPLIER)) & _MASK32
     if not isinstance(text, str):
-        raise TypeError(f"index keys are str, not {type(text).__name__}: {text!r:.80}")
+        raise InvalidKeyError(f"index keys are str, not {type(text).__name__}: {text!r:.80}")
     if not text:
         return 0
     if len(text) <= _SHORT_KEY_UNITS and not text.isascii():
@@ -216,7 +218,7 @@ def _join(separator: str, keys: list[str]) -> str:
         return separator.join(keys)
     except TypeError:
         position, bad = next((i, k) for i, k in enumerate(keys) if not isinstance(k, str))
-        raise TypeError(f"key #{position} is {type(bad).__name__}, not str: {bad!r:.80}") from None
+        raise InvalidKeyError(f"key #{position} is {type(bad).__name__}, not str: {bad!r:.80}") from None
 
 
 def _encode_units(text: str) -> np.ndarray:
@@ -252,7 +254,7 @@ def _arrow_ascii_units(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
     if keys.null_count:
-        raise TypeError(f"keys contain {keys.null_count} null value(s); every key must be a string")
+        raise InvalidKeyError(f"keys contain {keys.null_count} null value(s); every key must be a string")
     if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or len(keys) == 0:
         return None
     offset_type = np.int32 if pa.types.is_string(keys.type) else np.int64

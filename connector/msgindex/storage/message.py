@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key
+INDEX_KEY_SEPARATOR = "#"  # RocketMQ's index key is topic + "#" + key (not the KEYS property's separator)
 # RocketMQ's property names of a message's keys, carried as Kafka record headers (DESIGN.md: input shapes)
 KEYS_PROPERTY = "KEYS"
 UNIQ_KEY_PROPERTY = "UNIQ_KEY"
@@ -64,7 +64,7 @@ def stored_window(begin_ms: int | None, end_ms: int | None) -> tuple[int | None,
 
 def index_key(topic: str, key: str) -> str:
     """The string hashed into the index for `key` of a message in `topic` (RocketMQ's rule)."""
-    return f"{topic}{KEY_SEPARATOR}{key}"
+    return f"{topic}{INDEX_KEY_SEPARATOR}{key}"
 
 
 def decode_key_bytes(raw: bytes) -> str:

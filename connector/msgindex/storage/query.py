@@ -1,14 +1,24 @@
-"""Query helpers shared by shard and store lookups: key arguments, result order and limits."""
+"""What a lookup or scan asks (``Query``, validated once), result order and limits: shared by
+shard and store queries and produced by the Spark data source's pushdown."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from msgindex.errors import InvalidOptionError
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_key_bytes, shown_timestamps
+from msgindex.errors import InvalidArgumentError, InvalidOptionError
+from msgindex.storage.message import (
+    NO_VALUE,
+    ROW_SCHEMA,
+    MessageRecord,
+    arrow_text,
+    decode_key_bytes,
+    shown_timestamps,
+    stored_window,
+)
 
 KeysArg = str | bytes | Iterable[str | bytes]
 
@@ -51,6 +61,89 @@ def validate_window(begin_ms: int | None, end_ms: int | None, max_results: int |
             raise InvalidOptionError(f"{name} must be an int (milliseconds) or None, got {value!r}")
     if max_results is not None and max_results < 0:
         raise InvalidOptionError(f"max_results must be >= 0 or None, got {max_results}")
+
+
+@dataclass(frozen=True)
+class Query:
+    """What one lookup or scan asks of a store: validated once (``Query.of``), then handed down
+    unchanged from the store to each shard reader. None in a field means "no restriction";
+    ``keys`` None means a scan of the window rather than a key lookup. ``begin_ms``/``end_ms``
+    bound the message timestamp, inclusive, in ms; ``max_results`` keeps the first rows in
+    RESULT_ORDER (lookups only)."""
+
+    keys: tuple[str, ...] | None = None
+    topics: frozenset[str] | None = None
+    brokers: frozenset[str] | None = None
+    partitions: frozenset[int] | None = None
+    begin_ms: int | None = None
+    end_ms: int | None = None
+    max_results: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_window(self.begin_ms, self.end_ms, self.max_results)
+
+    @classmethod
+    def of(
+        cls,
+        keys: KeysArg | None = None,
+        *,
+        topic: str | None = None,
+        topics: Iterable[str] | None = None,
+        brokers: Iterable[str] | None = None,
+        partitions: Iterable[int] | None = None,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+        max_results: int | None = None,
+    ) -> Query:
+        """The query of the public lookup/scan arguments: keys as ``normalize_keys`` takes them,
+        `topic` (one) or `topics`, a single str wherever names are asked for."""
+        if topic is not None and topics is not None:
+            raise InvalidArgumentError("give topic or topics, not both")
+        return cls(
+            keys=None if keys is None else tuple(normalize_keys(keys)),
+            topics=_names("topic", topic if topic is not None else topics),
+            brokers=_names("broker", brokers),
+            partitions=None if partitions is None else frozenset(_partition(p) for p in partitions),
+            begin_ms=begin_ms,
+            end_ms=end_ms,
+            max_results=max_results,
+        )
+
+    def stored_window(self) -> tuple[int | None, int | None] | None:
+        """The window over stored timestamps (``message.stored_window``); None: nothing can match."""
+        return stored_window(self.begin_ms, self.end_ms)
+
+    def topics_among(self, present: Iterable[str]) -> list[str]:
+        """The topics of `present` the query asks for, in their order."""
+        return [topic for topic in present if self.topics is None or topic in self.topics]
+
+
+def as_query(keys_or_query: KeysArg | Query | None, **restrictions) -> Query:
+    """A Query passed as is (with no other argument), or the one the arguments describe."""
+    if isinstance(keys_or_query, Query):
+        given = sorted(name for name, value in restrictions.items() if value is not None)
+        if given:
+            raise InvalidArgumentError(f"a Query already holds every restriction; also given: {', '.join(given)}")
+        return keys_or_query
+    return Query.of(keys_or_query, **restrictions)
+
+
+def _names(what: str, names: str | Iterable[str] | None) -> frozenset[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return frozenset((names,))
+    names = frozenset(names)
+    bad = [name for name in names if not isinstance(name, str)]
+    if bad:
+        raise InvalidOptionError(f"a {what} name must be a str, got {type(bad[0]).__name__}: {bad[0]!r}")
+    return names
+
+
+def _partition(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidOptionError(f"a partition must be an int, got {type(value).__name__}: {value!r}")
+    return int(value)
 
 
 # One struct conversion costs about a third of ten column conversions for the few rows a key

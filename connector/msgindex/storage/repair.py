@@ -254,7 +254,7 @@ def _plan(directory: Path, batches: list[_Batch], log_start: int, files: list[tu
         if any(index_file.entry_count for _, index_file in files):
             raise CorruptFileError(f"{directory / INDEX_DIR}: hash index entries but no records in the log: cannot "
                                    f"rebuild safely")
-        return _Plan(Checkpoint(log_position=position.to_dict(), log_start_seq=log_start, record_count=log_start),
+        return _Plan(Checkpoint(log_position=position, log_start_seq=log_start, record_count=log_start),
                      ("the log holds no records",))
     ends = [n for n, batch in enumerate(batches) if batch.annotation]
     if not ends:
@@ -295,7 +295,7 @@ def _plan(directory: Path, batches: list[_Batch], log_start: int, files: list[tu
     segment_batches = [b for b in batches[: ends[kept] + 1] if b.segment_base == last.segment_base]
     position = _position(log, last, segment_batches)
     return _Plan(Checkpoint(
-        log_position=position.to_dict(),
+        log_position=position,
         log_start_seq=log_start,
         index_files=tuple(states),
         topics=_topics(log, log_start, last.next_seq),
@@ -339,9 +339,7 @@ def _index_states(files: list[tuple[Path, IndexFile]], log_start: int, entries: 
             begin_ts, begin_phy = int(expected.stamps[0]), int(expected.phys[0])
         committed = IndexHeader(begin_ts, int(expected.stamps[-1]), begin_phy, int(expected.phys[-1]),
                                 int(np.unique(hashes % index_file.hash_slot_num).size), count)
-        states.append(IndexFileState(path.name, {name: int(getattr(committed, name)) for name in
-                                                 committed.__dataclass_fields__},
-                                     int(expected.stamps.min()), int(expected.stamps.max())))
+        states.append(IndexFileState(path.name, committed, int(expected.stamps.min()), int(expected.stamps.max())))
     return states
 
 
@@ -373,7 +371,7 @@ def _verify_candidate(directory: Path, broker: str, settings: StoreSettings, can
     files: list[tuple[IndexFileState, IndexFile]] = []
     log = None
     try:
-        log = open_log(directory, settings, writable=False, committed=LogPosition.from_dict(candidate.log_position))
+        log = open_log(directory, settings, writable=False, committed=candidate.log_position)
         verify.check_log_covers(log, candidate)
         for n, state in enumerate(candidate.index_files):
             index_file = IndexFile.open(directory / INDEX_DIR / state.name, settings.hash_slot_num, settings.index_num,

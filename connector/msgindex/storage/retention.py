@@ -119,7 +119,7 @@ def _index_pieces(writer: ShardWriter) -> list[_Piece]:
     states = writer.checkpoint.index_files
     paths = writer.index_file_paths()
     return [
-        _Piece(state.max_timestamp_ms, _size(path), (path,), last_seq=state.header["end_phy_offset"])
+        _Piece(state.max_timestamp_ms, _size(path), (path,), last_seq=state.header.end_phy_offset)
         for state, path in zip(states[:-1], paths[:-1])
     ]
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM, INT32_MAX
+from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.storage.int_limits import INT32_MAX
 
 
 @dataclass(frozen=True)

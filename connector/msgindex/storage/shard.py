@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from msgindex.errors import (
     CorruptFileError,
     InvalidAppendError,
+    InvalidArgumentError,
     InvalidOptionError,
     LegacyCheckpointError,
     ShardLockedError,
@@ -47,7 +48,6 @@ from msgindex.storage import hash_run, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
-    HEADER_FIELDS,
     Checkpoint,
     IndexFileState,
     decode_checkpoint,
@@ -59,7 +59,7 @@ from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
 from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
-from msgindex.storage.index_file import IndexFile, IndexHeader, index_file_name, parse_index_file_name
+from msgindex.storage.index_file import IndexFile, index_file_name, parse_index_file_name
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
@@ -81,10 +81,10 @@ from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
     KeysArg,
-    rows_from_records,
+    Query,
+    as_query,
     empty_rows,
-    normalize_keys,
-    validate_window,
+    rows_from_records,
 )
 
 
@@ -182,11 +182,6 @@ def open_log(directory: Path, settings: StoreSettings, *, writable: bool, commit
         writable=writable,
         committed=committed,
     )
-
-
-def header_dict(index_file: IndexFile) -> dict[str, int]:
-    header = index_file.header
-    return {name: int(getattr(header, name)) for name in HEADER_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -462,7 +457,7 @@ class ShardWriter(_Committed):
     def _tail_is_clean(self) -> bool:
         """Nothing lies past the checkpoint this writer holds: no log bytes or segments, no hash
         index entries or files (a writer that died mid-append leaves some)."""
-        position = LogPosition.from_dict(self._checkpoint.log_position)
+        position = self._checkpoint.log_position
         if not self._log.unchanged_on_disk(position):
             return False
         if {entry.name for entry in os.scandir(self.directory / INDEX_DIR)} != {s.name for s in self._states}:
@@ -533,7 +528,7 @@ class ShardWriter(_Committed):
             for stray in (self.directory / INDEX_DIR).iterdir():
                 _remove(stray)
             self._log = open_log(self.directory, self.settings, writable=True, committed=None)
-            checkpoint = Checkpoint(log_position=self._log.position().to_dict())
+            checkpoint = Checkpoint(log_position=self._log.position())
             self._write_checkpoint(checkpoint)
         else:
             self._checkpoint = checkpoint
@@ -546,7 +541,7 @@ class ShardWriter(_Committed):
         """Open the log and hash index files at `checkpoint`, rolling back anything past it.
         `kept`: files this writer still has open; one whose committed state is unchanged is
         reused (popped), the others are reopened (another host's writes are then seen, NFS)."""
-        position = LogPosition.from_dict(checkpoint.log_position)
+        position = checkpoint.log_position
         # opening at the committed position cuts whatever lies past it (no close-and-trim cycle)
         self._log = open_log(self.directory, self.settings, writable=True, committed=position)
         verify.check_log_covers(self._log, checkpoint)
@@ -573,7 +568,7 @@ class ShardWriter(_Committed):
             if _written_past(index_file, state):  # the slot-table scan of a rollback only when needed
                 verify.check_index_file(index_file, state, active=active)
                 verify.check_rollback_bounds(index_file, state)
-                index_file.rollback_to(state.index_count, IndexHeader(**state.header))
+                index_file.rollback_to(state.index_count, state.header)
             verify.check_index_file(index_file, state, active=active, exclusive=True)
         except BaseException:
             index_file.close()
@@ -634,13 +629,13 @@ class ShardWriter(_Committed):
             end_timestamp=end_timestamp,
         )
         self._files.append(index_file)
-        self._states.append(IndexFileState(path.name, header_dict(index_file), 0, 0))
+        self._states.append(IndexFileState(path.name, index_file.header, 0, 0))
 
     @staticmethod
     def _grown_state(state: IndexFileState, index_file: IndexFile, low: int, high: int) -> IndexFileState:
         if state.index_count > 1:  # the file already had entries: widen its range
             low, high = min(low, state.min_timestamp_ms), max(high, state.max_timestamp_ms)
-        return IndexFileState(state.name, header_dict(index_file), low, high)
+        return IndexFileState(state.name, index_file.header, low, high)
 
     def _commit(self, topics: set[str], touched: list[IndexFile], ranges: SourceRanges) -> None:
         if touched or self._log.next_seq != self._checkpoint.record_count:
@@ -649,7 +644,7 @@ class ShardWriter(_Committed):
                 index_file.flush()
             fsync_directory(self.directory / INDEX_DIR)
         self._write_checkpoint(Checkpoint(
-            log_position=self._log.position().to_dict(),
+            log_position=self._log.position(),
             log_start_seq=self._checkpoint.log_start_seq,
             index_files=tuple(self._states),
             topics=tuple(sorted(set(self._checkpoint.topics) | topics)),
@@ -705,7 +700,7 @@ class ShardReader(_Committed):
         """Open the committed files, checked against the checkpoint (``verify``: cheap checks,
         the slot-table count cached per file and process)."""
         if self._checkpoint.log_position is not None:
-            position = LogPosition.from_dict(self._checkpoint.log_position)
+            position = self._checkpoint.log_position
             self._log = open_log(self.directory, self.settings, writable=False, committed=position)
             verify.check_log_covers(self._log, self._checkpoint)
         last = len(self._checkpoint.index_files) - 1
@@ -796,7 +791,7 @@ class ShardReader(_Committed):
     # --- queries --------------------------------------------------------------------------------
     def lookup(
         self,
-        keys: KeysArg,
+        keys: KeysArg | Query,
         *,
         topic: str | None = None,
         begin_ms: int | None = None,
@@ -806,22 +801,25 @@ class ShardReader(_Committed):
     ) -> pa.Table:
         """Committed messages indexed under any of `keys` (in `topic`, or any topic), whose
         timestamp is in [begin_ms, end_ms]; each verified against the log record (exact topic,
-        key and ms timestamp). ROW_SCHEMA, ordered by timestamp then topic/partition/offset."""
-        validate_window(begin_ms, end_ms, max_results)
-        keys = normalize_keys(keys)
-        topics = self._checkpoint.topics if topic is None else [t for t in self._checkpoint.topics if t == topic]
-        window = stored_window(begin_ms, end_ms)  # what the window means for timestamps stored before the rule
-        if self._log is None or not keys or not topics or window is None:
+        key and ms timestamp). ROW_SCHEMA, ordered by timestamp then topic/partition/offset.
+        A ``Query`` may stand for all the arguments (its ``brokers`` are the store's business)."""
+        query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+                         partitions=partitions)
+        if query.keys is None:
+            raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
+        topics = query.topics_among(self._checkpoint.topics)
+        window = query.stored_window()  # what the window means for timestamps stored before the rule
+        if self._log is None or not query.keys or not topics or window is None:
             return empty_rows()
         begin_ms, end_ms = window
-        wanted = _WantedKeys.of(topics, keys)
+        wanted = _WantedKeys.of(topics, list(query.keys))
         seqs, who = self._candidates(wanted, begin_ms, end_ms)
         if len(seqs) <= FEW_CANDIDATES:
-            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, partitions, max_results)
-        found = self._verified(seqs, who, wanted, begin_ms, end_ms, partitions)
+            return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, query.partitions)
         if not found:
             return empty_rows()
-        return _in_result_order(found, max_results)
+        return _in_result_order(found, query.max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -842,6 +840,7 @@ class ShardReader(_Committed):
         self,
         start_seq: int,
         end_seq: int,
+        query: Query | None = None,
         *,
         begin_ms: int | None = None,
         end_ms: int | None = None,
@@ -849,8 +848,10 @@ class ShardReader(_Committed):
         partitions: Iterable[int] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The committed records with start_seq <= seq < end_seq in the time window (inclusive,
-        ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order."""
-        window = stored_window(begin_ms, end_ms)
+        ms), optionally only some topics/partitions, as ROW_SCHEMA batches in log order. A
+        ``Query`` (its keys ignored: a scan reads every record) may stand for the restrictions."""
+        query = as_query(query, begin_ms=begin_ms, end_ms=end_ms, topics=topics, partitions=partitions)
+        window = query.stored_window()
         if self._log is None or window is None:
             return
         begin_ms, end_ms = window
@@ -859,7 +860,7 @@ class ShardReader(_Committed):
         if start >= end:
             return
         yield from self._log.scan_range(
-            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=topics, partitions=partitions
+            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=query.topics, partitions=query.partitions
         )
 
     def close(self) -> None:
@@ -1219,7 +1220,7 @@ def _written_past(index_file: IndexFile, state: IndexFileState) -> bool:
     """Whether a writer wrote into `index_file` past its committed `state` (and died). A put
     writes entry, then slot, then header, so look at all three: the header, the first entry past
     the committed count, and slot 0 (the slot of an entry that can be all zeros: key hash 0)."""
-    if index_file.header != IndexHeader(**state.header):
+    if index_file.header != state.header:
         return True
     count = state.index_count
     if count < index_file.index_num:

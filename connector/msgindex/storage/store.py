@@ -31,7 +31,7 @@ from msgindex.storage.manifest import (  # noqa: F401  (MANIFEST_FILE, STORE_FOR
     shard_directories,
     write_manifest,
 )
-from msgindex.storage.query import KeysArg, sort_and_limit
+from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
 from msgindex.storage.shard import (
     SHARD_DIR_PREFIX,
@@ -153,7 +153,7 @@ class Store:
     # --- queries ------------------------------------------------------------------------------
     def lookup(
         self,
-        keys: KeysArg,
+        keys: KeysArg | Query,
         *,
         topic: str | None = None,
         begin_ms: int | None = None,
@@ -165,18 +165,16 @@ class Store:
         """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
         offset); `max_results` keeps the first ones in that order (None: all). A big result is a
-        table of several record batches (``to_batches()``; ``combine_chunks()`` makes one)."""
-        partitions = None if partitions is None else list(partitions)
-        tables = [
-            self._cached_reader(broker).lookup(
-                keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results, partitions=partitions
-            )
-            for broker in self._selected_brokers(brokers)
-        ]
-        return sort_and_limit(tables, max_results)
+        table of several record batches (``to_batches()``; ``combine_chunks()`` makes one).
+        A ``Query`` may stand for all the arguments."""
+        query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+                         brokers=brokers, partitions=partitions)
+        tables = [self._cached_reader(broker).lookup(query) for broker in self._selected_brokers(query.brokers)]
+        return sort_and_limit(tables, query.max_results)
 
     def scan(
         self,
+        query: Query | None = None,
         *,
         begin_ms: int | None = None,
         end_ms: int | None = None,
@@ -185,16 +183,15 @@ class Store:
         partitions: Iterable[int] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Every committed record in the time window (inclusive, ms), shard by shard in log
-        order, as ROW_SCHEMA record batches. Uses the sparse time index to skip segments."""
-        topics = None if topics is None else list(topics)
-        partitions = None if partitions is None else list(partitions)
-        for broker in self._selected_brokers(brokers):
+        order, as ROW_SCHEMA record batches. Uses the sparse time index to skip segments. A
+        ``Query`` (its keys ignored) may stand for the restrictions."""
+        query = as_query(query, begin_ms=begin_ms, end_ms=end_ms, brokers=brokers, topics=topics,
+                         partitions=partitions)
+        for broker in self._selected_brokers(query.brokers):
             # its own reader: a lookup meanwhile may replace (and close) the cached one
             with self.reader(broker) as reader:
-                for start, end in reader.scan_ranges(begin_ms, end_ms):
-                    yield from reader.scan_range(
-                        start, end, begin_ms=begin_ms, end_ms=end_ms, topics=topics, partitions=partitions
-                    )
+                for start, end in reader.scan_ranges(query.begin_ms, query.end_ms):
+                    yield from reader.scan_range(start, end, query)
 
     def apply_retention(
         self,
@@ -231,12 +228,8 @@ class Store:
         return f"Store({str(self.root)!r})"
 
     # --- internals ----------------------------------------------------------------------------
-    def _selected_brokers(self, brokers: Iterable[str] | None) -> list[str]:
-        if brokers is None:
-            return self.brokers()
-        if isinstance(brokers, str):
-            brokers = [brokers]
-        return sorted(set(brokers))
+    def _selected_brokers(self, brokers: frozenset[str] | None) -> list[str]:
+        return self.brokers() if brokers is None else sorted(brokers)
 
     def _existing_shard(self, broker: str) -> Path:
         validate_broker_name(broker)

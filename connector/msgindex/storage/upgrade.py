@@ -110,7 +110,7 @@ def upgrade_shard(directory: Path, settings: StoreSettings) -> ShardUpgrade:
         checkpoint = read_checkpoint(checkpoint_path(directory))
         if checkpoint is None or checkpoint.log_position is None:
             return ShardUpgrade(broker, "nothing committed")
-        position = LogPosition.from_dict(checkpoint.log_position)
+        position = checkpoint.log_position
         if position.log_format == BATCH_VERSION:
             shutil.rmtree(directory / OLD_LOG_DIR, ignore_errors=True)
             shutil.rmtree(directory / NEW_LOG_DIR, ignore_errors=True)
@@ -141,7 +141,7 @@ def _convert(directory: Path, broker: str, settings: StoreSettings, checkpoint: 
     if new_position.next_seq != old.next_seq:
         raise CorruptFileError(f"{directory}: the converted log ends at {new_position.next_seq}, not {old.next_seq}")
     _verify(directory, settings, segments, old, new_position)
-    upgraded = dataclasses.replace(checkpoint, log_position=new_position.to_dict())
+    upgraded = dataclasses.replace(checkpoint, log_position=new_position)
     write_atomically(directory / MARKER_FILE, versioned_json(MARKER_FORMAT, 1, {"checkpoint": upgraded.to_dict()}))
     old_bytes = _tree_bytes(directory / LOG_DIR)
     new_bytes = _tree_bytes(directory / NEW_LOG_DIR)

@@ -82,7 +82,7 @@ def check_index_file(index_file: IndexFile, state: IndexFileState, *, active: bo
     and rolled the file back, so it must equal the commit exactly; with the shard's committed
     `log`, its newest committed entries must also index keys their records carry
     (``_check_newest_entries``)."""
-    committed = IndexHeader(**state.header)
+    committed = state.header
     on_disk = index_file.header
     ahead = on_disk.index_count > committed.index_count
     if not ahead or exclusive or not active:
@@ -273,7 +273,7 @@ def _verify_index_file(state: IndexFileState, index_file: IndexFile, previous: t
     n_slots = index_file.hash_slot_num
     on_disk = index_file.header
     if on_disk.index_count < count:
-        problems.append(Problem(path, f"header {_header_difference(on_disk, IndexHeader(**state.header))}"))
+        problems.append(Problem(path, f"header {_header_difference(on_disk, state.header)}"))
         return last_phy
     rows = index_file.entry_array()[FIRST_INDEX:count]
     index = np.arange(FIRST_INDEX, count, dtype=np.int64)
@@ -330,7 +330,7 @@ def _verify_index_file(state: IndexFileState, index_file: IndexFile, previous: t
         report(regenerated(diffs[mine] != want),
                lambda at: f"timeDiff {diffs[at]} s, but its record's timestamp gives {want[at - first]} s")
     if first == 0 and n == phys.size:
-        committed = IndexHeader(**state.header)
+        committed = state.header
         right = IndexHeader(int(expected.stamps[0]), int(expected.stamps[-1]), int(expected.phys[0]),
                             int(expected.phys[-1]), int(np.unique(structure % n_slots).size), count)
         if committed != right:
@@ -367,7 +367,7 @@ def _inherited_begin(previous: tuple | None, checkpoint: Checkpoint) -> int | No
     """The beginTimestamp a new file inherited (RocketMQ's constructor: the full file's end
     time): None when its predecessor was deleted by retention."""
     if previous is not None:
-        end = previous[0].header["end_timestamp"]
+        end = previous[0].header.end_timestamp
         return end if end > 0 else 0
     return 0 if checkpoint.log_start_seq == 0 else None
 

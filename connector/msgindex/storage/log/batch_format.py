@@ -93,13 +93,14 @@ import pyarrow.compute as pc
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
+from msgindex.storage.int_limits import INT32_MAX
 
 BATCH_MAGIC = b"MXB2"
 BATCH_VERSION = 2
 CODEC_LZ4 = 1
 CRC_START = 8  # the head checksum covers bytes [CRC_START, head_length)
 HEADER_SIZE = 64
-MAX_BATCH_BYTES = 0x7FFF_FFFF  # positions in the sparse offset index are i32
+MAX_BATCH_BYTES = INT32_MAX  # positions in the sparse offset index are i32
 MAX_BLOCKS = 0xFFFF
 MAX_ANNOTATION_BYTES = 1 << 20
 INT64_MAX = (1 << 63) - 1

@@ -22,9 +22,10 @@ import pyarrow.compute as pc
 
 from msgindex.errors import InvalidAppendError
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, encode_text
+from msgindex.storage.int_limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
-INT32 = (-(1 << 31), (1 << 31) - 1)
-INT64 = (-(1 << 63), (1 << 63) - 1)
+INT32 = (INT32_MIN, INT32_MAX)
+INT64 = (INT64_MIN, INT64_MAX)
 MAX_TOPIC_BYTES = 0xFFFF
 # The integer fields of a message, with the numpy type they are stored as.
 INT_FIELDS = {

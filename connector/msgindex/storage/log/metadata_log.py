@@ -23,7 +23,13 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, InvalidOptionError, UpgradeRequiredError
+from msgindex.errors import (
+    CorruptFileError,
+    InvalidAppendError,
+    InvalidOptionError,
+    OutOfRangeError,
+    UpgradeRequiredError,
+)
 from msgindex.storage.durable import fsync_directory, is_temporary
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
@@ -37,6 +43,7 @@ from msgindex.storage.log.segment import (
     segment_name,
 )
 from msgindex.storage.message import MessageRecord, encode_text
+from msgindex.storage.int_limits import INT32_MAX
 
 LEGACY_LOG_FORMAT = 1  # row-per-record segments, read only by `msgindex upgrade` (log/v1_records.py)
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default
@@ -45,8 +52,8 @@ DEFAULT_SCAN_PIECE_BYTES = 64 * 1024 * 1024
 # small batches compress worse. 4,096 keeps a batch decode near 0.1-0.2 ms at ~11 B/record
 # (measurements in BENCHMARKS.md).
 DEFAULT_BATCH_RECORDS = 4096
-MAX_SEGMENT_BYTES = 0x7FFF_FFFF  # offset-index positions are i32
-MAX_RELATIVE_SEQ = 0x7FFF_FFFF  # sparse-index entries hold seqs relative to the segment base as i32
+MAX_SEGMENT_BYTES = INT32_MAX  # offset-index positions are i32
+MAX_RELATIVE_SEQ = INT32_MAX  # sparse-index entries hold seqs relative to the segment base as i32
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +260,7 @@ class MetadataLog:
         for segment in self._segments:
             if segment.base_seq == base_seq:
                 return segment
-        raise KeyError(f"{self.directory}: no segment with base sequence {base_seq}")
+        raise OutOfRangeError(f"{self.directory}: no segment with base sequence {base_seq}")
 
     def segments(self) -> list[SegmentInfo]:
         return [
@@ -356,7 +363,7 @@ class MetadataLog:
     # ---- reading ---------------------------------------------------------------------------
     def _segment_of(self, seq: int) -> LogSegment:
         if not self.start_seq <= seq < self.next_seq:
-            raise IndexError(f"{self.directory}: sequence {seq} is not in the log [{self.start_seq}, {self.next_seq})")
+            raise OutOfRangeError(f"{self.directory}: sequence {seq} is not in the log [{self.start_seq}, {self.next_seq})")
         i = bisect.bisect_right([s.base_seq for s in self._segments], seq) - 1
         return self._segments[i]
 
@@ -376,7 +383,7 @@ class MetadataLog:
             return
         if seqs[0] < self.start_seq or seqs[-1] >= self.next_seq:
             bad = seqs[0] if seqs[0] < self.start_seq else seqs[-1]
-            raise IndexError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
+            raise OutOfRangeError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
         bases = np.array([s.base_seq for s in self._segments[1:]], dtype=np.int64)
         cuts = np.searchsorted(seqs, bases).tolist()  # seqs of segment i: [cuts[i - 1], cuts[i])
         tasks = []  # (segment, directory, blocks to read, their seqs' positions in `seqs`, their first seqs)

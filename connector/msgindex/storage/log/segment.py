@@ -390,7 +390,7 @@ class LogSegment:
             since += checked.header.batch_length
             position += checked.header.batch_length
         if self.sealed and self.max_timestamp is not None and self.max_timestamp > NO_TIMESTAMP and (
-            self.time_index.last_entry()[0] != self.max_timestamp
+            self.time_index.last_entry().timestamp != self.max_timestamp
         ):
             raise CorruptFileError(f"{self.time_index_path}: does not end with the segment's max timestamp")
 
@@ -445,7 +445,7 @@ class LogSegment:
         batches after that entry (about one index interval) bring it up to date."""
         directory = self.batches()
         if self.offset_index.entries:
-            _, start = self.offset_index.entry(self.offset_index.entries - 1)
+            start = self.offset_index.entry(self.offset_index.entries - 1).position
             self._max_so_far, self._max_so_far_seq = self.time_index.last_entry()
             first = int(np.searchsorted(directory.positions, start))
         else:

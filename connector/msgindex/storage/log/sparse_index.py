@@ -21,19 +21,42 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError, IndexFullError, InvalidAppendError
+from msgindex.errors import (
+    CorruptFileError,
+    IndexFullError,
+    InvalidAppendError,
+    InvalidArgumentError,
+    InvalidOptionError,
+    OutOfRangeError,
+)
 from msgindex.storage.mapped_file import map_file, storage_full
+from msgindex.storage.int_limits import INT32_MAX
 
 # Kafka's lookups search the last 8 KiB of entries first ("warm section", KAFKA-6432): appends and
 # almost all lookups hit the end of the index, so a plain binary search over the whole file would
 # keep touching cold middle pages and fault them in; the warm section's pages stay cached.
 WARM_SECTION_BYTES = 8192
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: the time index's "last entry" when empty
-MAX_RELATIVE = (1 << 31) - 1
+MAX_RELATIVE = INT32_MAX  # entries hold seqs and positions relative to the segment as i32
+
+
+class OffsetPosition(NamedTuple):
+    """An offset index entry, absolute: record `seq` starts at byte `position` of the log."""
+
+    seq: int
+    position: int
+
+
+class TimestampSeq(NamedTuple):
+    """A time index entry, absolute: `timestamp` (ms) is the largest of the segment's records up
+    to and including record `seq`, the first one to reach it."""
+
+    timestamp: int
+    seq: int
 
 
 def round_down(number: int, factor: int) -> int:
@@ -51,7 +74,7 @@ class SparseIndex:
 
     def __init__(self, path: Path | None, base_seq: int, max_index_bytes: int, writable: bool) -> None:
         if max_index_bytes < self.ENTRY.size:
-            raise ValueError(f"max_index_bytes {max_index_bytes} is smaller than one {self.KIND} entry")
+            raise InvalidOptionError(f"max_index_bytes {max_index_bytes} is smaller than one {self.KIND} entry")
         self.path = path
         self.base_seq = base_seq
         self.max_index_bytes = max_index_bytes
@@ -169,10 +192,10 @@ class SparseIndex:
     def raw_entry(self, n: int) -> tuple:
         """Entry `n` as stored (fields relative to the base)."""
         if not 0 <= n < self._entries:
-            raise IndexError(f"{self._name()}: entry {n} of {self._entries}")
+            raise OutOfRangeError(f"{self._name()}: no entry {n} (it holds {self._entries})")
         return self.ENTRY.unpack_from(self._buf, n * self.ENTRY.size)
 
-    def entry(self, n: int) -> tuple[int, int]:
+    def entry(self, n: int) -> OffsetPosition | TimestampSeq:
         """Entry `n` with its sequence number made absolute."""
         return self._absolute(self.raw_entry(n))
 
@@ -242,7 +265,7 @@ class SparseIndex:
     def truncate_to_entries(self, entries: int) -> None:
         """Keep only the first `entries` entries."""
         if not 0 <= entries <= self._entries:
-            raise ValueError(f"{self._name()}: cannot truncate {self._entries} entries to {entries}")
+            raise InvalidArgumentError(f"{self._name()}: cannot truncate {self._entries} entries to {entries}")
         self._entries = entries
         self._after_load()
 
@@ -262,7 +285,7 @@ class SparseIndex:
         if rounded == self._length:
             return False
         if rounded < self.size_in_bytes:
-            raise ValueError(f"{self._name()}: {rounded} bytes cannot hold its {self._entries} entries")
+            raise InvalidArgumentError(f"{self._name()}: {rounded} bytes cannot hold its {self._entries} entries")
         if self.path is None:
             self._buf = self._buf[:rounded] + bytearray(max(0, rounded - len(self._buf)))
             self._length = rounded
@@ -318,7 +341,7 @@ class SparseIndex:
     def _name(self) -> str:
         return str(self.path) if self.path is not None else f"in-memory {self.KIND} of segment {self.base_seq}"
 
-    def _absolute(self, raw: tuple) -> tuple[int, int]:
+    def _absolute(self, raw: tuple) -> OffsetPosition | TimestampSeq:
         raise NotImplementedError
 
 
@@ -357,13 +380,16 @@ class OffsetIndex(SparseIndex):
             raise InvalidAppendError(f"{self._name()}: positions must be in [0, 2^31-1]")
         self._put_many(relative, positions)
 
-    def lookup(self, seq: int) -> tuple[int, int]:
-        """(seq, position) of the largest entry <= seq, or (base_seq, 0)."""
+    def lookup(self, seq: int) -> OffsetPosition:
+        """The largest entry <= seq, or (base_seq, 0)."""
         slot = self.largest_lower_bound_slot(seq - self.base_seq)
-        return (self.base_seq, 0) if slot < 0 else self.entry(slot)
+        return OffsetPosition(self.base_seq, 0) if slot < 0 else self.entry(slot)
 
-    def _absolute(self, raw: tuple) -> tuple[int, int]:
-        return self.base_seq + raw[0], raw[1]
+    def entry(self, n: int) -> OffsetPosition:
+        return self._absolute(self.raw_entry(n))
+
+    def _absolute(self, raw: tuple) -> OffsetPosition:
+        return OffsetPosition(self.base_seq + raw[0], raw[1])
 
     def _check_order(self, array: np.ndarray) -> None:
         if np.any(np.diff(array["relative_seq"].astype(np.int64)) <= 0):
@@ -383,14 +409,14 @@ class TimeIndex(SparseIndex):
     SEQ_FIELD = 1
 
     def _after_load(self) -> None:
-        self._last = self.entry(self._entries - 1) if self._entries else (NO_TIMESTAMP, self.base_seq)
+        self._last = self.entry(self._entries - 1) if self._entries else TimestampSeq(NO_TIMESTAMP, self.base_seq)
 
     def is_full(self) -> bool:
         # One slot stays free for the entry appended when the segment rolls.
         return self._entries >= self.max_entries - 1
 
-    def last_entry(self) -> tuple[int, int]:
-        """(timestamp, seq) of the last entry, or (NO_TIMESTAMP, base_seq) when empty."""
+    def last_entry(self) -> TimestampSeq:
+        """The last entry, or (NO_TIMESTAMP, base_seq) when empty."""
         return self._last
 
     def maybe_append(self, timestamp: int, seq: int, skip_full_check: bool = False) -> None:
@@ -427,15 +453,18 @@ class TimeIndex(SparseIndex):
             raise IndexFullError(f"{self._name()}: no room left ({self._entries} entries)")
         if kept:
             self._put_many(timestamps[keep], self._relative_many(seqs[keep]))
-            self._last = (int(timestamps[keep][-1]), int(seqs[keep][-1]))
+            self._last = TimestampSeq(int(timestamps[keep][-1]), int(seqs[keep][-1]))
 
-    def lookup(self, timestamp: int) -> tuple[int, int]:
-        """(timestamp, seq) of the largest entry <= timestamp, or (NO_TIMESTAMP, base_seq)."""
+    def lookup(self, timestamp: int) -> TimestampSeq:
+        """The largest entry <= timestamp, or (NO_TIMESTAMP, base_seq)."""
         slot = self.largest_lower_bound_slot(timestamp)
-        return (NO_TIMESTAMP, self.base_seq) if slot < 0 else self.entry(slot)
+        return TimestampSeq(NO_TIMESTAMP, self.base_seq) if slot < 0 else self.entry(slot)
 
-    def _absolute(self, raw: tuple) -> tuple[int, int]:
-        return raw[0], self.base_seq + raw[1]
+    def entry(self, n: int) -> TimestampSeq:
+        return self._absolute(self.raw_entry(n))
+
+    def _absolute(self, raw: tuple) -> TimestampSeq:
+        return TimestampSeq(raw[0], self.base_seq + raw[1])
 
     def _check_order(self, array: np.ndarray) -> None:
         timestamps = array["timestamp"].astype(np.int64)

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from msgindex.errors import CorruptFileError
 from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.int_limits import INT32_MAX, INT32_MIN
 
 RECORD_MAGIC = 1
 ATTR_HAS_KEY = 0x01
@@ -48,7 +49,7 @@ HEADER_SIZE = 64
 HEADER_REST = HEADER_SIZE - LENGTH_SIZE  # smallest legal value of `length`
 KEY_LENGTH_SIZE = 4
 MAX_TOPIC_BYTES = 0xFFFF
-MAX_LENGTH = 0x7FFF_FFFF  # positions in the sparse offset index are i32
+MAX_LENGTH = INT32_MAX  # positions in the sparse offset index are i32
 
 HEADER_STRUCT = struct.Struct("<IIBBHiqqqqiIII")
 LENGTH_STRUCT = struct.Struct("<I")
@@ -74,7 +75,7 @@ HEADER_DTYPE = np.dtype(
 )
 assert HEADER_STRUCT.size == HEADER_DTYPE.itemsize == HEADER_SIZE
 
-INT32 = (-(1 << 31), (1 << 31) - 1)
+INT32 = (INT32_MIN, INT32_MAX)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
 

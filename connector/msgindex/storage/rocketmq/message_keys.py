@@ -16,7 +16,7 @@ from collections.abc import Iterable
 KEYS_PROPERTY = "KEYS"
 UNIQ_KEY_PROPERTY = "UNIQ_KEY"
 TAGS_PROPERTY = "TAGS"
-KEY_SEPARATOR = " "  # MessageConst.KEY_SEPARATOR: U+0020 only
+KEYS_SEPARATOR = " "  # MessageConst.KEY_SEPARATOR, between the tokens of the KEYS property: U+0020 only
 
 
 def keys_tokens(keys_value: str | None) -> list[str]:
@@ -24,7 +24,7 @@ def keys_tokens(keys_value: str | None) -> list[str]:
     kept (each is an index entry); empty tokens (from leading, trailing or doubled spaces) dropped."""
     if not keys_value:
         return []
-    return [token for token in keys_value.split(KEY_SEPARATOR) if token]
+    return [token for token in keys_value.split(KEYS_SEPARATOR) if token]
 
 
 def message_keys(primary_key: str | None = None, keys_values: Iterable[str | None] = (),
