@@ -8,7 +8,8 @@ With ``--mode rocketmq`` PATH is a RocketMQ broker's store root (the directory h
 ``commitlog/`` and ``index/``): every hit of the broker's index is verified against its commit
 log (real topic, keys and store time in ms), with no 64-message cap.
 
-Times are epoch milliseconds or ISO-8601 with a zone. Output: an aligned table (default), JSON
+Keys are given as results show them (key bytes that are not UTF-8 as ``\\xNN``, README "Keys
+that are not UTF-8"). Times are epoch milliseconds or ISO-8601 with a zone. Output: an aligned table (default), JSON
 lines (one object per message) or CSV with a header.
 """
 
@@ -40,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", choices=MODES, default=MODE_STORE,
                         help="store: a msgindex store (default); rocketmq: a RocketMQ broker's store root")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--key", action="append", metavar="K", help="a key to find (repeatable)")
+    what.add_argument("--key", action="append", metavar="K",
+                      help="a key to find (repeatable), as results show it: key bytes that are not UTF-8 as \\xNN")
     what.add_argument("--scan", action="store_true", help="list every message in the time window")
     parser.add_argument("--topic", action="append", metavar="T", help="only this topic (repeatable)")
     parser.add_argument("--begin", metavar="TIME", help="window start, inclusive (epoch ms or ISO-8601 with zone)")
@@ -85,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
+    from msgindex.storage.message import text_of_shown
     from msgindex.storage.query import sort_and_limit
 
+    keys = [text_of_shown(key) for key in args.key]  # as shown in results (README: keys that are not UTF-8)
     tables = [
-        store.lookup(args.key, topic=topic, begin_ms=begin, end_ms=end, max_results=args.max,
+        store.lookup(keys, topic=topic, begin_ms=begin, end_ms=end, max_results=args.max,
                      brokers=args.broker, partitions=args.partition)
         for topic in (args.topic or [None])
     ]

@@ -36,6 +36,7 @@ from pyspark.sql.datasource import (
 )
 
 from msgindex.spark.read_options import ReadOptions, micros_since_epoch
+from msgindex.storage.message import text_of_shown
 from msgindex.storage.query import Query
 
 STRING_COLUMNS = ("broker", "topic", "key")
@@ -80,10 +81,12 @@ class IndexQuery:
 
     @property
     def keys_to_look_up(self) -> tuple[str, ...]:
-        """Index keys to look up: the key options, else the ``key`` column's wanted values."""
+        """Index keys to look up: the key options, else the ``key`` column's wanted values (as
+        rows show them: ``message.text_of_shown`` gives the keys; the rows found are then kept
+        only where their shown ``key`` is a wanted value, so the answer is exact either way)."""
         if self.lookup_keys is not None:
             return self.lookup_keys
-        return tuple(sorted(self.primary_keys or ()))
+        return tuple(sorted({text_of_shown(key) for key in self.primary_keys or ()}))
 
     @property
     def is_empty(self) -> bool:

@@ -47,6 +47,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from msgindex.errors import InvalidOptionError
+from msgindex.storage.message import text_of_shown
 from msgindex.storage.rocketmq.broker_store import is_broker_store
 
 MODE_STORE = "store"
@@ -111,6 +112,23 @@ def parse_keys(option: str, value: str) -> tuple[str, ...]:
             f'["order-1", "order-2"] (for a single key use the option \'key\')'
         )
     return tuple(keys)
+
+
+# str(b"...") as DataFrameReader.option makes of a bytes value (it passes str(value) on)
+_BYTES_REPR = re.compile(r"""^b(['"]).*\1$""", re.DOTALL)
+
+
+def parse_key(option: str, value: str) -> str:
+    """The ``key`` option: a key as rows show it (``message.text_of_shown``: key bytes that are
+    not UTF-8 as ``\\xNN``). Python bytes reach a data source as their repr (``b'...'``, pyspark's
+    ``option`` calls str() on the value): refused, saying how to give the key."""
+    if _BYTES_REPR.match(value):
+        raise InvalidOptionError(
+            f"option '{option}' = {value!r} looks like Python bytes that DataFrameReader.option turned into "
+            f"text (str(bytes)); give the key as rows show it, non-UTF-8 bytes as \\xNN escapes (e.g. "
+            f"\\xff for the byte 0xff), or look bytes up with msgindex.open(...).lookup(b'...'); a key that "
+            f"really is this text goes through option 'keys' (a JSON array)")
+    return text_of_shown(value)
 
 
 def parse_positive_int(option: str, value: str) -> int:
@@ -208,9 +226,9 @@ class ReadOptions:
             raise InvalidOptionError(
                 f"options 'key' = {given['key']!r} and 'keys' = {given['keys']!r} both given; use one"
             )
-        keys = (given["key"],) if "key" in given else None
+        keys = (parse_key("key", given["key"]),) if "key" in given else None
         if "keys" in given:
-            keys = parse_keys("keys", given["keys"])
+            keys = tuple(text_of_shown(key) for key in parse_keys("keys", given["keys"]))
         parsed = cls(
             path=path,
             mode=mode,

@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+from msgindex.errors import CorruptFileError
+
 POLL_FIRST_S = 0.01  # a waiter polls, backing off to
 POLL_MAX_S = 0.5
 
@@ -21,7 +23,11 @@ POLL_MAX_S = 0.5
 def try_lock(path: str | os.PathLike[str]) -> int | None:
     """The descriptor holding an exclusive lock on `path` (created when missing), or None when
     someone else holds it. Release with ``unlock``."""
-    fd = os.open(Path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(Path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise CorruptFileError(f"{path}: a directory where a lock file belongs; remove it (lock files hold "
+                               f"no data)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -77,6 +77,23 @@ FILE_KINDS = {
     "_batches.jsonl": "indexing job's per-batch counts, one JSON line per micro-batch (informational)",
     "_quarantine": "indexing job's quarantine: input records set aside with their reasons (JSON lines)",
 }
+# What each kind of report is about, for people (the "is" line of every report).
+KIND_DESCRIPTIONS = {
+    "store": "msgindex store: a manifest and one shard directory per broker (never delete anything in it by hand)",
+    "shard": "shard of one broker: its checkpoint, metadata log (log/) and hash index files (index/)",
+    "log_segment": "metadata-log segment: checksummed batches of message metadata, the data every answer is read "
+                   "from (never delete a committed one; retention drops the oldest)",
+    "offset_index": "sparse offset index of a log segment (Kafka's rule): a derived hint that finds batches by seq; "
+                    "readers rebuild it in memory when it is wrong, writers rewrite it",
+    "time_index": "sparse time index of a log segment (Kafka's rule): a derived hint for time windows; a scan never "
+                  "trusts it alone (batch headers decide), writers rewrite it",
+    "segment_summary": "summary of a sealed log segment (seq range, size, time range): derived, recomputed from the "
+                       "segment when missing or wrong",
+    "index_file": "hash index file (RocketMQ IndexFile format): the key -> seq index of the shard; never delete a "
+                  "committed one (`msgindex repair` cannot rebuild it)",
+}
+SEGMENT_FILE_KINDS = {INDEX_SUFFIX: "offset_index", TIME_INDEX_SUFFIX: "time_index", SUMMARY_SUFFIX: "segment_summary"}
+DIRECTORY_KINDS = {"_quarantine"}  # the names of FILE_KINDS that are directories (the others are files)
 # chain-length histogram buckets (upper bounds, inclusive); the last bucket is open-ended
 CHAIN_BUCKETS = (1, 2, 3, 4, 8, 16, 64)
 LISTED_ENTRIES = 40  # sparse index entries shown per index of a segment
@@ -97,7 +114,12 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
         if name in (LOG_DIR, INDEX_DIR) and _is_shard(path.parent):
             return _inspect_shard_part(path, verify)
         if name in FILE_KINDS:
-            return {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
+            report = {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
+            if name not in DIRECTORY_KINDS:
+                report["problems"] = [f"{path}: is a directory, but a store keeps a file of this name here"]
+            return report
+        if shard_directories(path):
+            open_store(path)  # raises: names the missing manifest
         raise InvalidOptionError(f"{path}: a directory that is neither a msgindex store nor a shard")
     in_shard = _shard_of(path)
     if name in FILE_KINDS and not (name == CHECKPOINT_FILE and in_shard is None):
@@ -148,6 +170,9 @@ def _inspect_named_file(path: Path, verify: bool) -> dict[str, Any]:
         manifest = load_manifest(path)
         report.update(kind="manifest", version=manifest.version, settings=manifest.settings.to_dict(),
                       shards=None if manifest.shards is None else list(manifest.shards))
+        if verify:  # the shards it lists must be there
+            report["problems"] = [f"{path.parent / (SHARD_DIR_PREFIX + name)}: shard directory missing, but the "
+                                  f"store manifest {path} lists it" for name in open_store(path.parent).missing_shards()]
     elif path.name == CHECKPOINT_FILE:
         shard = path.parent
         checkpoint = read_committed(shard, _broker_of(shard))
@@ -273,6 +298,7 @@ def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM
         report = {
             "kind": "index_file",
             "path": str(path),
+            "is": KIND_DESCRIPTIONS["index_file"],
             "hash_slot_num": hash_slot_num,
             "index_num": index_num,
             "file_bytes": actual,
@@ -342,6 +368,10 @@ def inspect_segment(path: Path, settings: StoreSettings | None, *, verify: bool 
             raise InvalidOptionError(f"{path}: not a committed segment of the log in {path.parent}")
     finally:
         log.close()
+    report["is"] = KIND_DESCRIPTIONS["log_segment"]
+    if asked != path:
+        report = {"kind": SEGMENT_FILE_KINDS[asked.suffix], "path": str(asked),
+                  "is": KIND_DESCRIPTIONS[SEGMENT_FILE_KINDS[asked.suffix]], "segment": report}
     if asked.suffix == SUMMARY_SUFFIX:
         summary = SegmentSummary.read(asked)
         report["summary"] = None if summary is None else {
@@ -349,8 +379,9 @@ def inspect_segment(path: Path, settings: StoreSettings | None, *, verify: bool 
             "time_range": _time_range(summary.min_timestamp, summary.max_timestamp)}
     if verify and (shard / CHECKPOINT_FILE).exists():
         stem = str(path.with_suffix(""))
+        # the segment's own problems, and those of other files that its damage causes (named in them)
         report["problems"] = [p for p in _shard_problems(shard, settings)
-                              if p.startswith(stem + ".") or str(path.parent) + ":" in p]
+                              if p.startswith(stem + ".") or str(path.parent) + ":" in p or str(path) in p]
     return report
 
 
@@ -425,6 +456,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None, *, verify: bo
     report = {
         "kind": "shard",
         "path": str(directory),
+        "is": KIND_DESCRIPTIONS["shard"],
         "broker": broker,
         "source_ranges": summary["source_ranges"],
         "records": summary["records"],
@@ -458,6 +490,7 @@ def inspect_store(root: Path, *, verify: bool = True) -> dict[str, Any]:
         return {
             "kind": "store",
             "path": str(root),
+            "is": KIND_DESCRIPTIONS["store"],
             "settings": store.settings.to_dict(),
             "brokers": [shard["broker"] for shard in shards],
             "records": sum(shard.get("records", 0) for shard in shards),

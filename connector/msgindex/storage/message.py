@@ -12,6 +12,7 @@ Keys are Python ``str``. Key bytes that are not valid UTF-8 are decoded with
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,10 +129,24 @@ ROW_SCHEMA = pa.schema(
 )
 
 
+# How results show texts (Arrow and Spark strings must be valid UTF-8), one to one, so that what a
+# user sees finds exactly that message again (``where key = '<as shown>'``, the ``key`` option,
+# ``msgindex lookup --key``):
+# * key bytes that are not UTF-8 (held as lone surrogates, see decode_key_bytes) show as ``\xNN``,
+#   two lowercase hex digits per byte;
+# * a literal backslash that would read as such an escape (a ``\`` followed by ``x`` and two hex
+#   digits) shows as ``\x5c``, the escape of the backslash byte itself;
+# * everything else shows as itself (a Windows path ``C:\dir`` too).
+# ``text_of_shown`` is the inverse. (A lone surrogate outside U+DC80..U+DCFF, which only the Python
+# API can put into a key, shows as the bytes encode_text stores for it.)
+_ESCAPE_LOOKALIKE = re.compile(r"\\(?=x[0-9a-fA-F]{2})")
+_SHOWN_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
 def arrow_text(text: str) -> str:
-    """`text` made valid for Arrow/Spark strings (which must be UTF-8). Keys decoded from
-    non-UTF-8 bytes show their raw bytes as ``\\xNN`` escapes; look such keys up by passing the
-    original ``bytes`` to the lookup APIs."""
+    """`text` as results show it (see above): valid UTF-8, one to one; ``text_of_shown`` inverts it."""
+    if "\\" in text:
+        text = _ESCAPE_LOOKALIKE.sub(r"\\x5c", text)
     try:
         text.encode("utf-8")
         return text
@@ -142,3 +157,19 @@ def arrow_text(text: str) -> str:
     except UnicodeEncodeError:  # lone surrogates outside U+DC80..U+DCFF
         raw = encode_text(text)
     return raw.decode("utf-8", "backslashreplace")
+
+
+def text_of_shown(shown: str) -> str:
+    r"""The text that results show as `shown` (``arrow_text``'s inverse): ``\xNN`` escapes become
+    their bytes again, decoded like Kafka key bytes (``decode_key_bytes``). A string no text is
+    shown as (``\x41``, ``\xFF``) still gives the text its escapes spell; a caller that must
+    match exactly compares ``arrow_text`` of what it finds with `shown`."""
+    if "\\x" not in shown:
+        return shown
+    raw, position = bytearray(), 0
+    for escape in _SHOWN_ESCAPE.finditer(shown):
+        raw += shown[position : escape.start()].encode("utf-8", "surrogateescape")
+        raw.append(int(escape.group(1), 16))
+        position = escape.end()
+    raw += shown[position:].encode("utf-8", "surrogateescape")
+    return decode_key_bytes(bytes(raw))

@@ -24,12 +24,13 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import NamedTuple, Self
 
 import numpy as np
 import pyarrow as pa
@@ -101,6 +102,7 @@ SCAN_BATCH_ROWS = 65_536
 # BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
 FEW_CANDIDATES = 32
 OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
+CHECK_INTERVAL_S = 0.01  # ShardReader.check_unchanged runs at most this often per reader
 # What a writer found when it took the lock (ShardWriter.last_revalidation)
 REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
 REVALIDATION_ADOPTED = "adopted"  # another writer had committed: its state was reloaded
@@ -440,6 +442,9 @@ class ShardWriter(_Committed):
             raw = path.read_bytes()
         except FileNotFoundError:
             raw = None
+        except OSError as error:  # e.g. a directory in its place
+            raise CorruptFileError(f"{path}: cannot read the checkpoint ({error.strerror}); "
+                                   f"{_repair_hint(self.directory, self.broker)}") from None
         if self._loaded and raw is not None and raw == self._seen:
             if self._tail_is_clean():
                 self.last_revalidation = REVALIDATION_UNCHANGED  # nobody wrote since our last commit or look
@@ -678,6 +683,8 @@ class ShardReader(_Committed):
         self.settings = settings
         self._log: MetadataLog | None = None
         self._files: list[tuple[IndexFileState, IndexFile]] = []
+        self._mapped: dict[str, _FileIdentity] = {}  # see check_unchanged
+        self._checked_at = 0.0
         for attempt in range(OPEN_ATTEMPTS):
             checkpoint = read_committed(self.directory, broker)
             if checkpoint is None and (registered or has_data(self.directory)):
@@ -685,6 +692,7 @@ class ShardReader(_Committed):
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
             try:
                 self._open_files()
+                self._mapped, self._checked_at = self._mapped_files(), time.monotonic()
                 return
             except CorruptFileError:
                 self.close()
@@ -710,7 +718,63 @@ class ShardReader(_Committed):
                 raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
             index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True)
             self._files.append((state, index_file))
-            verify.check_index_file(index_file, state, active=n == last)
+            verify.check_index_file(index_file, state, active=n == last, log=self._log,
+                                    log_start_seq=self._checkpoint.log_start_seq)
+
+    def check_unchanged(self) -> None:
+        """Before a long-lived reader answers again (``Store`` keeps one per shard until the
+        next commit): its hash index files and hash runs are memory-mapped, and one changed in
+        place since (truncated, zeroed, overwritten) would make lookups miss entries silently
+        or, past the file's new end, kill the process with SIGBUS. One stat per file of the
+        shard's ``index/`` directory: a committed index file of the same inode whose size
+        changed is a CorruptFileError, one whose mtime changed is checked against the commit
+        again (``verify.check_index_file``: header, slot count); a hash run that changed is
+        dropped, and reloaded (and verified) at its next use. A file replaced by a rename is
+        harmless: the mapping keeps the old inode. It runs at most every CHECK_INTERVAL_S (a
+        1-key lookup is ~0.25 ms, the check ~10 us + 2 us per file), and a change within the
+        filesystem's mtime granularity of the file's last write goes unnoticed (a few ms): the
+        window left is that small, never closed (a mapping cannot be checked and read atomically)."""
+        moment = time.monotonic()
+        if moment - self._checked_at < CHECK_INTERVAL_S:
+            return
+        self._checked_at = moment
+        now = self._mapped_files()
+        if now == self._mapped:
+            return
+        last = len(self._files) - 1
+        for n, (state, index_file) in enumerate(self._files):
+            before, after = self._mapped.get(state.name), now.get(state.name)
+            if before is None or after is None or before.inode != after.inode:
+                continue
+            if after.size != before.size:
+                raise CorruptFileError(
+                    f"{index_file.path}: hash index file changed size under an open reader ({before.size} -> "
+                    f"{after.size} bytes): it was truncated or rewritten in place")
+            if after.mtime_ns != before.mtime_ns:
+                verify.check_index_file(index_file, state, active=n == last, log=self._log,
+                                        log_start_seq=self._checkpoint.log_start_seq)
+        changed_runs = {name.split(".", 1)[0] for name in set(now) ^ set(self._mapped) | {
+            name for name in set(now) & set(self._mapped) if now[name] != self._mapped[name]}
+            if name.endswith(hash_run.SUFFIX)}
+        for state, index_file in self._files:
+            if state.name in changed_runs:
+                index_file.forget_hash_runs()
+        self._mapped = now
+
+    def _mapped_files(self) -> dict[str, _FileIdentity]:
+        """Every file in the shard's index/ directory (index files and hash runs) as it is now."""
+        found = {}
+        try:
+            with os.scandir(self.directory / INDEX_DIR) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    found[entry.name] = _FileIdentity((info.st_dev, info.st_ino), info.st_size, info.st_mtime_ns)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return found
 
     # --- snapshot facts -------------------------------------------------------------------------
 
@@ -829,11 +893,51 @@ class ShardReader(_Committed):
             who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
                 wanted.hashes, limit_index_count=state.index_count)
             inside = (phy_offsets >= low) & (phy_offsets < high)
+            if not inside.all():
+                _check_entry_targets(index_file, phy_offsets[~inside], high)
             seqs.append(phy_offsets[inside])
             whos.append(who[inside])
         if not seqs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
+
+    def _check_unmatched(self, records: bf.Selection, rows: np.ndarray, key_numbers: np.ndarray,
+                         hits: np.ndarray, wanted: _WantedKeys) -> None:
+        """``_check_entry_target`` for the candidate records in the window (their (row, wanted
+        key) pairs: `rows`, `key_numbers`) with fewer matching pairs (`hits`, per row) than pairs:
+        rare (hash collisions), so a record at a time."""
+        short = np.bincount(rows, minlength=len(records)) > hits
+        unmatched = short[rows]
+        if not unmatched.any():
+            return
+        rows, key_numbers = rows[unmatched], key_numbers[unmatched]
+        distinct = np.unique(rows)
+        decoded = records.rows(distinct)
+        keys_of, topics = decoded.keys.to_pylist(), decoded.topic.to_pylist()
+        for at, record_row in enumerate(distinct.tolist()):
+            hashes = [int(wanted.hashes[k]) for k in key_numbers[rows == record_row].tolist()]
+            self._check_entry_target(int(records.seqs[record_row]), decode_text(topics[at]),
+                                     [decode_text(key) for key in keys_of[at]], hashes)
+
+    def _check_entry_target(self, seq: int, topic: str, keys: Sequence[str], entry_hashes: list[int]) -> None:
+        """A committed entry of keyHash h points at record `seq` only if the writer indexed one
+        of its keys under h (in its topic). A candidate whose record carries no key of its
+        entry's hash is a damaged entry, not a collision: an error naming the file, never a
+        silently missed message (the record the entry should point at is not found)."""
+        carried = {index_hash(index_key(topic, key)) for key in keys}
+        for key_hash in entry_hashes:
+            if key_hash in carried:
+                continue
+            culprit = self.directory / INDEX_DIR
+            for state, index_file in self._files:
+                _who, _entries, phys, _ms = index_file.candidate_arrays(
+                    np.array([key_hash], dtype=np.int64), limit_index_count=state.index_count)
+                if (phys == seq).any():
+                    culprit = index_file.path
+                    break
+            raise CorruptFileError(
+                f"{culprit}: a committed hash entry of keyHash {key_hash} points at record seq {seq}, which carries "
+                f"no key of that hash: the file is damaged (`msgindex inspect` lists every bad entry)")
 
     def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
                       end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
@@ -851,6 +955,8 @@ class ShardReader(_Committed):
                 continue
             if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
                 matched.append((seq, record))
+            else:  # a hash collision, or an entry that points at the wrong record
+                self._check_entry_target(seq, record.topic, record.keys, [int(wanted.hashes[k]) for k in pairs[seq]])
         if not matched:
             return empty_rows()
         matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
@@ -897,11 +1003,14 @@ class ShardReader(_Committed):
             topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
             wanted_topic = np.array([topic_numbers.get(t, -1) for t in wanted.topics], dtype=np.int64)
             # the pairs whose record is in the window and in the wanted key's topic
-            pair = np.flatnonzero(keep[row] & (records.topic_ids[row] == wanted_topic[key_number]))
+            in_window = keep[row]
+            pair = np.flatnonzero(in_window & (records.topic_ids[row] == wanted_topic[key_number]))
+            unmatched_pairs = (row[in_window], key_number[in_window])  # checked below unless matched
             row, key_number = row[pair], key_number[pair]
             pairs_of = np.bincount(row, minlength=len(records))
             candidates = np.flatnonzero(pairs_of)
             if not len(candidates):
+                self._check_unmatched(records, *unmatched_pairs, np.zeros(len(records), dtype=np.int64), wanted)
                 return None
             # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
             topic_ranks = _topic_ranks(records.topics)
@@ -923,6 +1032,9 @@ class ShardReader(_Committed):
             has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(lists)) > 0
             # once per record (found under two wanted keys, it is still one result)
             matched = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered)) > 0
+            hits = np.zeros(len(records), dtype=np.int64)  # the pairs of each record that matched
+            hits[ordered] = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered))
+            self._check_unmatched(records, *unmatched_pairs, hits, wanted)
             if not matched.any():
                 return None
             if not matched.all():
@@ -930,6 +1042,27 @@ class ShardReader(_Committed):
             return _Matched(bf.rows(found, self.broker), found)
 
         return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
+
+
+def _check_entry_targets(index_file: IndexFile, outside: np.ndarray, high: int) -> None:
+    """Committed entries pointing outside the retained log: below it they point into segments
+    retention dropped (normal); at or past the committed record count, or negative, no commit
+    ever wrote them, so the file is damaged: an error, not a silently missed message."""
+    bad = outside[(outside >= high) | (outside < 0)]
+    if len(bad):
+        raise CorruptFileError(
+            f"{index_file.path}: a committed hash entry points at seq {int(bad[0])}, outside the {high} records "
+            f"the shard committed: the file is damaged (`msgindex inspect` lists every bad entry; `msgindex repair` "
+            f"cannot rebuild hash index files: restore the file from a backup)")
+
+
+class _FileIdentity(NamedTuple):
+    """What ``ShardReader.check_unchanged`` compares (os.stat_result's equality would compare
+    whole seconds)."""
+
+    inode: tuple[int, int]  # (st_dev, st_ino)
+    size: int
+    mtime_ns: int
 
 
 @dataclass(frozen=True)

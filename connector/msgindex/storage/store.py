@@ -255,7 +255,10 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             version = None
         if cached is not None and cached[0] == version and version is not None:
-            return cached[1]  # a cached broker was validated when first read; its checkpoint still stands
+            # a cached broker was validated when first read; its checkpoint still stands, and
+            # its mapped files must not have changed in place since
+            cached[1].check_unchanged()
+            return cached[1]
         directory = self._existing_shard(broker)
         if cached is not None:
             cached[1].close()

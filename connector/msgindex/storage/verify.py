@@ -45,14 +45,16 @@ from msgindex.storage import hash_run
 from msgindex.storage.append_columns import RAW_TEXT, TEXT, AppendColumns
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState
 from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, time_diffs_seconds
-from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import MetadataLog
 from msgindex.storage.log.segment import LOG_SUFFIX, segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import OffsetIndex, TimeIndex
+from msgindex.storage.message import index_key
 
 _CHECKED_FILES = 4096  # (file identity, committed header) pairs a process remembers as checked
+NEWEST_CHECKED = 4  # newest committed entries of a hash index file checked against the log at open
 _checked: OrderedDict[tuple, None] = OrderedDict()
 LISTED_PROBLEMS = 5  # differences reported per kind and file (the rest are counted)
 
@@ -72,11 +74,14 @@ def check_log_covers(log: MetadataLog, checkpoint: Checkpoint) -> None:
         )
 
 
-def check_index_file(index_file: IndexFile, state: IndexFileState, *, active: bool, exclusive: bool = False) -> None:
+def check_index_file(index_file: IndexFile, state: IndexFileState, *, active: bool, exclusive: bool = False,
+                     log: MetadataLog | None = None, log_start_seq: int = 0) -> None:
     """CorruptFileError naming `index_file` unless its header and slot table agree with the
     committed `state` (module docstring). `active`: the last file of the checkpoint, which a
     writer in another process may be ahead in; `exclusive`: the caller holds the shard's lock
-    and rolled the file back, so it must equal the commit exactly."""
+    and rolled the file back, so it must equal the commit exactly; with the shard's committed
+    `log`, its newest committed entries must also index keys their records carry
+    (``_check_newest_entries``)."""
     committed = state.header
     on_disk = index_file.header
     ahead = on_disk.index_count > committed.index_count
@@ -99,10 +104,41 @@ def check_index_file(index_file: IndexFile, state: IndexFileState, *, active: bo
             f"{index_file.path}: hash index file has {used} slots in use where the checkpoint committed {expected} "
             f"(its slot table was zeroed or overwritten: lookups would miss)"
         )
+    if log is not None:
+        _check_newest_entries(index_file, state, log, log_start_seq)
     if key is not None:
         _checked[key] = None
         if len(_checked) > _CHECKED_FILES:
             _checked.popitem(last=False)
+
+
+def _check_newest_entries(index_file: IndexFile, state: IndexFileState, log: MetadataLog, log_start_seq: int) -> None:
+    """The newest NEWEST_CHECKED committed entries must point into the committed log at records
+    that carry a key of their keyHash. Another shard's file (same sizing, and the same header and
+    slot count when both shards hold as many records at the same times) passes every other check
+    at open and makes lookups miss silently; so do entries overwritten with plausible values. A
+    few point reads (one block, usually) per file and identity, cached with the slot count."""
+    count = state.index_count
+    first = max(FIRST_INDEX, count - NEWEST_CHECKED)
+    if first >= count:
+        return
+    rows = index_file.entry_array()[first:count]
+    phys, hashes = rows["phy_offset"].astype(np.int64), rows["key_hash"].astype(np.int64)
+    beyond = np.flatnonzero((phys >= log.next_seq) | (phys < 0))
+    if beyond.size:
+        at = int(beyond[0])
+        raise CorruptFileError(f"{index_file.path}: committed entry {first + at} points at seq {int(phys[at])}, outside "
+                               f"the {log.next_seq} records the shard committed: the file is damaged")
+    inside = np.flatnonzero(phys >= log_start_seq)  # entries below point into segments retention dropped
+    seqs = sorted(set(phys[inside].tolist()))
+    records = dict(zip(seqs, log.read_few(seqs)))
+    for at in inside.tolist():
+        record = records[int(phys[at])]
+        if int(hashes[at]) not in {index_hash(index_key(record.topic, key)) for key in record.keys}:
+            raise CorruptFileError(
+                f"{index_file.path}: committed entry {first + at} has keyHash {int(hashes[at])}, but its record (seq "
+                f"{int(phys[at])}) carries no key of that hash: the file is damaged or another shard's (`msgindex "
+                f"inspect` checks every entry)")
 
 
 def check_rollback_bounds(index_file: IndexFile, state: IndexFileState) -> None:

@@ -799,13 +799,24 @@ class BlockRecords:
 
 # ---- rendering ---------------------------------------------------------------------------------
 def _string_array(array: pa.Array) -> pa.Array:
-    """encode_text bytes as Arrow strings; texts that are not valid UTF-8 (lone surrogates) go
+    """encode_text bytes as Arrow strings, shown as ``arrow_text`` shows them: texts that are not
+    valid UTF-8 (lone surrogates) or hold an escape look-alike (a backslash, x, two hex digits) go
     through ``arrow_text`` one by one, the rest stay zero-copy."""
     try:
-        return array.cast(pa.string())
+        shown = array.cast(pa.string())
     except pa.ArrowInvalid:
-        return pa.array([None if raw is None else arrow_text(decode_text(raw)) for raw in array.to_pylist()],
-                        pa.string())
+        shown = None
+    if shown is not None and not (_holds_backslash(array) and pc.any(pc.match_substring(shown, "\\x")).as_py()):
+        return shown
+    return pa.array([None if raw is None else arrow_text(decode_text(raw)) for raw in array.to_pylist()],
+                    pa.string())
+
+
+def _holds_backslash(array: pa.Array) -> bool:
+    """Whether any byte of the binary array's data is a backslash (a few ms per 10 MB: most
+    stores hold none, and then no text needs looking at)."""
+    data = array.buffers()[2]
+    return data is not None and bool((np.frombuffer(data, np.uint8) == 0x5C).any())
 
 
 def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:

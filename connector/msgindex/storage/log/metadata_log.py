@@ -40,6 +40,7 @@ from msgindex.storage.log.segment import (
     LogSegment,
     SegmentState,
     parse_segment_name,
+    segment_name,
 )
 from msgindex.storage.message import MessageRecord, encode_text
 from msgindex.storage.int_limits import INT32_MAX
@@ -153,7 +154,7 @@ class MetadataLog:
                   block_records)
         if writable:
             log.directory.mkdir(parents=True, exist_ok=True)
-            log._remove_strays()
+            log._remove_strays(committed)
         elif not log.directory.is_dir():
             if committed is not None and committed.next_seq > 0:
                 raise CorruptFileError(f"{log.directory}: log directory does not exist")
@@ -172,12 +173,16 @@ class MetadataLog:
         bases = (parse_segment_name(p.name) for p in self.directory.glob("*" + LOG_SUFFIX))
         return sorted(b for b in bases if b is not None)
 
-    def _remove_strays(self) -> None:
-        """Index/summary files without a log segment, and temporary files, left by a crash."""
+    def _remove_strays(self, committed: LogPosition | None) -> None:
+        """Index/summary files without a log segment, and temporary files, left by a crash.
+        Only past the committed position (or past the last segment, with none): the sidecars of
+        a committed segment that is gone stay, since a crash never removes a committed segment;
+        it was deleted by hand, and the open that follows says so naming it."""
         bases = set(self._bases_on_disk())
+        last_kept = committed.segment_base if committed is not None else max(bases, default=-1)
         for path in self.directory.iterdir():
             base = parse_segment_name(path.name)
-            if (base is not None and base not in bases) or is_temporary(path.name):
+            if (base is not None and base not in bases and base > last_kept) or is_temporary(path.name):
                 path.unlink()
                 self._dir_dirty = True
 
@@ -213,7 +218,8 @@ class MetadataLog:
                 self._segments.append(self._create(committed.segment_base))
         else:
             raise CorruptFileError(
-                f"{self.directory}: segment {committed.segment_base} of the committed position is missing"
+                f"{self.directory / (segment_name(committed.segment_base) + LOG_SUFFIX)}: log segment "
+                f"{committed.segment_base} of the committed position is missing"
             )
 
     def _open_sealed(self, bases: list[int], next_base: int) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -241,6 +242,15 @@ class LogSegment:
         segment._open_fd()
         segment.size = os.fstat(segment._fd).st_size
         summary = SegmentSummary.read(segment.summary_path)
+        if summary is not None and summary.base_seq == base_seq and summary.size_bytes != segment.size:
+            # A sealed segment never changes and its summary was written when it was sealed:
+            # valid (checksummed) and of another size, one of the two was replaced or altered,
+            # e.g. by another shard's segment, whose seqs would otherwise pass every check.
+            segment.close()
+            raise CorruptFileError(
+                f"{segment.path}: {segment.size} bytes, but its summary {segment.summary_path}, written when it "
+                f"was sealed, says {summary.size_bytes}: the segment (or the summary) was replaced or altered (a "
+                f"wrong summary may be deleted: it is recomputed)")
         if summary is None or summary.size_bytes != segment.size or summary.base_seq != base_seq or (
             next_seq is not None and summary.next_seq != next_seq
         ):
@@ -274,6 +284,11 @@ class LogSegment:
             raise CorruptFileError(f"{self.path}: log segment does not exist") from None
         except IsADirectoryError:
             raise CorruptFileError(f"{self.path}: is a directory, not a log segment") from None
+        # a read-only open of a directory succeeds (and the first read fails with EISDIR)
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise CorruptFileError(f"{self.path}: is a directory (or not a regular file), not a log segment")
 
     def _summarize(self, expected_next_seq: int | None) -> SegmentSummary:
         self._walk_to(self.size, verify=True)
@@ -311,7 +326,8 @@ class LogSegment:
         file_size = os.fstat(self._fd).st_size
         if file_size < state.size_bytes:
             raise CorruptFileError(
-                f"{self.path}: {file_size} bytes, but {state.size_bytes} were committed (committed data lost)"
+                f"{self.path}: {file_size} bytes, but {state.size_bytes} were committed (committed data lost, or "
+                f"{self.path.parent.parent / 'checkpoint'} is another shard's)"
             )
         if self.writable and file_size > state.size_bytes:
             os.ftruncate(self._fd, state.size_bytes)  # whatever lies past the commit is not real
@@ -382,6 +398,10 @@ class LogSegment:
         """Recreate both indexes from the batch directory with the append rule (the writer's
         files, or in memory for a reader)."""
         if self.writable:
+            for path in (self.index_path, self.time_index_path):
+                if path.is_dir():  # never removed for the operator: it is not ours
+                    raise CorruptFileError(f"{path}: a directory where the segment's sparse index belongs; remove "
+                                           f"it (the index is rebuilt from the log, nothing is lost)")
             for path in (self.index_path, self.time_index_path):
                 path.unlink(missing_ok=True)
             self.offset_index = OffsetIndex.open(self.index_path, self.base_seq, self.max_index_bytes, writable=True)

@@ -19,6 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import write_atomically
 
 SUMMARY_MAGIC = b"MXSS"
@@ -51,6 +52,8 @@ class SegmentSummary:
             raw = Path(path).read_bytes()
         except FileNotFoundError:
             return None
+        except OSError:  # e.g. a directory in its place: derived, so recomputed by the caller
+            return None
         if len(raw) != SUMMARY_STRUCT.size:
             return None
         magic, version, base, next_seq, size, lo, hi, crc = SUMMARY_STRUCT.unpack(raw)
@@ -60,4 +63,7 @@ class SegmentSummary:
 
     def write(self, path: Path) -> None:
         """Write atomically and durably."""
+        if Path(path).is_dir():
+            raise CorruptFileError(f"{path}: a directory where the segment's summary belongs; remove it (the "
+                                   f"summary is recomputed from the segment, nothing is lost)")
         write_atomically(path, self.encode())
