@@ -35,10 +35,9 @@ from msgindex.cli import main
 from msgindex.errors import MsgIndexError
 from msgindex.storage import hash_run
 from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows
-
-from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 
 # Silent wrong answers that readers cannot see cheaply, and inspect must. Readers compare a hash
 # index file with the checkpoint (header, slot count), its newest few entries with the log

@@ -21,7 +21,7 @@ import pytest
 
 import msgindex
 from msgindex.cli import main
-from msgindex.errors import InvalidAppendError, MsgIndexError, ShardLockedError, StorageFullError
+from msgindex.errors import InvalidAppendError, MsgIndexError, StorageFullError
 from msgindex.storage import shard as shard_module
 from msgindex.storage.message import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, MessageRecord
 from msgindex.storage.settings import StoreSettings
@@ -281,7 +281,7 @@ def test_two_writers_racing(tmp_path, mode, overlap):
     results = race(small.root, specs)
     outcomes = []
     committed: set[tuple[int, int]] = set()
-    for (partition, first, _, _), lines in zip(specs, results):
+    for (partition, _first, _, _), lines in zip(specs, results):
         for line in lines:
             attack = f"race {mode}{' overlapping' if overlap else ''} append"
             if "error" in line:

@@ -19,7 +19,8 @@ import argparse
 import csv
 import json
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 

@@ -20,9 +20,10 @@ Several filters on one column intersect, as Spark ANDs them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from pyspark.sql.datasource import (
     EqualNullSafe,
@@ -62,7 +63,7 @@ class IndexQuery:
     max_results: int | None = None
 
     @classmethod
-    def from_options(cls, options: ReadOptions) -> "IndexQuery":
+    def from_options(cls, options: ReadOptions) -> IndexQuery:
         """The query the options alone ask for."""
         return cls(
             lookup_keys=options.keys,
@@ -106,7 +107,7 @@ class IndexQuery:
         return Query.of(keys, topics=self.topics, brokers=brokers, partitions=self.partitions,
                         begin_ms=self.begin_ms, end_ms=self.end_ms, max_results=self.max_results)
 
-    def restrict(self, filter_: Filter) -> "IndexQuery | None":
+    def restrict(self, filter_: Filter) -> IndexQuery | None:
         """This query narrowed by `filter_`, or None when the index cannot apply it exactly."""
         path = getattr(filter_, "attribute", ())  # Not(...) has none: never accepted
         column = path[0] if len(path) == 1 else None

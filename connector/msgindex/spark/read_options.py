@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Mapping
+from datetime import UTC, datetime
 
 from msgindex.errors import InvalidOptionError
 from msgindex.storage.message import text_of_shown
@@ -64,7 +64,7 @@ KNOWN_OPTIONS = frozenset({
 })
 
 _EPOCH_MS = re.compile(r"^-?\d+$")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
@@ -207,7 +207,7 @@ class ReadOptions:
         return self.mode == MODE_ROCKETMQ and self.broker_store
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
         """Validate Spark's (lower-cased, string) options."""
         given = {name.lower(): value for name, value in options.items()}
         unknown = sorted(set(given) - KNOWN_OPTIONS)

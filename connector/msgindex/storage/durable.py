@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage.mapped_file import storage_full
+from msgindex.storage.mapped_file import raise_if_storage_full
 
 TMP_SUFFIX = ".tmp"
 FORMAT_FIELD = "format"
@@ -58,10 +58,8 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)  # e.g. disk full: leave no half-written temporary behind
-        full = storage_full(error, path, "replacing it (its previous version is intact)")
-        if full is None:
-            raise
-        raise full from error
+        raise_if_storage_full(error, path, "replacing it (its previous version is intact)")
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -18,11 +18,10 @@ other shards are still inspected.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentI
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
+from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     INDEX_DIR,
     LOCK_FILE,
@@ -55,7 +55,6 @@ from msgindex.storage.shard import (
     open_log,
     read_committed,
 )
-from msgindex.storage.settings import StoreSettings
 from msgindex.storage.store import MANIFEST_FILE, open_store
 from msgindex.storage.verify import Problem, verify_shard
 
@@ -276,7 +275,8 @@ def _first_line(error: BaseException) -> str:
 
 
 # --- one RocketMQ index file ---------------------------------------------------------------------
-def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM, index_num: int = DEFAULT_INDEX_NUM) -> dict[str, Any]:
+def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM,
+                       index_num: int = DEFAULT_INDEX_NUM) -> dict[str, Any]:
     """Header, fill and hash-chain statistics of one index file."""
     path = Path(path)
     check_sizing(path, hash_slot_num, index_num)
@@ -527,7 +527,7 @@ def _time_range(low_ms: int | None, high_ms: int | None) -> dict[str, Any] | Non
 
 def _iso(ms: int) -> str:
     try:
-        return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
     except (OverflowError, OSError, ValueError):
         return f"{ms} ms (out of calendar range)"
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from msgindex.errors import CorruptFileError, StorageFullError
 
 
-def storage_full(error: OSError, path: Path, doing: str) -> StorageFullError | None:
-    """The StorageFullError naming `path` that `error` is when the filesystem ran out of room
-    (disk full, quota), else None: every write of msgindex reports a full disk this way."""
+def raise_if_storage_full(error: OSError, path: Path, doing: str) -> None:
+    """Raise the StorageFullError naming `path` that `error` is when the filesystem ran out of
+    room (disk full, quota); return otherwise (the caller re-raises `error`). Every write of
+    msgindex reports a full disk this way."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFullError(f"{path}: no space left on its filesystem while {doing} (free some space)")
-    return None
+        raise StorageFullError(f"{path}: no space left on its filesystem while {doing} (free some space)") from error
 
 
 def preallocate(path: Path, size: int) -> None:

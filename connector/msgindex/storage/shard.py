@@ -77,8 +77,6 @@ from msgindex.storage.message import (
     stored_window,
     timestamp_problem,
 )
-from msgindex.storage.settings import StoreSettings
-from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 from msgindex.storage.query import (
     KeysArg,
     Query,
@@ -86,7 +84,8 @@ from msgindex.storage.query import (
     empty_rows,
     rows_from_records,
 )
-
+from msgindex.storage.settings import StoreSettings
+from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
 
 LOCK_FILE = "lock"
 LOG_DIR = "log"
@@ -1220,7 +1219,8 @@ def _own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -
         return SourceRows.of(records.column("topic"), records.column("partition"), records.column("offset"))
     for number, record in enumerate(records):
         if not isinstance(record, MessageRecord):
-            raise InvalidAppendError(f"record {number} is a {type(record).__name__}, not a MessageRecord (no topic/partition/offset)")
+            raise InvalidAppendError(
+                f"record {number} is a {type(record).__name__}, not a MessageRecord (no topic/partition/offset)")
     return SourceRows.of([r.topic for r in records], [r.partition for r in records], [r.offset for r in records])
 
 
@@ -1234,7 +1234,8 @@ def _written_past(index_file: IndexFile, state: IndexFileState) -> bool:
     if count < index_file.index_num:
         fd = os.open(index_file.path, os.O_RDONLY)
         try:
-            entry = os.pread(fd, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE + index_file.hash_slot_num * INDEX_SLOT_SIZE + count * INDEX_ENTRY_SIZE)
+            entries_at = INDEX_HEADER_SIZE + index_file.hash_slot_num * INDEX_SLOT_SIZE
+            entry = os.pread(fd, INDEX_ENTRY_SIZE, entries_at + count * INDEX_ENTRY_SIZE)
         finally:
             os.close(fd)
         if any(entry):

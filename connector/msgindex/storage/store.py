@@ -33,6 +33,7 @@ from msgindex.storage.manifest import (  # noqa: F401  (MANIFEST_FILE, STORE_FOR
 )
 from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
+from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     SHARD_DIR_PREFIX,
     AppendResult,
@@ -42,7 +43,6 @@ from msgindex.storage.shard import (
     shard_directory,
     validate_broker_name,
 )
-from msgindex.storage.settings import StoreSettings
 
 LISTING_SETTLED_NS = 2_000_000_000
 

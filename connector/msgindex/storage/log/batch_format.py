@@ -91,9 +91,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
-from msgindex.storage.int_limits import INT32_MAX
 
 BATCH_MAGIC = b"MXB2"
 BATCH_VERSION = 2

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,9 +31,12 @@ from msgindex.errors import (
     UpgradeRequiredError,
 )
 from msgindex.storage.durable import fsync_directory, is_temporary
+from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.log import batch_format as bf
-from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.log.columns import records_from_table  # noqa: F401  (re-exported)
+from msgindex.storage.log.columns import (
+    LogColumns,
+    records_from_table,  # noqa: F401  (re-exported)
+)
 from msgindex.storage.log.segment import (
     LOG_SUFFIX,
     BatchDirectory,
@@ -43,7 +46,6 @@ from msgindex.storage.log.segment import (
     segment_name,
 )
 from msgindex.storage.message import MessageRecord, encode_text
-from msgindex.storage.int_limits import INT32_MAX
 
 LEGACY_LOG_FORMAT = 1  # row-per-record segments, read only by `msgindex upgrade` (log/v1_records.py)
 DEFAULT_MAX_INDEX_BYTES = 10 * 1024 * 1024  # Kafka's segment.index.bytes default

@@ -46,7 +46,7 @@ from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullErr
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
-from msgindex.storage.mapped_file import storage_full
+from msgindex.storage.mapped_file import raise_if_storage_full
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -225,7 +225,8 @@ class LogSegment:
         try:
             segment._fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as error:
-            raise storage_full(error, segment.path, "creating it") or error
+            raise_if_storage_full(error, segment.path, "creating it")
+            raise
         for path in (segment.index_path, segment.time_index_path, segment.summary_path):
             path.unlink(missing_ok=True)
         segment.offset_index = OffsetIndex.open(segment.index_path, base_seq, max_index_bytes, writable=True)
@@ -608,7 +609,8 @@ class LogSegment:
         try:
             written = os.pwrite(self._fd, batch, self.size)
         except OSError as error:
-            raise storage_full(error, self.path, f"appending {len(batch):,} bytes (the last commit is intact)") or error
+            raise_if_storage_full(error, self.path, f"appending {len(batch):,} bytes (the last commit is intact)")
+            raise
         if written != len(batch):  # a regular file only writes short when its filesystem is full
             raise StorageFullError(f"{self.path}: only {written:,} of {len(batch):,} bytes could be written (no space "
                                    f"left on its filesystem?); the last commit is intact")
@@ -691,7 +693,8 @@ class LogSegment:
             try:
                 os.fsync(self._fd)
             except OSError as error:  # delayed allocation: a full disk can show here first
-                raise storage_full(error, self.path, "syncing it") or error
+                raise_if_storage_full(error, self.path, "syncing it")
+                raise
         self.offset_index.flush()
         self.time_index.flush()
 

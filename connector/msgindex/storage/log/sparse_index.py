@@ -34,7 +34,7 @@ from msgindex.errors import (
     OutOfRangeError,
 )
 from msgindex.storage.int_limits import INT32_MAX
-from msgindex.storage.mapped_file import map_file, storage_full
+from msgindex.storage.mapped_file import map_file, raise_if_storage_full
 
 # Kafka's lookups search the last 8 KiB of entries first ("warm section", KAFKA-6432): appends and
 # almost all lookups hit the end of the index, so a plain binary search over the whole file would
@@ -97,10 +97,8 @@ class SparseIndex:
                 with open(index.path, "xb") as f:
                     f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
             except OSError as error:
-                full = storage_full(error, index.path, "creating it")
-                if full is None:
-                    raise
-                raise full from error
+                raise_if_storage_full(error, index.path, "creating it")
+                raise
             entries = 0
         index._map()
         if index._length % cls.ENTRY.size:
