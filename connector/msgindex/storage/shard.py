@@ -162,14 +162,14 @@ def _missing_checkpoint(directory: Path, broker: str, registered: bool) -> Corru
 # pipeline checks incoming events with it too, to set a bad one aside with the reason).
 RESERVED_BROKER_NAMES = (".", "..")
 BROKER_NAME_FORBIDDEN_CHARACTERS = ("/", "\0")
-BROKER_NAME_RULE = "it names a directory: no '/', NUL, '.', '..'"
+BROKER_NAME_RULE = "no '/', NUL, '.', '..'"
 
 
 def validate_broker_name(broker: str) -> None:
     """A broker name becomes a directory name: no separators, no NUL, not empty or dot-only."""
     if (not isinstance(broker, str) or not broker or broker in RESERVED_BROKER_NAMES
             or any(c in broker for c in BROKER_NAME_FORBIDDEN_CHARACTERS)):
-        raise InvalidOptionError(f"invalid broker name {broker!r} ({BROKER_NAME_RULE})")
+        raise InvalidOptionError(f"invalid broker name {broker!r} (it names a directory: {BROKER_NAME_RULE})")
 
 
 def max_sparse_index_bytes(settings: StoreSettings) -> int:
