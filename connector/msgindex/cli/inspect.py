@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -25,13 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--hash-slots",
         type=int,
         default=None,
-        help="hash slot count of an index file outside a store (default: RocketMQ's 5000000)",
+        help=f"hash slot count of an index file outside a store (default: RocketMQ's {DEFAULT_HASH_SLOT_NUM})",
     )
     parser.add_argument(
         "--index-num",
         type=int,
         default=None,
-        help="entry capacity of an index file outside a store (default: RocketMQ's 20000000)",
+        help=f"entry capacity of an index file outside a store (default: RocketMQ's {DEFAULT_INDEX_NUM})",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quick", action="store_true",

@@ -43,6 +43,7 @@ from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
+from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 HEADER_SIZE = 40
 HEADER_STRUCT = struct.Struct(">qqqqii")  # the six IndexHeader fields, in file order
@@ -57,8 +58,6 @@ ENTRY_DTYPE = np.dtype(
 )
 INVALID_INDEX = 0  # a slot or prevIndex value meaning "no entry"
 FIRST_INDEX = 1  # indexCount of an empty file; entry 0 is never written
-DEFAULT_HASH_SLOT_NUM = 5_000_000
-DEFAULT_INDEX_NUM = 20_000_000
 TIME_DIFF_UNIT_MS = 1000  # entries store whole seconds since beginTimestamp
 NAME_FORMAT = "%Y%m%d%H%M%S"  # + 3 digits of milliseconds: RocketMQ's yyyyMMddHHmmssSSS
 NAME_LENGTH = 17
