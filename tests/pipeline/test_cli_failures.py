@@ -137,4 +137,5 @@ def test_a_damaged_shard_checkpoint_is_one_line(kafka_bootstrap, spark, tmp_path
 
     done, _ = run_cli(args)
     line = assert_one_line(done, str(checkpoint))
-    assert ("not valid" if damage == "corrupt" else f"run `msgindex repair {index} --broker {broker}`") in line
+    assert f"run `msgindex repair {index} --broker {broker}`" in line  # what to do, in both cases
+    assert ("not valid" if damage == "corrupt" else "missing") in line

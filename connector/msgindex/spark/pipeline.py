@@ -79,12 +79,11 @@ def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
     shards upgraded). With --input metadata they are not (the source is the events' topic): the
     job refuses to start, saying what to do."""
     from msgindex.errors import LegacyCheckpointError
-    from msgindex.storage.checkpoint import read_checkpoint
-    from msgindex.storage.shard import checkpoint_path, shard_directory
+    from msgindex.storage.shard import read_committed, shard_directory
 
     upgraded = []
     for broker in store.brokers():
-        checkpoint = read_checkpoint(checkpoint_path(shard_directory(store.root, broker)))
+        checkpoint = read_committed(shard_directory(store.root, broker), broker)  # unreadable: says `msgindex repair`
         if checkpoint is None or checkpoint.source_ranges is not None:
             continue
         if input_kind != "records":
