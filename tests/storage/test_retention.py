@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from msgindex.errors import InvalidOptionError
+from msgindex.storage.log.metadata_log import MetadataLog
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord
 from msgindex.storage.retention import apply_shard_retention
 from msgindex.storage.store import open_store
@@ -101,6 +102,21 @@ def test_retention_is_committed_before_files_go(tmp_path):
                 (shard / name).write_bytes(data)
         store.writer("b").close()  # the next open finishes the job
         assert shard_files(shard) == after
+
+
+def test_a_reader_never_opens_segments_retention_committed_away(tmp_path, monkeypatch):
+    """A reader lists the log directory, then opens the segments; retention (already committed)
+    may delete the oldest ones in between. Replayed deterministically: the listing is the one taken
+    before the deletion. The reader skips segments wholly below the checkpoint's log start (CI once
+    saw the race turn into a CorruptFileError 'log segment does not exist')."""
+    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+        model = fill(store)
+        log_dir = store.root / "broker=b" / "log"
+        listed_before = sorted(int(p.stem) for p in log_dir.glob("*.log"))
+        report = store.apply_retention(max_age_ms=STEP_MS, now_ms=BASE + BATCHES * STEP_MS)
+        assert report.deleted_segments
+        monkeypatch.setattr(MetadataLog, "_bases_on_disk", lambda self: listed_before)
+        check_after(store, model, "b", BASE + BATCHES * STEP_MS - STEP_MS)
 
 
 def test_retention_arguments(tmp_path):

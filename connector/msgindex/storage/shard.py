@@ -100,7 +100,11 @@ SCAN_BATCH_ROWS = 65_536
 # Up to this many hash candidates a lookup reads and checks them record by record (measured in
 # BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
 FEW_CANDIDATES = 32
-OPEN_ATTEMPTS = 3  # a reader retries when files of its snapshot vanish under retention
+# A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
+# long as the writer keeps committing, up to this long: a writer that appends and applies retention
+# in a tight loop can win the race several times in a row (CI saw three), so a fixed count of
+# attempts turned a healthy shard into a CorruptFileError.
+OPEN_RETRY_S = 10.0
 CHECK_INTERVAL_S = 0.01  # ShardReader.check_unchanged runs at most this often per reader
 # What a writer found when it took the lock (ShardWriter.last_revalidation)
 REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
@@ -180,9 +184,10 @@ def max_sparse_index_bytes(settings: StoreSettings) -> int:
 
 
 def open_log(directory: Path, settings: StoreSettings, *, writable: bool, committed: LogPosition | None,
-             log_dir: str = LOG_DIR) -> MetadataLog:
+             log_dir: str = LOG_DIR, retained_from: int = 0) -> MetadataLog:
     return MetadataLog.open(
         directory / log_dir,
+        retained_from=retained_from,
         segment_bytes=settings.segment_bytes,
         index_interval_bytes=settings.index_interval_bytes,
         max_index_bytes=max_sparse_index_bytes(settings),
@@ -684,8 +689,9 @@ class ShardReader(_Committed):
         self._files: list[tuple[IndexFileState, IndexFile]] = []
         self._mapped: dict[str, _FileIdentity] = {}  # see check_unchanged
         self._checked_at = 0.0
-        for attempt in range(OPEN_ATTEMPTS):
-            checkpoint = read_committed(self.directory, broker)
+        deadline = time.monotonic() + OPEN_RETRY_S
+        checkpoint = read_committed(self.directory, broker)
+        while True:
             if checkpoint is None and (registered or has_data(self.directory)):
                 raise _missing_checkpoint(self.directory, broker, registered)
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
@@ -695,10 +701,13 @@ class ShardReader(_Committed):
                 return
             except CorruptFileError:
                 self.close()
-                # retention may have deleted files of the snapshot just read: retry with the
-                # newer checkpoint; an unchanged checkpoint means the shard really is damaged
-                if attempt + 1 == OPEN_ATTEMPTS or read_committed(self.directory, broker) == checkpoint:
+                # Retention commits before it deletes, so files of the snapshot just read that
+                # are gone mean a newer checkpoint exists: retry with it. An unchanged checkpoint
+                # means the shard really is damaged.
+                newer = read_committed(self.directory, broker)
+                if newer == checkpoint or time.monotonic() > deadline:
                     raise
+                checkpoint = newer
             except BaseException:
                 self.close()
                 raise
@@ -708,7 +717,8 @@ class ShardReader(_Committed):
         the slot-table count cached per file and process)."""
         if self._checkpoint.log_position is not None:
             position = self._checkpoint.log_position
-            self._log = open_log(self.directory, self.settings, writable=False, committed=position)
+            self._log = open_log(self.directory, self.settings, writable=False, committed=position,
+                                 retained_from=self._checkpoint.log_start_seq)
             verify.check_log_covers(self._log, self._checkpoint)
         last = len(self._checkpoint.index_files) - 1
         for n, state in enumerate(self._checkpoint.index_files):

@@ -142,18 +142,23 @@ class MetadataLog:
         self._segments: list[LogSegment] = []
         self._dir_dirty = False
         self._empty_next_seq = 0  # next_seq of a reader's log that has no segment
+        self._retained_from = 0  # see open()
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
     def open(cls, directory: Path | str, *, segment_bytes: int, index_interval_bytes: int,
              max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES, writable: bool,
              committed: LogPosition | None = None, batch_records: int = DEFAULT_BATCH_RECORDS,
-             block_records: int = bf.DEFAULT_BLOCK_RECORDS) -> MetadataLog:
+             block_records: int = bf.DEFAULT_BLOCK_RECORDS, retained_from: int = 0) -> MetadataLog:
         """Open the log in `directory` (a writer creates it). With `committed`, the log is cut
         to that position (a writer truncates the files, a reader just never reads further);
-        without, every valid record is kept and a torn tail is dropped (Kafka-style recovery)."""
+        without, every valid record is kept and a torn tail is dropped (Kafka-style recovery).
+        A reader given `retained_from` (the checkpoint's log start) does not open the sealed
+        segments wholly below it: retention committed their removal and may be deleting them
+        at this moment, so finding one gone is no damage."""
         log = cls(Path(directory), segment_bytes, index_interval_bytes, max_index_bytes, writable, batch_records,
                   block_records)
+        log._retained_from = 0 if writable else retained_from
         if writable:
             log.directory.mkdir(parents=True, exist_ok=True)
             log._remove_strays(committed)
@@ -226,6 +231,8 @@ class MetadataLog:
 
     def _open_sealed(self, bases: list[int], next_base: int) -> None:
         for base, following in zip(bases, bases[1:] + [next_base]):
+            if following <= self._retained_from:
+                continue
             self._segments.append(LogSegment.open_sealed(
                 self.directory, base, writable=self.writable, next_seq=following, **self._kwargs()))
 
