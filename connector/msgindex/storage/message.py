@@ -50,6 +50,11 @@ def shown_timestamps(timestamps_ms: np.ndarray) -> np.ndarray:
     return np.clip(timestamps_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
 
 
+def shown_timestamp(timestamp_ms: int) -> int:
+    """``shown_timestamps`` of one timestamp, without numpy's per-call cost (a few us)."""
+    return min(max(timestamp_ms, MIN_TIMESTAMP_MS), MAX_TIMESTAMP_MS)
+
+
 def stored_window(begin_ms: int | None, end_ms: int | None) -> tuple[int | None, int | None] | None:
     """The window over *stored* timestamps that selects exactly the records whose *shown*
     timestamp is in [begin_ms, end_ms] (None: open), or None when no record can be in it. A bound

@@ -16,7 +16,7 @@ from msgindex.storage.message import (
     MessageRecord,
     arrow_text,
     decode_key_bytes,
-    shown_timestamps,
+    shown_timestamp,
     stored_window,
 )
 
@@ -164,7 +164,7 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
             r.offset,
             None if r.key is None else arrow_text(r.key),
             [arrow_text(k) for k in r.keys],
-            int(shown_timestamps(np.int64(r.timestamp_ms))) * 1000,
+            shown_timestamp(r.timestamp_ms) * 1000,
             None if r.commit_log_offset == NO_VALUE else r.commit_log_offset,
             None if r.size == NO_VALUE else r.size,
             seq,

@@ -97,9 +97,10 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
-# Up to this many hash candidates a lookup reads and checks them record by record (measured in
-# BENCHMARKS.md: below it, numpy's and Arrow's per-call cost is most of a lookup).
-FEW_CANDIDATES = 32
+# Up to this many hash candidates a lookup reads and checks them record by record: ~24 us a
+# scattered record, against ~1 ms of numpy and Arrow calls plus 10-20 us a record on the
+# vectorized path (they cross at 70-110 candidates on 1M and 10M stores; BENCHMARKS.md).
+FEW_CANDIDATES = 64
 # A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
 # long as the writer keeps committing, up to this long: a writer that appends and applies retention
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of

@@ -753,14 +753,15 @@ class BlockRecords:
         self._name, self._origin = name, origin
         fields = BLOCK_HEADER_STRUCT.unpack_from(self._raw, 0)
         self.count, texts, heap_bytes = fields[:3]
-        self._widths, self._bases = fields[3 : 3 + len(SECTIONS)], fields[3 + len(SECTIONS) :]
-        self._offsets, at = [], BLOCK_HEADER_SIZE
-        for section, width in enumerate(self._widths):
-            self._offsets.append(at)
-            at += width * (texts if section == len(COLUMNS) else self.count)
-        self._planes = [self.count] * len(COLUMNS) + [texts]
+        widths, bases = fields[3 : 3 + len(SECTIONS)], fields[3 + len(SECTIONS) :]
+        # per section: (width, first byte, planes' stride, base, signed)
+        self._sections, at = [], BLOCK_HEADER_SIZE
+        for section, (width, base) in enumerate(zip(widths, bases)):
+            planes = texts if section == len(COLUMNS) else self.count
+            self._sections.append((width, at, planes, base, width == 8))
+            at += width * planes
         self._heap = at
-        if at + heap_bytes != len(self._raw) or any(w not in (0, 1, 2, 4, 8) for w in self._widths):
+        if at + heap_bytes != len(self._raw) or any(w not in (0, 1, 2, 4, 8) for w in widths):
             self._corrupt("a block does not match its layout")
         self._texts, self._heap_bytes = texts, heap_bytes
 
@@ -768,12 +769,14 @@ class BlockRecords:
         raise CorruptFileError(f"{self._name}: invalid batch at byte {self._origin}: {reason}")
 
     def _value(self, section: int, index: int) -> int:
-        width = self._widths[section]
+        width, first, planes, base, signed = self._sections[section]
         if not width:
-            return self._bases[section]
-        at, planes = self._offsets[section] + index, self._planes[section]
-        delta = int.from_bytes(self._raw[at : at + width * planes : planes], "little", signed=width == 8)
-        return (self._bases[section] + delta + (1 << 63)) % (1 << 64) - (1 << 63)  # int64 arithmetic
+            return base
+        at = first + index
+        delta = self._raw[at] if width == 1 else int.from_bytes(self._raw[at : at + width * planes : planes], "little",
+                                                                signed=signed)
+        value = base + delta
+        return value if -(1 << 63) <= value < (1 << 63) else (value + (1 << 63)) % (1 << 64) - (1 << 63)  # int64 wraps
 
     def record(self, row: int) -> MessageRecord:
         """The record at `row` of the block."""

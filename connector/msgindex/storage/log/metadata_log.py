@@ -423,18 +423,21 @@ class MetadataLog:
         """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
         cheaper than ``gather`` below a dozen or so records, dearer above."""
         found: list[MessageRecord] = []
-        blocks: dict[tuple[int, int], bf.BlockRecords] = {}
-        for seq in seqs:
-            segment = self._segment_of(seq)
+        seqs = list(seqs)
+        done = 0
+        while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
+            segment = self._segment_of(seqs[done])
+            end = bisect.bisect_left(seqs, segment.next_seq, done)
             directory = segment.batches()
-            block = int(np.searchsorted(directory.block_base_seqs, seq, side="right")) - 1
-            reader = blocks.get((segment.base_seq, block))
-            if reader is None:
-                (raw,) = segment.read_blocks(np.array([block]), directory)
-                batch = int(directory.block_batches[block])
-                reader = blocks[(segment.base_seq, block)] = bf.BlockRecords(
-                    raw, directory.topic_tables[batch], segment.path, int(directory.positions[batch]))
-            found.append(reader.record(seq - int(directory.block_base_seqs[block])))
+            blocks = directory.block_of(np.array(seqs[done:end], dtype=np.int64))
+            reader, last = None, -1
+            for seq, block, block_base in zip(seqs[done:end], blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
+                if block != last:  # seqs are sorted: a block's records come together
+                    batch = directory.block_batches[block].item()
+                    reader, last = bf.BlockRecords(segment.read_block(block, directory), directory.topic_tables[batch],
+                                                   segment.path, directory.positions[batch].item()), block
+                found.append(reader.record(seq - block_base))
+            done = end
         return found
 
     def gather(self, seqs: np.ndarray) -> bf.DecodedRows:

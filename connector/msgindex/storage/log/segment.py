@@ -583,6 +583,14 @@ class LogSegment:
                                        origin))
         return raws
 
+    def read_block(self, block: int, directory: BatchDirectory) -> pa.Buffer:
+        """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
+        each from its own block, and numpy's per-call cost was most of such a read."""
+        position, length = directory.block_positions[block].item(), directory.block_lengths[block].item()
+        data = memoryview(self.read_bytes(position, length))
+        return bf.decompress_block(data, directory.block_raw_lengths[block].item(), directory.block_crcs[block].item(),
+                                   self.path, directory.positions[directory.block_batches[block]].item())
+
     def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
         """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
         directory = self.batches() if directory is None else directory
