@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -11,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError
+from msgindex.storage import shard as shard_module
 from msgindex.storage.append_columns import MAX_LAG_PASSES
 from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
-from msgindex.storage.index_file import IndexFile
+from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import index_entries
 from msgindex.storage.source_ranges import SourceRanges
@@ -124,6 +126,33 @@ def test_lookup_verifies_keys_topics_and_ms_windows(store):
         table = reader.lookup(["Aa", "BB", "Aa"])
         assert table.schema == ROW_SCHEMA
         assert [r[4] for r in table_rows(table)] == [0, 1, 2, 3]  # one row per message
+
+
+@pytest.mark.parametrize("few", [True, False], ids=["record by record", "vectorized"])
+def test_two_entries_of_one_hash_on_one_record(store, monkeypatch, few):
+    """The writer puts one entry per distinct key of a record, so two entries of one keyHash
+    point at one record only when it carries two keys of that hash (colliding keys): right. An
+    entry moved from its record onto another that carries the same key is damage that lookups
+    would otherwise answer silently short: a CorruptFileError naming the file."""
+    monkeypatch.setattr(shard_module, "FEW_CANDIDATES", 10**9 if few else 0)
+    with store.writer("b") as writer:
+        writer.append([rec(0, ["Aa", "BB"]), rec(1, ["Aa"]), rec(2, ["k"]), rec(3, ["k"])])
+        (state,) = writer.checkpoint.index_files
+    with store.reader("b") as reader:
+        assert [r[4] for r in table_rows(reader.lookup("Aa", topic="orders"))] == [0, 1]
+        assert [r[4] for r in table_rows(reader.lookup(["BB"]))] == [0]
+        assert [r[4] for r in table_rows(reader.lookup(["Aa", "BB"]))] == [0, 1]
+    path = store.root / "broker=b" / "index" / state.name
+    raw = bytearray(path.read_bytes())
+    entries = HEADER_SIZE + TINY.hash_slot_num * 4
+    phys = [struct.unpack_from(">q", raw, entries + n * ENTRY_SIZE + 4)[0] for n in range(1, state.index_count + 1)]
+    struct.pack_into(">q", raw, entries + (phys.index(2) + 1) * ENTRY_SIZE + 4, 3)  # k's entry of seq 2 -> seq 3
+    path.write_bytes(bytes(raw))
+    with store.reader("b") as reader:
+        with pytest.raises(CorruptFileError, match=rf"{state.name}: 2 committed hash entries of keyHash \d+ point at "
+                                                   r"record seq 3, which carries 1 key"):
+            reader.lookup("k")
+        assert [r[4] for r in table_rows(reader.lookup("Aa", topic="orders"))] == [0, 1]  # other keys still answer
 
 
 def test_no_result_cap_and_files_roll(store):

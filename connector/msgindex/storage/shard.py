@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -929,6 +930,31 @@ class ShardReader(_Committed):
             self._check_entry_target(int(records.seqs[record_row]), decode_text(topics[at]),
                                      [decode_text(key) for key in keys_of[at]], hashes)
 
+    def _check_repeated_entries(self, seqs: np.ndarray, key_numbers: np.ndarray, wanted: _WantedKeys) -> None:
+        """Several committed entries of one keyHash that point at one record: the writer puts
+        one entry per distinct key of a record, so that record must carry as many keys of that
+        hash (in its topic; two keys whose hashes collide, rare). Fewer means an entry was moved
+        there from the record it belongs to, which a lookup would then miss: an error naming the
+        file, never a silently short answer. (`seqs`, `key_numbers`: each repeat beyond the first.)"""
+        extra: dict[tuple[int, int], int] = {}  # (seq, keyHash): entries beyond the first
+        for (seq, key_number), repeats in Counter(zip(seqs.tolist(), key_numbers.tolist())).items():
+            # every wanted key of a hash sees every entry of that hash: count them once
+            at = (seq, int(wanted.hashes[key_number]))
+            extra[at] = max(extra.get(at, 0), repeats)
+        records = dict(zip(sorted({seq for seq, _ in extra}), self._log.read_few(sorted({seq for seq, _ in extra}))))
+        for (seq, key_hash), repeats in extra.items():
+            record = records[seq]
+            carried = sum(1 for key in set(record.keys) if index_hash(index_key(record.topic, key)) == key_hash)
+            if carried < repeats + 1:
+                culprits = [str(index_file.path) for state, index_file in self._files
+                            if (index_file.candidate_arrays(np.array([key_hash], dtype=np.int64),
+                                                            limit_index_count=state.index_count)[2] == seq).any()]
+                raise CorruptFileError(
+                    f"{', '.join(culprits) or self.directory / INDEX_DIR}: {repeats + 1} committed hash entries of keyHash "
+                    f"{key_hash} point at record seq {seq}, which carries {carried} key(s) of that hash: an entry was "
+                    f"moved there from the record it indexes, so a lookup would miss that record; the file is damaged "
+                    f"(`msgindex inspect` lists every bad entry)")
+
     def _check_entry_target(self, seq: int, topic: str, keys: Sequence[str], entry_hashes: list[int]) -> None:
         """A committed entry of keyHash h points at record `seq` only if the writer indexed one
         of its keys under h (in its topic). A candidate whose record carries no key of its
@@ -954,8 +980,16 @@ class ShardReader(_Committed):
         """``_verified`` and ordering for a few candidates, record by record in Python: below
         FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
         pairs: dict[int, list[int]] = {}
+        repeated = []
         for seq, key_number in zip(seqs.tolist(), who.tolist()):
-            pairs.setdefault(seq, []).append(key_number)
+            numbers = pairs.setdefault(seq, [])
+            if key_number in numbers:
+                repeated.append((seq, key_number))
+            numbers.append(key_number)
+        if repeated:
+            self._check_repeated_entries(np.array([seq for seq, _ in repeated], dtype=np.int64),
+                                         np.array([k for _, k in repeated], dtype=np.int64), wanted)
+            pairs = {seq: sorted(set(numbers)) for seq, numbers in pairs.items()}
         wanted_partitions = None if partitions is None else set(partitions)
         matched = []
         for seq, record in zip(sorted(pairs), self._log.read_few(sorted(pairs))):
@@ -990,8 +1024,14 @@ class ShardReader(_Committed):
             pairs.sort(kind="stable")
             seqs, who = np.divmod(pairs, keys)
         else:
-            by_seq = np.argsort(seqs, kind="stable")
+            by_seq = np.lexsort((who, seqs))
             seqs, who = seqs[by_seq], who[by_seq]
+        repeated = np.flatnonzero((seqs[1:] == seqs[:-1]) & (who[1:] == who[:-1])) + 1
+        if len(repeated):
+            self._check_repeated_entries(seqs[repeated], who[repeated], wanted)
+            kept = np.ones(len(seqs), dtype=bool)
+            kept[repeated] = False
+            seqs, who = seqs[kept], who[kept]
         new = np.empty(len(seqs), dtype=bool)
         new[0] = True
         np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
