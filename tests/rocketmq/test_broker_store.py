@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import msgindex
+from msgindex.errors import InvalidArgumentError, InvalidOptionError
 from msgindex.storage.index_file import IndexFile
 from tests.rocketmq.dataset import (
     AAT,
@@ -127,6 +128,19 @@ def test_max_results_and_partitions(rocketmq_dataset, store):
     assert offsets(store.lookup(HOT_KEY, topic=ORDERS, max_results=70)) == ordered[:70]
     got = store.lookup(HOT_KEY, topic=ORDERS, partitions=[0, 2])
     assert set(offsets(got)) == truth.select(ORDERS, HOT_KEY, partitions={0, 2})
+
+
+def test_a_query_value_stands_for_the_arguments(rocketmq_dataset, store):
+    """``msgindex.Query`` works here as with ``msgindex.open(...).lookup``: the same rows as the
+    keyword arguments; topics required (the index hashes them); another broker's name finds nothing."""
+    query = msgindex.Query.of([HOT_KEY, DECOY_KEY], topics=[ORDERS, PAYMENTS], partitions=[0, 2], max_results=50)
+    keywords = store.lookup([HOT_KEY, DECOY_KEY], topic=[ORDERS, PAYMENTS], partitions=[0, 2], max_results=50)
+    assert store.lookup(query).equals(keywords) and keywords.num_rows == 50
+    assert store.lookup(msgindex.Query.of(HOT_KEY, topic=ORDERS, brokers=["another"])).num_rows == 0
+    with pytest.raises(InvalidOptionError, match="needs a topic"):
+        store.lookup(msgindex.Query.of(HOT_KEY))
+    with pytest.raises(InvalidArgumentError, match="also given: topics"):
+        store.lookup(query, topic=ORDERS)
 
 
 def test_values_and_properties(rocketmq_dataset, store):

@@ -32,11 +32,11 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
+from msgindex.errors import CorruptFileError, InvalidArgumentError, InvalidOptionError, StoreNotFoundError
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM, FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.message import index_key
-from msgindex.storage.query import KeysArg, normalize_keys, validate_window
+from msgindex.storage.query import KeysArg, Query, as_query, validate_window
 from msgindex.storage.rocketmq.commit_log import COMMIT_LOG_DIR, CommitLog, RecordKind, StoredMessage
 from msgindex.storage.rocketmq.index_files import INDEX_DIR, IndexFileSet
 
@@ -124,26 +124,32 @@ class RocketMQBrokerStore:
         return list(self._index_files.values())
 
     # ----------------------------------------------------------------- lookups
-    def lookup(self, keys: KeysArg, *, topic: str | Iterable[str], begin_ms: int | None = None,
+    def lookup(self, keys: KeysArg | Query, *, topic: str | Iterable[str] | None = None, begin_ms: int | None = None,
                end_ms: int | None = None, max_results: int | None = None,
                partitions: Iterable[int] | None = None, fetch_values: bool = False) -> pa.Table:
         """Messages of `topic` (one or several) found under any of `keys`, each verified against
         the commit log, in the inclusive window [begin_ms, end_ms] of store time, as rows of
-        ``row_schema(fetch_values)`` ordered by (timestamp, topic, partition, offset)."""
+        ``row_schema(fetch_values)`` ordered by (timestamp, topic, partition, offset). A
+        ``Query`` (with topics: the index hashes topic + '#' + key) may stand for the keys and
+        every restriction, as for ``Store.lookup``; its brokers, if any, must name this store's."""
         messages = self.lookup_messages(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms,
                                         max_results=max_results, partitions=partitions, with_body=fetch_values)
         return self.rows(messages, fetch_values=fetch_values)
 
-    def lookup_messages(self, keys: KeysArg, *, topic: str | Iterable[str], begin_ms: int | None = None,
-                        end_ms: int | None = None, max_results: int | None = None,
+    def lookup_messages(self, keys: KeysArg | Query, *, topic: str | Iterable[str] | None = None,
+                        begin_ms: int | None = None, end_ms: int | None = None, max_results: int | None = None,
                         partitions: Iterable[int] | None = None, with_body: bool = False) -> list[StoredMessage]:
         """``lookup`` as StoredMessages (each message once, in result order)."""
-        validate_window(begin_ms, end_ms, max_results)
-        topics = _topic_list(topic)
-        wanted_keys = normalize_keys(keys)
-        wanted_partitions = None if partitions is None else frozenset(int(p) for p in partitions)
-        targets = [(t, k) for t in topics for k in wanted_keys]
-        if not targets or max_results == 0 or (begin_ms is not None and end_ms is not None and begin_ms > end_ms):
+        query = as_query(keys, topics=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+                         partitions=partitions)
+        if query.keys is None:
+            raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan)")
+        begin_ms, end_ms, max_results = query.begin_ms, query.end_ms, query.max_results
+        topics = _topic_list(None if query.topics is None else sorted(query.topics))
+        wanted_partitions = query.partitions
+        targets = [(t, k) for t in topics for k in query.keys]
+        if not targets or max_results == 0 or (begin_ms is not None and end_ms is not None and begin_ms > end_ms) or (
+                query.brokers is not None and self.broker_name not in query.brokers):
             return []
         self.commit_log.refresh()
         full_keys = [index_key(t, k) for t, k in targets]
