@@ -5,6 +5,7 @@ of each of its keys" (R2) holds after every pass."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 
 from msgindex.cli import index as index_cli
 from msgindex.kafka.admin import OutgoingRecord, create_topics, produce
-from msgindex.spark.pipeline import retention_policy
-from tests.pipeline.support import job_args, run_job_in_process
+from msgindex.spark.pipeline import index_kafka, retention_policy
+from msgindex.spark.shard_owner import RetentionPolicy
+from tests.pipeline.support import SMALL_STORE, job_args, run_job_in_process
 
 pytestmark = pytest.mark.kafka
 
@@ -22,6 +24,7 @@ DAY_MS = 86_400_000
 OLD, NEW = 6_000, 14_000  # records 30 days old, then records of now (one partition: log order is offset order)
 MAX_BYTES = 1_500_000
 SEGMENT_BYTES = 64 * 1024
+LATER_SEGMENT_BYTES = 8 * 1024  # the later topic's old records fill several segments
 INDEX_FILE_BYTES = 40 + 4099 * 4 + 20000 * 20  # support.SMALL_STORE's hash index file
 
 
@@ -43,6 +46,82 @@ def test_the_default_age_is_the_longest_retention_of_the_indexed_topics(kafka_bo
     explicit = _options(kafka_bootstrap, [hour], tmp_path, "--retention-ms", "30m", "--retention-bytes", "2MiB")
     policy, line = retention_policy(explicit, [hour])
     assert (policy.max_age_ms, policy.max_bytes) == (1_800_000, 2 << 20) and "(--retention-ms)" in line
+
+
+def test_the_default_age_follows_topics_indexed_later():
+    """A pattern subscription may match topics created after the job started: their retention.ms
+    joins the default age limit (never shortens it); an explicit --retention-ms stays."""
+    policy = RetentionPolicy(max_age_ms=3_600_000, age_from_topics=("a",))
+    assert policy.widened({"b": 7_200_000}) == RetentionPolicy(max_age_ms=7_200_000, age_from_topics=("a", "b"))
+    assert policy.widened({"b": 60_000}).max_age_ms == 3_600_000
+    assert policy.widened({"b": 60_000, "c": -1}).max_age_ms is None and not policy.widened({"c": -1}).follows_topics
+    assert policy.widened({"b": -1}).age_text == "no age limit" and policy.age_text == "segments older than 1 h"
+    explicit = RetentionPolicy(max_age_ms=1_800_000)
+    assert explicit.widened({"b": -1}) is explicit
+
+
+def _indexed(index: Path, topic: str) -> int:
+    import msgindex
+
+    try:
+        with msgindex.open(index) as store:
+            return sum(batch.num_rows for batch in store.scan(topics=[topic]))
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+@pytest.mark.spark
+def test_a_topic_matched_later_keeps_its_records_for_its_own_retention(kafka_bootstrap, spark, tmp_path, capsys):
+    """`--subscribe-pattern` without --retention-ms: the age limit settled at start (1 h) must
+    not delete the records of a topic created later that Kafka keeps forever."""
+    prefix = f"later-{uuid.uuid4().hex[:8]}"
+    hour, forever = f"{prefix}-hour", f"{prefix}-forever"
+    create_topics(kafka_bootstrap, {hour: 1}, configs={"retention.ms": "3600000"})
+    # 2 h old: the index may drop them (so may Kafka), and with them any segment after them that
+    # only holds old records: retention deletes a prefix of the log
+    two_hours_ago = int(time.time() * 1000) - 2 * 3_600_000
+    produce(kafka_bootstrap, hour, [OutgoingRecord(f"h{n}", b"v", timestamp_ms=two_hours_ago + n, keys=(f"h{n}",))
+                                    for n in range(100)])
+    index = tmp_path / "index"
+    args = ["--bootstrap-servers", kafka_bootstrap, "--subscribe-pattern", f"{prefix}-.*", "--path", str(index),
+            *SMALL_STORE, "--segment-bytes", str(LATER_SEGMENT_BYTES), "--trigger-interval", "1 second",
+            "--retention-interval", "0.001", "--quiet-spark", "--kafka-option", "metadata.max.age.ms=1000"]
+    stop, outcome = threading.Event(), {}
+
+    def job() -> None:
+        try:
+            outcome["history"] = index_kafka(index_cli.options_from_args(index_cli.build_parser().parse_args(args)),
+                                             stop=stop)
+        except Exception as error:  # noqa: BLE001 - reported below
+            outcome["error"] = error
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 240
+        while _indexed(index, hour) < 100:
+            assert runner.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.5)
+        create_topics(kafka_bootstrap, {forever: 1}, configs={"retention.ms": "-1"})
+        month_ago = int(time.time() * 1000) - 30 * DAY_MS
+        produce(kafka_bootstrap, forever, [OutgoingRecord(f"f{n}", b"v", timestamp_ms=month_ago + n, keys=(f"f{n % 300}",))
+                                           for n in range(OLD)])
+        while _indexed(index, forever) < OLD:
+            assert runner.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.5)
+        # one more append (and retention pass) after the old records' segments were sealed
+        produce(kafka_bootstrap, hour, [OutgoingRecord(f"h{n}", b"v", keys=(f"h{n}",)) for n in range(100, 200)])
+        while _indexed(index, hour) < 200:
+            assert runner.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        runner.join(120)
+    assert "error" not in outcome, outcome
+    assert _indexed(index, forever) == OLD  # none of them deleted by the 1 h limit settled at start
+    assert _indexed(index, hour) == 200
+    out = capsys.readouterr().out
+    assert "retention: segments older than 1 h" in out and "retention: now no age limit" in out, out[-3000:]
 
 
 def _shard_bytes(index: Path) -> int:

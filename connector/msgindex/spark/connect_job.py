@@ -68,7 +68,8 @@ def _prepare(options: IndexJobOptions):
             require_free(root)
             upgraded = upgrade_legacy_shards(store, options.input_kind)
         found = {"root": str(root), "quarantine": str(options.quarantine.resolve()), "upgraded": upgraded,
-                 "retention": [start.retention.max_age_ms, start.retention.max_bytes, start.retention.interval_s],
+                 "retention": [start.retention.max_age_ms, start.retention.max_bytes, start.retention.interval_s,
+                               list(start.retention.age_from_topics)],
                  "retention_line": start.retention_line}
         yield pa.RecordBatch.from_pydict({"prepared": [json.dumps(found)]})
 
@@ -94,10 +95,11 @@ def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None
     for broker in prepared["upgraded"]:
         say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
     say(prepared["retention_line"])
-    max_age, max_bytes, interval = prepared["retention"]
+    max_age, max_bytes, interval, age_from_topics = prepared["retention"]
     options = _with_resolved_paths(options, root, prepared["quarantine"])
     job_id = uuid.uuid4().hex
-    writer = BatchWriter(sink_config(options, options.path, RetentionPolicy(max_age, max_bytes, interval)),
+    retention = RetentionPolicy(max_age, max_bytes, interval, tuple(age_from_topics))
+    writer = BatchWriter(sink_config(options, options.path, retention),
                          source=options.kafka_source(), parallelism=_server_parallelism(spark),
                          checkpoint=options.checkpoint, job_id=job_id,
                          claim=JobIdentity.current(options.query_name, options.checkpoint))

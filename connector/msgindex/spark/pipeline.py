@@ -24,10 +24,9 @@ from pathlib import Path
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
 from msgindex.spark.progress import say
-from msgindex.spark.shard_owner import DEFAULT_RETENTION_INTERVAL_S, RetentionPolicy
+from msgindex.spark.shard_owner import DEFAULT_RETENTION_INTERVAL_S, KEEP_FOREVER_MS, RetentionPolicy
 
 DEFAULT_QUERY_NAME = "msgindex-index"
-KEEP_FOREVER_MS = -1  # Kafka's retention.ms for "no deletion by age"
 __all__ = ["KAFKA_OPTION_PREFIX", "IndexJobOptions", "index_kafka"]
 
 
@@ -139,13 +138,6 @@ def check_and_plan(options: IndexJobOptions) -> JobStart:
     return JobStart(tuple(topics), retention, line)
 
 
-def _duration(ms: int) -> str:
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms >= size and ms % size == 0:
-            return f"{ms // size} {unit}"
-    return f"{ms} ms"
-
-
 def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[RetentionPolicy, str]:
     """The retention the shards apply, and a line saying what it is and where it comes from.
     Without --retention-ms the age limit is the LONGEST retention.ms among the indexed topics
@@ -162,10 +154,11 @@ def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[Reten
             max_age = longest[1]
             why = f"the longest retention.ms of the indexed topics: {longest[0]}"
     policy = RetentionPolicy(max_age_ms=None if max_age == KEEP_FOREVER_MS else max_age,
-                             max_bytes=options.retention_bytes, interval_s=options.retention_interval_s)
-    age = "no age limit" if policy.max_age_ms is None else f"segments older than {_duration(policy.max_age_ms)}"
+                             max_bytes=options.retention_bytes, interval_s=options.retention_interval_s,
+                             age_from_topics=tuple(sorted(topics)) if options.retention_ms is None else ())
     size = "" if policy.max_bytes is None else f", shards above {policy.max_bytes:,} bytes"
-    return policy, f"retention: {age} ({why}){size}; checked after appends, at most every {policy.interval_s:g} s per shard"
+    return policy, (f"retention: {policy.age_text} ({why}){size}; checked after appends, at most every "
+                    f"{policy.interval_s:g} s per shard")
 
 
 class _StopOnSignal:

@@ -18,6 +18,7 @@ A full disk is reported as ``StorageFullError`` naming the shard and the file (`
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -48,15 +49,45 @@ class RetentionPolicy:
     """What a shard's lock holder deletes between appends: log segments whose newest record is
     older than `max_age_ms`, then the oldest segments until the shard is at most `max_bytes`
     (None: no limit of that kind), checked at most once per `interval_s` per shard in each
-    Python worker."""
+    Python worker. `age_from_topics`: the topics whose longest ``retention.ms`` the age limit is
+    (the default without --retention-ms); empty when the age limit was given or there is none."""
 
     max_age_ms: int | None = None
     max_bytes: int | None = None
     interval_s: float = DEFAULT_RETENTION_INTERVAL_S
+    age_from_topics: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
         return self.max_age_ms is not None or self.max_bytes is not None
+
+    @property
+    def age_text(self) -> str:
+        """The age limit as progress lines say it."""
+        if self.max_age_ms is None:
+            return "no age limit"
+        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+            if self.max_age_ms >= size and self.max_age_ms % size == 0:
+                return f"segments older than {self.max_age_ms // size} {unit}"
+        return f"segments older than {self.max_age_ms} ms"
+
+    @property
+    def follows_topics(self) -> bool:
+        """Whether topics indexed later may lengthen the age limit (see ``widened``)."""
+        return bool(self.age_from_topics) and self.max_age_ms is not None
+
+    def widened(self, retention_ms: dict[str, int]) -> RetentionPolicy:
+        """This policy once topics of `retention_ms` ({topic: retention.ms}) are indexed too: a
+        shard holds many topics, so the age limit is the longest of them all (-1: no limit)."""
+        if not self.follows_topics:
+            return self
+        topics = tuple(sorted({*self.age_from_topics, *retention_ms}))
+        ages = retention_ms.values()
+        max_age = None if KEEP_FOREVER_MS in ages else max([self.max_age_ms, *ages])
+        return dataclasses.replace(self, max_age_ms=max_age, age_from_topics=topics)
+
+
+KEEP_FOREVER_MS = -1  # Kafka's retention.ms for "no deletion by age"
 
 
 @dataclass(frozen=True)

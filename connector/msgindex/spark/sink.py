@@ -42,7 +42,7 @@ from msgindex.spark.kafka_source import KafkaSource
 from msgindex.spark.metadata_events import parse_metadata_events
 from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import PartitionBrokerMap
-from msgindex.spark.progress import append_batch_log
+from msgindex.spark.progress import append_batch_log, say
 from msgindex.spark.shard_owner import disk_full
 from msgindex.spark.spark_checkpoint import batch_end_offsets
 from msgindex.spark.task_writer import (
@@ -239,7 +239,26 @@ class BatchWriter:
         """The batch's Kafka rows as the columns `write_task` takes, with the shard column."""
         if self.config.input_kind == INPUT_METADATA:
             return parse_metadata_events(df)
-        return project_records(df, self._broker_column())
+        broker = self._broker_column()
+        self._follow_new_topics()
+        return project_records(df, broker)
+
+    def _follow_new_topics(self) -> None:
+        """With the default age limit (the longest retention.ms of the indexed topics), topics a
+        pattern subscription matches later lengthen it before their first batch is written:
+        their records must not leave the index while Kafka still keeps them."""
+        policy = self.config.retention
+        if not policy.follows_topics or self.source is None:
+            return
+        from msgindex.kafka.admin import topic_retention_ms
+
+        new = sorted({topic for topic, _ in self.partition_brokers.as_dict()} - set(policy.age_from_topics))
+        if not new:
+            return
+        widened = policy.widened(topic_retention_ms(self.source.bootstrap_servers, new))
+        self.config = dataclasses.replace(self.config, retention=widened)
+        if widened.max_age_ms != policy.max_age_ms:
+            say(f"retention: now {widened.age_text} (the longest retention.ms of the indexed topics, with {', '.join(new)})")
 
     def _leaders(self) -> dict[tuple[str, int], int]:
         from msgindex.kafka.admin import partition_leaders
