@@ -60,6 +60,28 @@ def test_the_default_age_follows_topics_indexed_later():
     assert explicit.widened({"b": -1}) is explicit
 
 
+def test_a_new_topic_whose_retention_cannot_be_read_lifts_the_age_limit(tmp_path, monkeypatch, capsys):
+    """A unit test of the fallback (Kafka answers, then not about the new topic's config): the
+    index never deletes what Kafka might still keep."""
+    from msgindex.errors import BrokerError
+    from msgindex.kafka import admin
+    from msgindex.spark.kafka_source import KafkaSource
+    from msgindex.spark.sink import BatchWriter
+    from msgindex.spark.task_writer import SinkConfig
+
+    def unreadable(bootstrap, topics):
+        raise BrokerError(f"reading retention.ms of topics {list(topics)} on {bootstrap} failed")
+
+    monkeypatch.setattr(admin, "topic_retention_ms", unreadable)
+    config = SinkConfig(str(tmp_path), "records", str(tmp_path / "q"),
+                        retention=RetentionPolicy(max_age_ms=3_600_000, age_from_topics=("a",)))
+    writer = BatchWriter(config, source=KafkaSource("127.0.0.1:9", subscribe_pattern="[ab]"))
+    writer.partition_brokers.extend({("a", 0): "1", ("b", 0): "1"})
+    writer._follow_new_topics()
+    assert writer.config.retention.max_age_ms is None and writer.config.retention.age_from_topics == ("a", "b")
+    assert "retention: now no age limit (the retention.ms of new topics could not be read: " in capsys.readouterr().out
+
+
 def _indexed(index: Path, topic: str) -> int:
     import msgindex
 

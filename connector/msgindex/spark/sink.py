@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from msgindex.errors import InvalidOptionError, MsgIndexError
+from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
 from msgindex.spark.commits import COMMIT_DDL, TaskCommit, commit_of_row
 from msgindex.spark.kafka_records import project_records
 from msgindex.spark.kafka_source import KafkaSource
@@ -43,7 +43,7 @@ from msgindex.spark.metadata_events import parse_metadata_events
 from msgindex.spark.ownership import IndexClaim, JobIdentity
 from msgindex.spark.partition_brokers import PartitionBrokerMap
 from msgindex.spark.progress import append_batch_log, say
-from msgindex.spark.shard_owner import disk_full
+from msgindex.spark.shard_owner import KEEP_FOREVER_MS, disk_full
 from msgindex.spark.spark_checkpoint import batch_end_offsets
 from msgindex.spark.task_writer import (
     INPUT_KINDS,
@@ -255,10 +255,14 @@ class BatchWriter:
         new = sorted({topic for topic, _ in self.partition_brokers.as_dict()} - set(policy.age_from_topics))
         if not new:
             return
-        widened = policy.widened(topic_retention_ms(self.source.bootstrap_servers, new))
+        try:
+            found, why = topic_retention_ms(self.source.bootstrap_servers, new), "the longest retention.ms of the indexed topics"
+        except BrokerError as error:  # never delete what might still be kept: no age limit
+            found, why = dict.fromkeys(new, KEEP_FOREVER_MS), f"the retention.ms of new topics could not be read: {error}"
+        widened = policy.widened(found)
         self.config = dataclasses.replace(self.config, retention=widened)
         if widened.max_age_ms != policy.max_age_ms:
-            say(f"retention: now {widened.age_text} (the longest retention.ms of the indexed topics, with {', '.join(new)})")
+            say(f"retention: now {widened.age_text} ({why}, with {', '.join(new)})")
 
     def _leaders(self) -> dict[tuple[str, int], int]:
         from msgindex.kafka.admin import partition_leaders
