@@ -23,6 +23,7 @@ is set on the server (a batch then runs one task per Kafka input partition).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -68,8 +69,7 @@ def _prepare(options: IndexJobOptions):
             require_free(root)
             upgraded = upgrade_legacy_shards(store, options.input_kind)
         found = {"root": str(root), "quarantine": str(options.quarantine.resolve()), "upgraded": upgraded,
-                 "retention": [start.retention.max_age_ms, start.retention.max_bytes, start.retention.interval_s,
-                               list(start.retention.age_from_topics)],
+                 "retention": dataclasses.asdict(start.retention),
                  "retention_line": start.retention_line}
         yield pa.RecordBatch.from_pydict({"prepared": [json.dumps(found)]})
 
@@ -95,10 +95,9 @@ def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None
     for broker in prepared["upgraded"]:
         say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
     say(prepared["retention_line"])
-    max_age, max_bytes, interval, age_from_topics = prepared["retention"]
     options = _with_resolved_paths(options, root, prepared["quarantine"])
     job_id = uuid.uuid4().hex
-    retention = RetentionPolicy(max_age, max_bytes, interval, tuple(age_from_topics))
+    retention = RetentionPolicy(**{**prepared["retention"], "age_from_topics": tuple(prepared["retention"]["age_from_topics"])})
     writer = BatchWriter(sink_config(options, options.path, retention),
                          source=options.kafka_source(), parallelism=_server_parallelism(spark),
                          checkpoint=options.checkpoint, job_id=job_id,
@@ -136,10 +135,9 @@ def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None
 
 def _with_resolved_paths(options: IndexJobOptions, root: str, quarantine: str) -> IndexJobOptions:
     """The options with --path and --quarantine as the server resolved them."""
-    from dataclasses import replace
     from pathlib import Path
 
-    return replace(options, path=Path(root), quarantine=Path(quarantine))
+    return dataclasses.replace(options, path=Path(root), quarantine=Path(quarantine))
 
 
 def _server_parallelism(spark: SparkSession) -> int | None:

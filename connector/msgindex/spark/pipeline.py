@@ -24,7 +24,12 @@ from pathlib import Path
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
 from msgindex.spark.progress import say
-from msgindex.spark.shard_owner import DEFAULT_RETENTION_INTERVAL_S, KEEP_FOREVER_MS, RetentionPolicy
+from msgindex.spark.shard_owner import (
+    DEFAULT_RETENTION_INTERVAL_S,
+    KEEP_FOREVER_MS,
+    RetentionPolicy,
+    longest_retention,
+)
 
 DEFAULT_QUERY_NAME = "msgindex-index"
 __all__ = ["KAFKA_OPTION_PREFIX", "IndexJobOptions", "index_kafka"]
@@ -150,9 +155,8 @@ def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[Reten
             max_age, why = KEEP_FOREVER_MS, "the topics' retention.ms cannot be read here: give --retention-ms"
         else:
             found = topic_retention_ms(options.bootstrap_servers, topics)
-            longest = max(found.items(), key=lambda item: (item[1] == KEEP_FOREVER_MS, item[1]))
-            max_age = longest[1]
-            why = f"the longest retention.ms of the indexed topics: {longest[0]}"
+            topic, max_age = longest_retention(found)
+            why = f"the longest retention.ms of the indexed topics: {topic}"
     policy = RetentionPolicy(max_age_ms=None if max_age == KEEP_FOREVER_MS else max_age,
                              max_bytes=options.retention_bytes, interval_s=options.retention_interval_s,
                              age_from_topics=tuple(sorted(topics)) if options.retention_ms is None else ())

@@ -82,12 +82,17 @@ class RetentionPolicy:
         if not self.follows_topics:
             return self
         topics = tuple(sorted({*self.age_from_topics, *retention_ms}))
-        ages = retention_ms.values()
-        max_age = None if KEEP_FOREVER_MS in ages else max([self.max_age_ms, *ages])
+        _, longest = longest_retention(retention_ms)
+        max_age = None if longest == KEEP_FOREVER_MS else max(self.max_age_ms, longest)
         return dataclasses.replace(self, max_age_ms=max_age, age_from_topics=topics)
 
 
 KEEP_FOREVER_MS = -1  # Kafka's retention.ms for "no deletion by age"
+
+
+def longest_retention(retention_ms: dict[str, int]) -> tuple[str, int]:
+    """(topic, retention.ms) of the topic that keeps its records longest (-1, forever, first)."""
+    return max(retention_ms.items(), key=lambda item: (item[1] == KEEP_FOREVER_MS, item[1]))
 
 
 @dataclass(frozen=True)

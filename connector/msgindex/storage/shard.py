@@ -941,16 +941,14 @@ class ShardReader(_Committed):
             # every wanted key of a hash sees every entry of that hash: count them once
             at = (seq, int(wanted.hashes[key_number]))
             extra[at] = max(extra.get(at, 0), repeats)
-        records = dict(zip(sorted({seq for seq, _ in extra}), self._log.read_few(sorted({seq for seq, _ in extra}))))
+        seqs_read = sorted({seq for seq, _ in extra})
+        records = dict(zip(seqs_read, self._log.read_few(seqs_read)))
         for (seq, key_hash), repeats in extra.items():
             record = records[seq]
             carried = sum(1 for key in set(record.keys) if index_hash(index_key(record.topic, key)) == key_hash)
             if carried < repeats + 1:
-                culprits = [str(index_file.path) for state, index_file in self._files
-                            if (index_file.candidate_arrays(np.array([key_hash], dtype=np.int64),
-                                                            limit_index_count=state.index_count)[2] == seq).any()]
                 raise CorruptFileError(
-                    f"{', '.join(culprits) or self.directory / INDEX_DIR}: {repeats + 1} committed hash entries of keyHash "
+                    f"{self._file_pointing_at(key_hash, seq)}: {repeats + 1} committed hash entries of keyHash "
                     f"{key_hash} point at record seq {seq}, which carries {carried} key(s) of that hash: an entry was "
                     f"moved there from the record it indexes, so a lookup would miss that record; the file is damaged "
                     f"(`msgindex inspect` lists every bad entry)")
@@ -964,16 +962,20 @@ class ShardReader(_Committed):
         for key_hash in entry_hashes:
             if key_hash in carried:
                 continue
-            culprit = self.directory / INDEX_DIR
-            for state, index_file in self._files:
-                _who, _entries, phys, _ms = index_file.candidate_arrays(
-                    np.array([key_hash], dtype=np.int64), limit_index_count=state.index_count)
-                if (phys == seq).any():
-                    culprit = index_file.path
-                    break
             raise CorruptFileError(
-                f"{culprit}: a committed hash entry of keyHash {key_hash} points at record seq {seq}, which carries "
-                f"no key of that hash: the file is damaged (`msgindex inspect` lists every bad entry)")
+                f"{self._file_pointing_at(key_hash, seq)}: a committed hash entry of keyHash {key_hash} points at "
+                f"record seq {seq}, which carries no key of that hash: the file is damaged (`msgindex inspect` lists "
+                f"every bad entry)")
+
+    def _file_pointing_at(self, key_hash: int, seq: int) -> Path:
+        """The committed hash index file with an entry of `key_hash` pointing at `seq`, to name
+        in an error (the shard's index directory when none is found)."""
+        for state, index_file in self._files:
+            _who, _entries, phys, _ms = index_file.candidate_arrays(
+                np.array([key_hash], dtype=np.int64), limit_index_count=state.index_count)
+            if (phys == seq).any():
+                return Path(index_file.path)
+        return self.directory / INDEX_DIR
 
     def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
                       end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
