@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from msgindex.storage import result_order
 from msgindex.storage import shard as shard_module
 from msgindex.storage.log import metadata_log
 from msgindex.storage.store import StoreSettings, open_store
@@ -96,7 +97,7 @@ def test_overlap_windows_give_the_order_of_a_full_sort(runs, nearly_in_time_orde
     cuts = np.cumsum([len(run) for run in runs])[:-1]
     position = np.arange(len(stamps))
     order = position.copy()
-    for low, high in shard_module._overlaps(stamps, cuts):
+    for low, high in result_order.overlaps(stamps, cuts):
         window = slice(low, high)
         order[window] = low + np.lexsort((position[window], stamps[window]))
     assert np.array_equal(order, np.lexsort((position, stamps)))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, hot_keys
 from msgindex.storage.checkpoint import CHECKPOINT_FILE
 from msgindex.storage.durable import is_temporary
 from msgindex.storage.index_file import (
@@ -45,6 +45,7 @@ from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentI
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
+from msgindex.storage.message import arrow_text, decode_text
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     INDEX_DIR,
@@ -88,6 +89,8 @@ KIND_DESCRIPTIONS = {
                   "trusts it alone (batch headers decide), writers rewrite it",
     "segment_summary": "summary of a sealed log segment (seq range, size, time range): derived, recomputed from the "
                        "segment when missing or wrong",
+    "hot_key_copy": "hot-key copy of a stretch of the log: the rows of its hottest keys, sorted for fast reading; "
+                    "derived (lookups ignore a damaged one and read the log), deleting it changes no answer",
     "index_file": "hash index file (RocketMQ IndexFile format): the key -> seq index of the shard; never delete a "
                   "committed one (`msgindex repair` cannot rebuild it)",
 }
@@ -112,6 +115,9 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
             return inspect_shard(path, _settings_near(path), verify=verify)
         if name in (LOG_DIR, INDEX_DIR) and _is_shard(path.parent):
             return _inspect_shard_part(path, verify)
+        if name == hot_keys.DIRECTORY and _is_shard(path.parent):
+            return {"kind": "hot_keys_directory", "path": str(path), "is": KIND_DESCRIPTIONS["hot_key_copy"],
+                    "copies": [entry.name for _, _, entry in hot_keys.stretches(path)]}
         if name in FILE_KINDS:
             report = {"kind": "directory", "path": str(path), "is": FILE_KINDS[name]}
             if name not in DIRECTORY_KINDS:
@@ -131,6 +137,8 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
             return inspect_segment(path.with_suffix(LOG_SUFFIX), _settings_near(path), verify=verify, asked=path)
     if name.endswith(hash_run.SUFFIX) and in_shard is not None:
         return _inspect_hash_run(path, in_shard, verify)
+    if hot_keys.parse_copy_name(name) is not None and in_shard is not None:
+        return _inspect_hot_key_copy(path, in_shard, verify)
     settings = _settings_near(path)
     if in_shard is not None and path.parent.name == INDEX_DIR and parse_index_file_name(name) is not None:
         return _inspect_index_file_in_shard(path, in_shard, settings, verify)
@@ -227,6 +235,22 @@ def _inspect_index_file_in_shard(path: Path, shard: Path, settings: StoreSetting
         report["note"] = "not listed by the shard checkpoint: left by a batch that never committed (the next writer removes it)"
     if verify:
         report["problems"] = [p for p in _shard_problems(shard, settings) if p.startswith(str(path))]
+    return report
+
+
+def _inspect_hot_key_copy(path: Path, shard: Path, verify: bool) -> dict[str, Any]:
+    """A hot-key copy: its stretch and groups, and (verify) whether lookups may use it."""
+    report: dict[str, Any] = {"kind": "hot_key_copy", "path": str(path), "is": KIND_DESCRIPTIONS["hot_key_copy"]}
+    try:
+        copy = hot_keys.HotKeyCopy.open(path)
+    except CorruptFileError as error:
+        report["problems"] = [f"{error} (lookups ignore it)"]
+        return report
+    report.update(start_seq=copy.start_seq, end_seq=copy.end_seq,
+                  groups=[{"key": arrow_text(decode_text(key)), "rows": group.rows, "bytes": group.length}
+                          for key, group in copy.groups.items()])
+    if verify:
+        report["problems"] = [p for p in _shard_problems(shard, _settings_near(shard)) if p.startswith(str(path))]
     return report
 
 
@@ -465,7 +489,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None, *, verify: bo
         "topics": list(checkpoint.topics),
         "segments": segments,
         "index_files": index_files,
-        "bytes": sum(_tree_bytes(directory / sub) for sub in (LOG_DIR, INDEX_DIR)),
+        "bytes": sum(_tree_bytes(directory / sub) for sub in (LOG_DIR, INDEX_DIR, hot_keys.DIRECTORY)),
     }
     if verify:
         report["problems"] = problems

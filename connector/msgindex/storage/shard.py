@@ -4,7 +4,8 @@
 broker=<name>/lock          flock'ed by the one writer while it is open
 broker=<name>/checkpoint    the commit point (checkpoint.py)
 broker=<name>/log/          metadata log segments + sparse offset/time indexes (log/)
-broker=<name>/index/        RocketMQ IndexFiles, named yyyyMMddHHmmssSSS
+broker=<name>/index/        RocketMQ IndexFiles, named yyyyMMddHHmmssSSS (+ their hash runs)
+broker=<name>/hotkeys/      hot-key copies of committed stretches of the log (derived: hot_keys.py)
 ```
 
 Crash safety rests on one rule: nothing past the checkpoint is real. A writer appends the batch to
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -45,7 +47,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import hash_run, verify
+from msgindex.storage import hash_run, hot_keys, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -85,8 +87,11 @@ from msgindex.storage.query import (
     empty_rows,
     rows_from_records,
 )
+from msgindex.storage.result_order import OrderColumns, Part, in_result_order, result_order, topic_ranks
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
+
+logger = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
 LOG_DIR = "log"
@@ -438,6 +443,7 @@ class ShardWriter(_Committed):
             Path(index_file.path).unlink(missing_ok=True)
             hash_run.remove_runs(index_file.path)
         self._delete_segments_below(self._checkpoint.log_start_seq)
+        hot_keys.remove_copies(self.directory / hot_keys.DIRECTORY, below=self._checkpoint.log_start_seq)
         fsync_directory(self.directory / INDEX_DIR)
 
     # --- revalidation and recovery --------------------------------------------------------------
@@ -541,12 +547,15 @@ class ShardWriter(_Committed):
             shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)
             for stray in (self.directory / INDEX_DIR).iterdir():
                 _remove(stray)
+            shutil.rmtree(self.directory / hot_keys.DIRECTORY, ignore_errors=True)
             self._log = open_log(self.directory, self.settings, writable=True, committed=None)
             checkpoint = Checkpoint(log_position=self._log.position())
             self._write_checkpoint(checkpoint)
         else:
             self._checkpoint = checkpoint
             self._open_committed(checkpoint, {})
+            # copies past the commit (a repaired, shorter shard) and interrupted writes of copies
+            hot_keys.remove_copies(self.directory / hot_keys.DIRECTORY, beyond=checkpoint.record_count)
         if self._store_root is not None:
             register_shard(self._store_root, self.broker)  # after its first checkpoint (manifest.py)
         return checkpoint
@@ -669,6 +678,16 @@ class ShardWriter(_Committed):
         # Hash runs for the active file too (a store with default sizing has only that one file):
         # they cover what this checkpoint committed and cost nothing until a run is due.
         hash_run.seal_committed(self._files[-1:], {state.name: state.index_count for state in self._states})
+        self._seal_hot_keys()
+
+    def _seal_hot_keys(self) -> None:
+        """Copy the hot keys of committed stretches that have no copy yet (``hot_keys``). A copy
+        is derived: one that cannot be written (a full disk) leaves the commit as it is."""
+        try:
+            hot_keys.seal_committed(self.directory / hot_keys.DIRECTORY, self._log, self._checkpoint.log_start_seq,
+                                    self._checkpoint.record_count)
+        except OSError as error:  # StorageFullError is one
+            logger.warning("%s: no hot-key copy written (%s); lookups of hot keys read the log", self.directory, error)
 
     def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
         raw = encode_checkpoint(checkpoint)
@@ -691,6 +710,8 @@ class ShardReader(_Committed):
         self._files: list[tuple[IndexFileState, IndexFile]] = []
         self._mapped: dict[str, _FileIdentity] = {}  # see check_unchanged
         self._checked_at = 0.0
+        self._copies: list[hot_keys.HotKeyCopy] | None = None  # see _hot_key_copies
+        self._copy_fitness: dict[Path, bool] = {}
         deadline = time.monotonic() + OPEN_RETRY_S
         checkpoint = read_committed(self.directory, broker)
         while True:
@@ -832,13 +853,27 @@ class ShardReader(_Committed):
             return empty_rows()
         begin_ms, end_ms = window
         wanted = _WantedKeys.of(topics, list(query.keys))
-        seqs, who = self._candidates(wanted, begin_ms, end_ms)
-        if len(seqs) <= FEW_CANDIDATES:
+        # Hot-key copies (hot_keys.py) are consulted once a lookup of this reader met many
+        # candidates; from then on, hash entries below what they hold are not even read.
+        copied = self._copied_rows(wanted) if self._copies is not None else None
+        from_seq = copied.covered_below(len(wanted.hashes)) if copied is not None else 0
+        seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seq)
+        if len(seqs) <= FEW_CANDIDATES and from_seq <= self._checkpoint.log_start_seq:
             return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
-        found = self._verified(seqs, who, wanted, begin_ms, end_ms, query.partitions)
+        if copied is None and len(seqs) >= hot_keys.MIN_ROWS:
+            copied = self._copied_rows(wanted)
+        parts = []
+        if copied is not None:
+            wanted_partitions = None if query.partitions is None else np.array(sorted(set(query.partitions)), np.int64)
+            parts = copied.parts(self.broker, [arrow_text(topic) for topic, _ in wanted.texts], begin_ms, end_ms,
+                                 wanted_partitions)
+            seqs, who = copied.left_for_log(seqs, who)
+        found = self._verified(seqs, who, wanted, begin_ms, end_ms, query.partitions) + parts
         if not found:
             return empty_rows()
-        return _in_result_order(found, query.max_results)
+        # parts nearly in time order: only where they meet are rows ordered again
+        found.sort(key=lambda part: (int(part.order.timestamp_ms[0]), int(part.order.seqs[0])))
+        return in_result_order(found, query.max_results)
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -891,16 +926,18 @@ class ShardReader(_Committed):
             self._log = None
 
     # --- lookup internals -----------------------------------------------------------------------
-    def _candidates(self, wanted: _WantedKeys, begin_ms: int | None,
-                    end_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """(seq, wanted-key number) of every committed hash-matching entry, from every committed
-        file whose true time range meets the window: flat arrays, all keys of the call at once.
-        Entries point into the log by seq."""
-        low, high = self._checkpoint.log_start_seq, self._checkpoint.record_count
+    def _candidates(self, wanted: _WantedKeys, begin_ms: int | None, end_ms: int | None,
+                    from_seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(seq, wanted-key number) of every committed hash-matching entry at or past `from_seq`,
+        from every committed file whose true time range meets the window: flat arrays, all keys
+        of the call at once. Entries point into the log by seq."""
+        low, high = max(self._checkpoint.log_start_seq, from_seq), self._checkpoint.record_count
         seqs, whos = [], []
         for state, index_file in reversed(self._files):
             if not state.overlaps(begin_ms, end_ms):
                 continue
+            if state.index_count > 1 and state.header.end_phy_offset < from_seq:
+                continue  # every entry of the file points below from_seq (phyOffsets only grow)
             who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
                 wanted.hashes, limit_index_count=state.index_count)
             inside = (phy_offsets >= low) & (phy_offsets < high)
@@ -911,6 +948,39 @@ class ShardReader(_Committed):
         if not seqs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
+
+    def _copied_rows(self, wanted: _WantedKeys) -> hot_keys.CopiedRows:
+        key_numbers: dict[bytes, list[int]] = {}  # each wanted key's (topic, key) numbers
+        for number, key in enumerate(wanted.keys.to_pylist()):
+            key_numbers.setdefault(key, []).append(number)
+        return hot_keys.read_copies(self._hot_key_copies(), self._copy_fits, key_numbers, len(wanted.hashes),
+                                    self._checkpoint.log_start_seq)
+
+    def _hot_key_copies(self) -> list[hot_keys.HotKeyCopy]:
+        """The shard's hot-key copies of committed, retained stretches (read once per reader;
+        a damaged one is left out with a warning: the log answers for it)."""
+        if self._copies is None:
+            self._copies = []
+            for start, end, path in hot_keys.stretches(self.directory / hot_keys.DIRECTORY):
+                if end > self._checkpoint.record_count or end <= self._checkpoint.log_start_seq:
+                    continue
+                if self._copies and start < self._copies[-1].end_seq:
+                    logger.warning("%s: hot-key copy overlaps %s: ignored", path, self._copies[-1].path)
+                    continue
+                try:
+                    self._copies.append(hot_keys.HotKeyCopy.open(path))
+                except CorruptFileError as error:
+                    logger.warning("%s: answering from the log", error)
+        return self._copies
+
+    def _copy_fits(self, copy: hot_keys.HotKeyCopy) -> bool:
+        if copy.path not in self._copy_fitness:
+            fits = copy.fits(self._log)
+            if not fits:
+                logger.warning("%s: hot-key copy was not made from this log (its block checksums differ): answering "
+                            "from the log", copy.path)
+            self._copy_fitness[copy.path] = fits
+        return self._copy_fitness[copy.path]
 
     def _check_unmatched(self, records: bf.Selection, rows: np.ndarray, key_numbers: np.ndarray,
                          hits: np.ndarray, wanted: _WantedKeys) -> None:
@@ -1011,7 +1081,7 @@ class ShardReader(_Committed):
         return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
 
     def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                  end_ms: int | None, partitions: Iterable[int] | None) -> list[_Matched]:
+                  end_ms: int | None, partitions: Iterable[int] | None) -> list[Part]:
         """The log records of the candidates that really are in the topic, carry the key and lie
         in the window, in seq order, rendered: hash collisions and second-granularity times end
         here. Each touched block is read once; the checks are numpy/Arrow kernels over a chunk of
@@ -1042,7 +1112,7 @@ class ShardReader(_Committed):
         bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
         wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
 
-        def verify(first: int, records: bf.Selection) -> _Matched | None:
+        def verify(first: int, records: bf.Selection) -> Part | None:
             end = first + len(records)
             row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
             keep = np.ones(len(records), dtype=bool)
@@ -1065,9 +1135,9 @@ class ShardReader(_Committed):
                 self._check_unmatched(records, *unmatched_pairs, np.zeros(len(records), dtype=np.int64), wanted)
                 return None
             # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
-            topic_ranks = _topic_ranks(records.topics)
-            order = _result_order(
-                records.timestamp_ms[candidates], topic_ranks[records.topic_ids[candidates]],
+            ranks = topic_ranks(records.topics)
+            order = result_order(
+                records.timestamp_ms[candidates], ranks[records.topic_ids[candidates]],
                 records.partition[candidates], records.offset[candidates], records.seqs[candidates])
             found = records.rows(candidates, order)
             ordered = candidates[order]
@@ -1091,7 +1161,7 @@ class ShardReader(_Committed):
                 return None
             if not matched.all():
                 found = found.take(np.flatnonzero(matched))
-            return _Matched(bf.rows(found, self.broker), found)
+            return Part(pa.Table.from_batches([bf.rows(found, self.broker)]), OrderColumns.of(found))
 
         return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
 
@@ -1118,14 +1188,6 @@ class _FileIdentity(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Matched:
-    """A chunk's verified records, in RESULT_ORDER among themselves: rendered, and as columns."""
-
-    rows: pa.RecordBatch
-    records: bf.DecodedRows
-
-
-@dataclass(frozen=True)
 class _WantedKeys:
     """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
     the log stores them (encode_text bytes), in one order."""
@@ -1142,97 +1204,6 @@ class _WantedKeys:
         return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs,
                    tuple(encoded for encoded in (encode_text(t) for t in topics) for _ in keys),
                    pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
-
-
-def _topic_ranks(topics: Sequence[bytes]) -> np.ndarray:
-    """Each topic's rank in RESULT_ORDER (which compares topics as rendered)."""
-    rendered = [arrow_text(decode_text(t)).encode("utf-8") for t in topics]
-    return np.argsort(np.array(sorted(range(len(rendered)), key=rendered.__getitem__), dtype=np.int64)).astype(np.int64)
-
-
-def _result_order(stamps: np.ndarray, topic_ranks: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
-                  seqs: np.ndarray) -> np.ndarray:
-    """The permutation that puts rows (of one shard) in RESULT_ORDER: by timestamp, then topic,
-    partition, offset, seq. A stable sort by timestamp, then only the runs of equal timestamps
-    sorted by the rest: far cheaper than a sort on all keys for a hot key's rows."""
-    order = _by_timestamp(stamps)
-    stamps = stamps[order]
-    tie = stamps[1:] == stamps[:-1]
-    if tie.any():
-        in_run = np.zeros(len(order), dtype=bool)
-        in_run[1:] |= tie
-        in_run[:-1] |= tie
-        runs = np.flatnonzero(in_run)
-        run = np.cumsum(np.concatenate(([True], ~tie)))[runs]
-        picked = order[runs]
-        order[runs] = picked[np.lexsort((seqs[picked], offsets[picked], partitions[picked], topic_ranks[picked], run))]
-    return order
-
-
-def _by_timestamp(stamps: np.ndarray) -> np.ndarray:
-    """np.argsort(stamps, kind="stable"), as two stable 16-bit passes when the stamps span less
-    than 2**32 ms (49 days): numpy sorts 16-bit keys by radix, ~4x faster than its int64 timsort."""
-    low = int(stamps.min()) if len(stamps) else 0
-    span = int(stamps.max()) - low if len(stamps) else 0
-    if span >= 1 << 32:
-        return np.argsort(stamps, kind="stable")
-    relative = stamps - low
-    order = np.argsort((relative & 0xFFFF).astype(np.uint16), kind="stable")
-    if span >= 1 << 16:
-        order = order[np.argsort((relative >> 16).astype(np.uint16)[order], kind="stable")]
-    return order
-
-
-def _in_result_order(parts: list[_Matched], max_results: int | None) -> pa.Table:
-    """The rows of `parts` (each in RESULT_ORDER, one after the other in seq order) in
-    RESULT_ORDER, at most `max_results`. The log is nearly in time order, so neighbouring parts
-    overlap only where they meet: only the rows of those overlaps are ordered again (and taken),
-    the others keep their place (zero-copy slices)."""
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([getattr(part.records, name) for part in parts])
-
-    stamps = joined("timestamp_ms")
-    windows = _overlaps(stamps, np.cumsum([len(part.records) for part in parts])[:-1])
-    table = pa.Table.from_batches([part.rows for part in parts])
-    if windows:
-        topics: dict[bytes, int] = {}
-        topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.records.topics],
-                                             dtype=np.int64)[part.records.topic_ids] for part in parts])
-        topic_ranks = _topic_ranks(list(topics))[topic_ids]
-        partitions, offsets, seqs = joined("partition"), joined("offset"), joined("seqs")
-    pieces, at = [], 0
-    for low, high in windows:
-        pieces.append(table.slice(at, low - at))
-        window = slice(low, high)
-        order = _result_order(stamps[window], topic_ranks[window], partitions[window], offsets[window], seqs[window])
-        pieces.append(table.slice(low, high - low).take(pa.array(order)))
-        at = high
-    pieces.append(table.slice(at))
-    result = pa.concat_tables(pieces)  # several record batches: one copy of a hot key's rows is enough
-    return result.slice(0, max_results) if max_results is not None else result
-
-
-def _overlaps(stamps: np.ndarray, cuts: np.ndarray) -> list[tuple[int, int]]:
-    """The [low, high) windows of rows that may be out of place, for runs of `stamps` each in
-    order (a run starts at each of `cuts`). A row is in its final place when its stamp is above
-    every stamp of the runs before it and below every stamp of the runs after it: exactly the
-    rows before it rank before it. So the rows between two such rows are exactly the ones whose
-    places lie there, and each window is ordered on its own."""
-    bounds = np.array([0, *cuts.tolist(), len(stamps)], dtype=np.int64)
-    firsts, lasts = stamps[bounds[:-1]], stamps[bounds[1:] - 1]
-    highest_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], lasts[:-1])))
-    lowest_after = np.minimum.accumulate(np.concatenate((firsts[1:], [np.iinfo(np.int64).max]))[::-1])[::-1]
-    windows: list[tuple[int, int]] = []
-    for start, end, high, low in zip(bounds[:-1].tolist(), bounds[1:].tolist(), highest_before.tolist(),
-                                     lowest_after.tolist()):
-        run = stamps[start:end]
-        for low_at, high_at in ((start, start + int(np.searchsorted(run, high, side="right"))),
-                                (start + int(np.searchsorted(run, low, side="left")), end)):
-            if low_at < high_at:
-                if windows and windows[-1][1] >= low_at:
-                    low_at, high_at = windows[-1][0], max(windows.pop()[1], high_at)
-                windows.append((low_at, high_at))
-    return windows
 
 
 SCALAR_HASH_MAX_KEYS = 16

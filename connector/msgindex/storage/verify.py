@@ -24,9 +24,10 @@ lookups miss, a missing oldest log segment makes scans short. So:
   regenerated from the (checksummed) log batches and compared. Entries that point below the
   retained log (retention deleted their records) can only be checked for shape (prevIndex points
   to an older entry, phyOffsets never decrease). Sealed segments' summaries, the sparse indexes
-  (against the index rule applied to the batches) and the hash runs (rebuilt and compared
-  byte for byte) are checked too: those are derived files, which readers recompute or ignore
-  when damaged, so their problems are reported as harmless.
+  (against the index rule applied to the batches), the hash runs (rebuilt and compared byte for
+  byte) and the hot-key copies (each group made again from the log) are checked too: those are
+  derived files, which readers recompute or ignore when damaged, so their problems are reported
+  as harmless.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, hot_keys
 from msgindex.storage.append_columns import RAW_TEXT, TEXT, AppendColumns
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState
 from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, time_diffs_seconds
@@ -215,6 +216,9 @@ def verify_shard(checkpoint: Checkpoint, log: MetadataLog | None,
             stream = None
         problems += _verify_runs(index_file, state)
         previous = (state, index_file)
+    if log is not None:
+        problems += [Problem(str(path), what, harmless=True) for path, what in hot_keys.check_copies(
+            log.directory.parent / hot_keys.DIRECTORY, log, checkpoint.log_start_seq, checkpoint.record_count)]
     if stream is not None:
         try:
             left = stream.remaining()

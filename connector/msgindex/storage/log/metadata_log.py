@@ -417,7 +417,7 @@ class MetadataLog:
             row = seqs[firsts[0] : ends[-1]] - directory.block_base_seqs[blocks][block]
             return work(int(firsts[0]), segment.block_set(blocks, directory).select(block, row))
 
-        yield from _in_order(read, tasks)
+        yield from in_order(read, tasks)
 
     def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
         """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
@@ -443,6 +443,19 @@ class MetadataLog:
     def gather(self, seqs: np.ndarray) -> bf.DecodedRows:
         """The records of sorted unique `seqs`, in that order (see ``chunks``)."""
         return bf.concat_rows(list(self.chunks(seqs, lambda _, records: records.rows())))
+
+    def block_crcs(self, start_seq: int, end_seq: int) -> np.ndarray:
+        """The checksums (uint32, in log order) of the blocks holding the records [start_seq,
+        end_seq): a fingerprint of exactly those bytes, from the batch heads (no block is read)."""
+        crcs = []
+        for segment in self._segments:
+            if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
+                continue
+            directory = segment.batches()
+            block_ends = directory.block_base_seqs + directory.block_counts
+            wanted = (directory.block_base_seqs < end_seq) & (block_ends > start_seq)
+            crcs.append(directory.block_crcs[wanted].astype(np.uint32))
+        return np.concatenate(crcs) if crcs else np.zeros(0, np.uint32)
 
     def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
         """The records of `seqs`, in the order given."""
@@ -620,7 +633,7 @@ R = TypeVar("R")
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _in_order(work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
+def in_order(work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
     """work(task) of each task, in order; with many, up to READ_AHEAD_CHUNKS run ahead on a
     thread pool while the caller consumes the results (fewer run inline: the GIL hand-offs of
     many short C calls cost more than a second core gives them, measured on 2 cores)."""

@@ -1,0 +1,485 @@
+"""Hot-key copies: derived files that answer a hot key's records without reading the whole log.
+
+A key carried by a tenth of the records (a tenant id, a default key) has its records in nearly
+every block of the log: the hash index finds them exactly, but reading them back means
+decompressing the whole log (~1 s for 10M records). A columnar file sorted by key reads only that
+key's rows, and so does this: for each committed *stretch* of the log, [start, end) with
+``STRETCH_RECORDS`` records, the writer copies the rows of every key carried by at least
+``MIN_SHARE`` of the stretch's records (in any topics) into one file, each such key's *group*
+already rendered (ROW_SCHEMA but the broker, which the shard gives) and in RESULT_ORDER, as a
+zstd-compressed Arrow IPC stream. A group holds every record of the stretch that carries its key,
+in every topic: a lookup of the key in some topics filters the group by topic. A lookup of a hot
+key then takes its rows of each covered stretch from the group (a checksum and one decompression)
+and reads only the rest of the log.
+
+Copies are derived and never required: a lookup uses one only when it is intact (checksums) and
+its fingerprint, the checksums of the log blocks holding its stretch, is the log's; otherwise the
+answer comes from the log, as if the copy did not exist. Deleting every copy changes no answer,
+only its speed. A copy only ever covers committed records, which never change; retention deletes
+a copy once its whole stretch is below the log's start, and readers drop the rows below it until
+then.
+
+Files live in the shard's ``hotkeys/`` directory, one per stretch, named ``<start>-<end>.hotkeys``
+(20-digit seqs); the stretches of a shard follow one another from the first one built.
+
+Layout (little-endian: msgindex's own format)::
+
+    header     64 B      HEADER_STRUCT: magic, version, group count, start and end seq, the log's
+                         fingerprint, the directory's length and CRC-32, the header's CRC-32
+    directory  variable  per group, sorted by key: GROUP_STRUCT (position and length of its stream
+                         in the file, rows, CRC-32 of the stream, key length), then the key as the
+                         log stores it (``encode_text``)
+    streams    variable  per group, an Arrow IPC stream of COPY_SCHEMA (zstd buffers)
+
+A stretch holding a timestamp outside the timestamp rule (stores from before the rule) gets a copy
+with no groups: rows are ordered by their stored millisecond, which such rows do not show.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msgindex.errors import CorruptFileError
+from msgindex.storage.durable import is_temporary, write_atomically
+from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.metadata_log import MetadataLog, in_order
+from msgindex.storage.message import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
+    ROW_SCHEMA,
+    arrow_text,
+    encode_text,
+    text_of_shown,
+)
+from msgindex.storage.result_order import OrderColumns, Part, result_order, topic_ranks
+
+logger = logging.getLogger(__name__)
+
+DIRECTORY = "hotkeys"  # in the shard directory
+SUFFIX = ".hotkeys"
+MAGIC = b"MIHOTKEY"
+VERSION = 1
+HEADER_SIZE = 64
+# magic, version, groups, start_seq, end_seq, log_fingerprint, directory_length, directory_crc | header_crc | spare
+_HEADER_FIELDS_BEFORE_CRC = "<8sIIqqIII"
+HEADER_STRUCT = struct.Struct(_HEADER_FIELDS_BEFORE_CRC + "I16x")
+HEADER_CRC_OFFSET = struct.calcsize(_HEADER_FIELDS_BEFORE_CRC)  # header_crc covers every byte before it
+# position, length, rows, stream_crc, key_length (then the key's bytes)
+GROUP_STRUCT = struct.Struct("<QIIII")
+# What a group stores of each row: ROW_SCHEMA without the broker (the shard's), topics as a
+# dictionary (a hot key lives in a few topics).
+COPY_SCHEMA = pa.schema([field.with_type(pa.dictionary(pa.int32(), pa.string())) if field.name == "topic" else field
+                         for field in ROW_SCHEMA if field.name != "broker"])
+COMPRESSION = "zstd"  # 10M records, the hot key's 1.79M rows: 12.9 B/row, read back in ~55 ms (LZ4: 24 B, 31 ms)
+
+# Policy (measured on bench_vs_parquet's 10M records: BENCHMARKS.md). A stretch is short enough
+# that the log's uncopied tail stays small beside the copies, long enough that a group's fixed
+# cost (~50 us) is nothing beside its rows.
+STRETCH_RECORDS = 1 << 18
+MIN_SHARE = 0.01  # a (topic, key) on >= 1% of a stretch's records is hot: reading its blocks is reading them all
+MIN_ROWS = 1024  # ... and on at least this many (fewer are found in a few ms from their blocks)
+MAX_SHARE = 0.5  # copies hold at most this share of a stretch's records (the byte budget), hottest first
+_OPENED_COPIES = 1024  # parsed copies a process remembers (by file identity)
+
+assert HEADER_STRUCT.size == HEADER_SIZE and GROUP_STRUCT.size == 24
+
+
+def copy_path(directory: Path, start_seq: int, end_seq: int) -> Path:
+    """Where the copy of the stretch [start_seq, end_seq) lives in the `directory` of copies."""
+    return Path(directory) / f"{start_seq:020d}-{end_seq:020d}{SUFFIX}"
+
+
+def parse_copy_name(name: str) -> tuple[int, int] | None:
+    """(start_seq, end_seq) of a copy's file name, None for any other name."""
+    stem, dot, suffix = name.partition(".")
+    start, dash, end = stem.partition("-")
+    if f"{dot}{suffix}" != SUFFIX or not dash or len(start) != 20 or len(end) != 20:
+        return None
+    if not (start.isdigit() and end.isdigit()) or int(start) >= int(end):
+        return None
+    return int(start), int(end)
+
+
+def stretches(directory: Path) -> list[tuple[int, int, Path]]:
+    """(start, end, path) of every copy file in `directory`, by start."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        bounds = parse_copy_name(path.name)
+        if bounds is not None:
+            found.append((*bounds, path))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One hot key of a copy: where its rows' stream is, how many rows, its checksum."""
+
+    key: bytes  # encode_text, as the log stores it
+    position: int
+    length: int
+    rows: int
+    crc: int
+
+
+class HotKeyCopy:
+    """One copy file's header and directory, checked (see the module docstring); its groups'
+    rows are read on demand (``rows``)."""
+
+    def __init__(self, path: Path, start_seq: int, end_seq: int, log_fingerprint: int,
+                 groups: dict[bytes, Group]) -> None:
+        self.path = path
+        self.start_seq = start_seq
+        self.end_seq = end_seq
+        self.log_fingerprint = log_fingerprint
+        self.groups = groups
+
+    @classmethod
+    def open(cls, path: Path) -> HotKeyCopy:
+        """The copy at `path`; CorruptFileError when it is torn, damaged or not a copy."""
+        path = Path(path)
+        try:
+            stat = os.stat(path)
+            identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if identity in _OPENED and _OPENED[identity].path == path:
+                _OPENED.move_to_end(identity)
+                return _OPENED[identity]
+            with open(path, "rb") as f:
+                head = f.read(HEADER_SIZE)
+                copy = cls._parse(path, head, f, stat.st_size)
+        except IsADirectoryError as error:
+            raise CorruptFileError(f"{path}: a directory where a hot-key copy should be") from error
+        except OSError as error:
+            raise CorruptFileError(f"{path}: hot-key copy cannot be read ({error.strerror or error})") from error
+        _OPENED[identity] = copy
+        while len(_OPENED) > _OPENED_COPIES:
+            _OPENED.popitem(last=False)
+        return copy
+
+    @classmethod
+    def _parse(cls, path: Path, head: bytes, f, size: int) -> HotKeyCopy:
+        if len(head) != HEADER_SIZE:
+            raise CorruptFileError(f"{path}: hot-key copy is {size} bytes, shorter than its {HEADER_SIZE}-byte header")
+        magic, version, group_count, start, end, fingerprint, directory_length, directory_crc, header_crc = (
+            HEADER_STRUCT.unpack(head))
+        if magic != MAGIC or version != VERSION:
+            raise CorruptFileError(f"{path}: not a hot-key copy of version {VERSION} (magic {magic!r}, version {version})")
+        if zlib.crc32(head[:HEADER_CRC_OFFSET]) != header_crc:
+            raise CorruptFileError(f"{path}: hot-key copy header fails its checksum")
+        if (start, end) != parse_copy_name(path.name):
+            raise CorruptFileError(f"{path}: hot-key copy holds the stretch [{start}, {end}), not the one its name says")
+        directory = f.read(directory_length)
+        if len(directory) != directory_length or zlib.crc32(directory) != directory_crc:
+            raise CorruptFileError(f"{path}: hot-key copy directory is torn or fails its checksum")
+        groups: dict[bytes, Group] = {}
+        at = 0
+        streams_from = HEADER_SIZE + directory_length
+        for _ in range(group_count):
+            if at + GROUP_STRUCT.size > directory_length:
+                raise CorruptFileError(f"{path}: hot-key copy directory lists fewer than its {group_count} groups")
+            position, length, rows, crc, key_length = GROUP_STRUCT.unpack_from(directory, at)
+            at += GROUP_STRUCT.size
+            key = directory[at : at + key_length]
+            at += key_length
+            if position < streams_from or position + length > size:
+                raise CorruptFileError(f"{path}: hot-key copy group at {position} (+{length}) lies outside the file")
+            groups[key] = Group(key, position, length, rows, crc)
+        if at != directory_length:
+            raise CorruptFileError(f"{path}: hot-key copy directory holds {directory_length - at} bytes past its groups")
+        return cls(path, start, end, fingerprint, groups)
+
+    def fits(self, log: MetadataLog) -> bool:
+        """True when the log's blocks holding this copy's stretch are the ones it was copied from."""
+        return _fingerprint(log.block_crcs(self.start_seq, self.end_seq)) == self.log_fingerprint
+
+    def rows(self, group: Group) -> pa.Table:
+        """The group's rows (COPY_SCHEMA, in RESULT_ORDER), checksum verified."""
+        try:
+            with open(self.path, "rb") as f:
+                data = os.pread(f.fileno(), group.length, group.position)
+        except OSError as error:
+            raise CorruptFileError(f"{self.path}: hot-key copy cannot be read ({error.strerror or error})") from error
+        if len(data) != group.length or zlib.crc32(data) != group.crc:
+            raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} fails its checksum")
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        except (pa.ArrowException, ValueError) as error:
+            raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} is not an Arrow stream "
+                                   f"({error})") from error
+        if table.schema != COPY_SCHEMA or table.num_rows != group.rows:
+            raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} holds {table.num_rows} rows "
+                                   f"of another shape than the {group.rows} its directory lists")
+        return table
+
+
+_OPENED: OrderedDict[tuple[int, int, int, int], HotKeyCopy] = OrderedDict()
+
+
+class CopiedRows:
+    """What hot-key copies hold of one lookup: the groups of its wanted keys, read and checked,
+    stretch by stretch. Wanted keys are numbered (one number per (topic, key) pair of the lookup)."""
+
+    def __init__(self, copies: list[tuple[HotKeyCopy, list[tuple[pa.Table, list[int]]]]], wanted_count: int,
+                 log_start_seq: int, wanted_keys: int) -> None:
+        """`copies`: each usable copy (by stretch) with its groups' rows and the numbers each
+        serves; `wanted_keys`: how many distinct keys the lookup has (several: a record carrying
+        two is still one row)."""
+        self._copies = copies
+        self._low = log_start_seq
+        self._several_keys = wanted_keys > 1
+        self.starts = np.array([copy.start_seq for copy, _ in copies], dtype=np.int64)
+        self.ends = np.array([copy.end_seq for copy, _ in copies], dtype=np.int64)
+        self.served = np.zeros((len(copies), wanted_count), dtype=bool)  # stretch x wanted number
+        for at, (_copy, tables) in enumerate(copies):
+            for _table, numbers in tables:
+                self.served[at, numbers] = True
+        self._seen = np.zeros(0, np.int64)
+
+    def covered_below(self, wanted_count: int) -> int:
+        """The seq below which copies hold every wanted key's rows (the log's start when none):
+        hash entries below it need not be read at all."""
+        end = self._low
+        for at in range(len(self._copies)):
+            if self.starts[at] > end or not self.served[at, :wanted_count].all():
+                break
+            end = int(self.ends[at])
+        return end
+
+    def parts(self, broker: str, shown_topics: list[str], begin_ms: int | None, end_ms: int | None,
+              partitions: np.ndarray | None) -> list[Part]:
+        """The rows in the window (ms, inclusive), partitions and the wanted keys' topics
+        (`shown_topics`, per wanted number), retained, each record once."""
+        parts, seen = [], []
+        for _copy, tables in self._copies:
+            stretch_seen: np.ndarray | None = None
+            for table, numbers in tables:
+                keep = topic_mask(table, {shown_topics[n] for n in numbers})
+                keep = np.ones(table.num_rows, dtype=bool) if keep is None else keep
+                seqs = table.column("seq").to_numpy()
+                stamps = stamps_ms(table)
+                keep &= seqs >= self._low
+                if begin_ms is not None:
+                    keep &= stamps >= begin_ms
+                if end_ms is not None:
+                    keep &= stamps <= end_ms
+                if partitions is not None:
+                    keep &= np.isin(table.column("partition").to_numpy(), partitions)
+                if self._several_keys:
+                    if stretch_seen is not None:
+                        keep &= ~np.isin(seqs, stretch_seen)
+                    stretch_seen = seqs[keep] if stretch_seen is None else np.union1d(stretch_seen, seqs[keep])
+                part = part_of(table, broker, keep)
+                if part is not None:
+                    parts.append(part)
+            if stretch_seen is not None:
+                seen.append(np.sort(stretch_seen))
+        self._seen = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+        return parts
+
+    def left_for_log(self, seqs: np.ndarray, who: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates (seq, wanted number) the copies do not answer (after ``parts``)."""
+        if not len(self._copies) or not len(seqs):
+            return seqs, who
+        stretch = np.searchsorted(self.starts, seqs, side="right") - 1
+        inside = (stretch >= 0) & (seqs < self.ends[np.maximum(stretch, 0)])
+        done = inside & self.served[np.maximum(stretch, 0), who]
+        if len(self._seen):  # a record of an unserved wanted key that a group returned
+            done |= np.isin(seqs, self._seen)
+        return seqs[~done], who[~done]
+
+
+def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[int]], wanted_count: int,
+                log_start_seq: int) -> CopiedRows:
+    """The groups of `copies` (by stretch, not overlapping) holding wanted keys (`key_numbers`:
+    each key's numbers), read and checked; a copy that does not `fits` the log or fails a check
+    is left out (logged: the log answers for its stretch)."""
+    tasks = []
+    for copy in copies:
+        groups = [(copy.groups[key], numbers) for key, numbers in key_numbers.items() if key in copy.groups]
+        if groups and fits(copy):
+            tasks.append((copy, groups))
+
+    def read(task: tuple[HotKeyCopy, list[tuple[Group, list[int]]]]) -> tuple | None:
+        copy, groups = task
+        try:
+            return copy, [(copy.rows(group), numbers) for group, numbers in groups]
+        except CorruptFileError as error:
+            logger.warning("%s: answering from the log", error)
+            return None
+
+    # decompression runs outside the GIL: the log's reading threads read many copies at once
+    usable = [read_copy for read_copy in in_order(read, tasks) if read_copy is not None]
+    return CopiedRows(usable, wanted_count, log_start_seq, len(key_numbers))
+
+
+def part_of(table: pa.Table, broker: str, keep: np.ndarray | None) -> Part | None:
+    """A group's rows (`keep` of them, when given) as a lookup's part, the broker added."""
+    if keep is not None:
+        if not keep.any():
+            return None
+        if not keep.all():
+            table = table.filter(pa.array(keep))
+    count = table.num_rows
+    if not count:
+        return None
+    topic = table.column("topic").combine_chunks()
+    columns = [pa.repeat(pa.scalar(arrow_text(broker), pa.string()), count), topic.dictionary.take(topic.indices),
+               *table.columns[1:]]
+    order = OrderColumns(table.column("seq").to_numpy(), tuple(encode_text(text_of_shown(shown))
+                                                                for shown in topic.dictionary.to_pylist()),
+                         topic.indices.to_numpy().astype(np.int64), table.column("partition").to_numpy(),
+                         table.column("offset").to_numpy(), stamps_ms(table))
+    return Part(pa.Table.from_arrays(columns, schema=ROW_SCHEMA), order)
+
+
+def topic_mask(table: pa.Table, shown_topics: set[str]) -> np.ndarray | None:
+    """Which rows of a group are in `shown_topics` (topics as results show them); None: all."""
+    topic = table.column("topic").combine_chunks()
+    inside = np.array([shown in shown_topics for shown in topic.dictionary.to_pylist()], dtype=bool)
+    return None if inside.all() else inside[topic.indices.to_numpy()]
+
+
+def stamps_ms(table: pa.Table) -> np.ndarray:
+    """A group's timestamps in ms (copies hold only timestamps the rule shows as stored)."""
+    return table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+
+
+# --- writing ------------------------------------------------------------------------------------
+def seal_committed(directory: Path, log: MetadataLog, log_start_seq: int, record_count: int) -> list[Path]:
+    """Write the copies of the committed stretches that have none yet (the writer, after a
+    commit): each next stretch starts where the last copy ends (at the log's start for the first)."""
+    made = []
+    existing = stretches(directory)
+    start = max(existing[-1][1] if existing else log_start_seq, log_start_seq)
+    while record_count - start >= STRETCH_RECORDS:
+        end = start + STRETCH_RECORDS
+        directory.mkdir(exist_ok=True)
+        path = copy_path(directory, start, end)
+        write_atomically(path, build(log, start, end))
+        made.append(path)
+        start = end
+    return made
+
+
+def build(log: MetadataLog, start_seq: int, end_seq: int, *, min_share: float | None = None,
+          min_rows: int | None = None, max_share: float | None = None) -> bytes:
+    """The copy of the stretch [start_seq, end_seq) of `log` (committed records), as file bytes."""
+    records = log.gather(np.arange(start_seq, end_seq, dtype=np.int64))
+    in_rule = bool(len(records)) and int(records.timestamp_ms.min()) >= MIN_TIMESTAMP_MS and (
+        int(records.timestamp_ms.max()) <= MAX_TIMESTAMP_MS)
+    groups = _hot_groups(records, MIN_SHARE if min_share is None else min_share,
+                         MIN_ROWS if min_rows is None else min_rows,
+                         MAX_SHARE if max_share is None else max_share) if in_rule else []
+    return encode(start_seq, end_seq, _fingerprint(log.block_crcs(start_seq, end_seq)), groups)
+
+
+def _hot_groups(records: bf.DecodedRows, min_share: float, min_rows: int, max_share: float,
+                only: set[bytes] | None = None) -> list[tuple[bytes, pa.Table]]:
+    """(key, rows in RESULT_ORDER) of the hot keys of `records` (of the keys `only`, hot or
+    not, when given), by key."""
+    count = len(records)
+    parents = pc.list_parent_indices(records.keys).to_numpy().astype(np.int64)
+    encoded = pc.dictionary_encode(pc.list_flatten(records.keys))
+    # each (key, record) once (a record listing a key twice is one row), sorted by key, then record
+    distinct = np.unique(encoded.indices.to_numpy().astype(np.int64) * count + parents)
+    key_of, record_of = np.divmod(distinct, count)
+    keys, firsts, sizes = np.unique(key_of, return_index=True, return_counts=True)
+    if only is not None:
+        hot = np.array([at for at, key in enumerate(encoded.dictionary.take(pa.array(keys)).to_pylist())
+                        if key in only], dtype=np.int64)
+    else:
+        hot = np.flatnonzero(sizes >= max(min_rows, min_share * count))
+        hot = hot[np.argsort(-sizes[hot], kind="stable")]
+        hot = hot[np.cumsum(sizes[hot]) <= max_share * count]
+    ranks = topic_ranks(records.topics)[records.topic_ids]
+    groups = []
+    for at in hot.tolist():
+        rows = record_of[firsts[at] : firsts[at] + sizes[at]]
+        order = result_order(records.timestamp_ms[rows], ranks[rows], records.partition[rows], records.offset[rows],
+                             records.seqs[rows])
+        rendered = pa.Table.from_batches([bf.rows(records, "", rows[order])]).drop_columns(["broker"])
+        topic = rendered.column("topic").combine_chunks().dictionary_encode()
+        groups.append((encoded.dictionary[int(keys[at])].as_py(), rendered.set_column(0, "topic", topic)))
+    groups.sort(key=lambda group: group[0])
+    return groups
+
+
+def encode(start_seq: int, end_seq: int, log_fingerprint: int, groups: list[tuple[bytes, pa.Table]]) -> bytes:
+    """A copy file's bytes (see the module docstring) for `groups`: (key, COPY_SCHEMA rows)."""
+    streams = []
+    for _key, table in groups:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, COPY_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=COMPRESSION)) as writer:
+            writer.write_table(table.cast(COPY_SCHEMA))
+        streams.append(sink.getvalue().to_pybytes())
+    directory_length = sum(GROUP_STRUCT.size + len(key) for key, _ in groups)
+    position = HEADER_SIZE + directory_length
+    directory = bytearray()
+    for (key, table), stream in zip(groups, streams, strict=True):
+        directory += GROUP_STRUCT.pack(position, len(stream), table.num_rows, zlib.crc32(stream), len(key))
+        directory += key
+        position += len(stream)
+    head = HEADER_STRUCT.pack(MAGIC, VERSION, len(groups), start_seq, end_seq, log_fingerprint, len(directory),
+                              zlib.crc32(directory), 0)[:HEADER_CRC_OFFSET]
+    head += struct.pack("<I", zlib.crc32(head)) + bytes(HEADER_SIZE - HEADER_CRC_OFFSET - 4)
+    return head + bytes(directory) + b"".join(streams)
+
+
+def check_copies(directory: Path, log: MetadataLog, log_start_seq: int, record_count: int) -> list[tuple[Path, str]]:
+    """(file, what is wrong) for every copy in `directory` a lookup would ignore or that holds
+    other rows than the log gives for its keys (deep: each group is made again from the log)."""
+    problems = []
+    for start, end, path in stretches(directory):
+        if end <= log_start_seq:
+            continue  # retention's leftover: the next writer deletes it
+        if end > record_count:
+            problems.append((path, f"hot-key copy covers records up to seq {end}, past the {record_count} committed "
+                                   f"(lookups ignore it)"))
+            continue
+        try:
+            copy = HotKeyCopy.open(path)
+            if not copy.fits(log):
+                problems.append((path, "hot-key copy was not made from this log: its block checksums differ (lookups "
+                                       "ignore it)"))
+                continue
+            records = log.gather(np.arange(start, end, dtype=np.int64))
+            expected = dict(_hot_groups(records, MIN_SHARE, MIN_ROWS, MAX_SHARE, only=set(copy.groups)))
+            for key, group in copy.groups.items():
+                if key not in expected or not copy.rows(group).equals(expected[key].cast(COPY_SCHEMA)):
+                    problems.append((path, f"hot-key copy group of key {key!r} holds other rows than the log "
+                                           f"(lookups would use it while its checksums hold)"))
+        except CorruptFileError as error:
+            problems.append((path, f"{error} (lookups ignore it)".removeprefix(f"{path}: ")))
+    return problems
+
+
+def _fingerprint(block_crcs: np.ndarray) -> int:
+    return zlib.crc32(block_crcs.astype("<u4").tobytes())
+
+
+def remove_copies(directory: Path, *, below: int | None = None, beyond: int | None = None) -> int:
+    """Delete the copies whose stretch ends at or below seq `below` (retention dropped it), or
+    ends past `beyond` (more than is committed: a repaired shard), and interrupted writes of
+    copies. Returns how many files went."""
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for path in directory.iterdir():
+        bounds = parse_copy_name(path.name)
+        doomed = is_temporary(path.name) or (bounds is not None and (
+            (below is not None and bounds[1] <= below) or (beyond is not None and bounds[1] > beyond)))
+        if doomed and path.is_file():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
