@@ -389,28 +389,32 @@ def _hot_groups(records: bf.DecodedRows, min_share: float, min_rows: int, max_sh
     """(key, rows in RESULT_ORDER) of the hot keys of `records` (of the keys `only`, hot or
     not, when given), by key."""
     count = len(records)
-    parents = pc.list_parent_indices(records.keys).to_numpy().astype(np.int64)
+    parents = pc.list_parent_indices(records.keys).to_numpy()
     encoded = pc.dictionary_encode(pc.list_flatten(records.keys))
-    # each (key, record) once (a record listing a key twice is one row), sorted by key, then record
-    distinct = np.unique(encoded.indices.to_numpy().astype(np.int64) * count + parents)
-    key_of, record_of = np.divmod(distinct, count)
-    keys, firsts, sizes = np.unique(key_of, return_index=True, return_counts=True)
+    codes = encoded.indices.to_numpy()
+    # a key's entries bound its records (a record may list a key twice): only keys with enough
+    # entries are counted exactly, each record once
+    entries = np.bincount(codes, minlength=len(encoded.dictionary))
+    threshold = max(min_rows, min_share * count)
     if only is not None:
-        hot = np.array([at for at, key in enumerate(encoded.dictionary.take(pa.array(keys)).to_pylist())
-                        if key in only], dtype=np.int64)
+        maybe = [at for at, key in enumerate(encoded.dictionary.to_pylist()) if key in only]
     else:
-        hot = np.flatnonzero(sizes >= max(min_rows, min_share * count))
-        hot = hot[np.argsort(-sizes[hot], kind="stable")]
-        hot = hot[np.cumsum(sizes[hot]) <= max_share * count]
+        maybe = np.flatnonzero(entries >= threshold).tolist()
+    rows_of = {at: np.unique(parents[codes == at]).astype(np.int64) for at in maybe}
+    hot = maybe if only is not None else sorted(
+        (at for at in maybe if len(rows_of[at]) >= threshold), key=lambda at: -len(rows_of[at]))
+    if only is None:
+        sizes = np.cumsum([len(rows_of[at]) for at in hot])
+        hot = [at for at, size in zip(hot, sizes.tolist()) if size <= max_share * count]
     ranks = topic_ranks(records.topics)[records.topic_ids]
     groups = []
-    for at in hot.tolist():
-        rows = record_of[firsts[at] : firsts[at] + sizes[at]]
+    for at in hot:
+        rows = rows_of[at]
         order = result_order(records.timestamp_ms[rows], ranks[rows], records.partition[rows], records.offset[rows],
                              records.seqs[rows])
         rendered = pa.Table.from_batches([bf.rows(records, "", rows[order])]).drop_columns(["broker"])
         topic = rendered.column("topic").combine_chunks().dictionary_encode()
-        groups.append((encoded.dictionary[int(keys[at])].as_py(), rendered.set_column(0, "topic", topic)))
+        groups.append((encoded.dictionary[at].as_py(), rendered.set_column(0, "topic", topic)))
     groups.sort(key=lambda group: group[0])
     return groups
 
