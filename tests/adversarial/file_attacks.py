@@ -33,7 +33,7 @@ from pathlib import Path
 import msgindex
 from msgindex.cli import main
 from msgindex.errors import MsgIndexError
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, hot_keys
 from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 from tests.storage import damage
@@ -82,6 +82,20 @@ def _runs(store: damage.SmallStore) -> Path:
     return hash_run.run_path(damage.index_files(store, VICTIM_SHARD)[0])
 
 
+def _hot_key_copy(store: damage.SmallStore) -> Path:
+    """The victim shard's hot-key copy of its 72 records (the writer copies stretches of 262,144:
+    this one is written here, every shared key hot), and b2's of the same name (for the swap)."""
+    for broker in store.models:
+        with msgindex.open(store.root) as handle, handle.reader(broker) as reader:
+            count = reader.checkpoint.record_count
+            data = hot_keys.build(reader.log, 0, count, min_share=0.0, min_rows=5)
+        path = hot_keys.copy_path(damage.shard(store, broker) / hot_keys.DIRECTORY, 0, count)
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    assert hot_keys.HotKeyCopy.open(path).groups, f"{path}: no hot key copied"
+    return hot_keys.copy_path(_shard(store) / hot_keys.DIRECTORY, 0, len(store.models[VICTIM_SHARD].records))
+
+
 KINDS = [
     FileKind("manifest", lambda s: s.root / "msgindex.json"),
     FileKind("manifest_lock", lambda s: s.root / "manifest.lock", empty=True),
@@ -97,6 +111,7 @@ KINDS = [
     FileKind("hash_index_sealed", lambda s: damage.index_files(s, VICTIM_SHARD)[0]),
     FileKind("hash_index_active", lambda s: damage.index_files(s, VICTIM_SHARD)[-1]),
     FileKind("hash_run", _runs, derived=True),
+    FileKind("hot_key_copy", _hot_key_copy, derived=True),
     FileKind("shard_dir", _shard, directory=True),
     FileKind("log_dir", lambda s: _shard(s) / "log", directory=True),
     FileKind("index_dir", lambda s: _shard(s) / "index", directory=True),
@@ -254,7 +269,13 @@ def run_attack(pristine: damage.SmallStore, workdir: Path, attack: str) -> list[
         content = _content(victim)
         DAMAGES[damage_name](victim)
         judge = Judge(store, kind, damage_name, victim, unchanged=_content(victim) == content)
-        _read_all(judge, store, victim)
+        # lookups consult copies once they meet this many candidates (the small store has 72)
+        min_rows = hot_keys.MIN_ROWS
+        hot_keys.MIN_ROWS = 1 if kind.name == "hot_key_copy" else min_rows
+        try:
+            _read_all(judge, store, victim)
+        finally:
+            hot_keys.MIN_ROWS = min_rows
         if _listing_without(store.root, victim) != before:
             judge.outcomes.append(("files", WRONG, "a reader changed or deleted files of the store"))
         _append(judge, store, victim, before)

@@ -12,6 +12,7 @@ import pytest
 from msgindex.storage import hot_keys
 from msgindex.storage import shard as shard_module
 from msgindex.storage.inspect import inspect_path
+from msgindex.storage.repair import repair_store
 from msgindex.storage.store import StoreSettings, open_store
 from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record, model_lookup, table_rows
 
@@ -119,6 +120,8 @@ def test_retention_recovery_and_inspect(tmp_path):
     copies = copies_of(root)
     report = inspect_path(copies[0])
     assert report["kind"] == "hot_key_copy" and report["groups"] and report["problems"] == []
+    assert inspect_path(root)["problems"] == []  # copies made from the log, group by group
+    assert inspect_path(copies[0].parent)["copies"] == [path.name for path in copies]
     with open_store(root) as store:
         store.apply_retention(max_bytes=1)  # all but the active segment
         with store.reader("b") as reader:
@@ -137,3 +140,22 @@ def test_retention_recovery_and_inspect(tmp_path):
     with open_store(root) as store, store.writer("b"):
         pass
     assert not beyond.exists() and last.exists()
+
+
+def test_repair_removes_a_damaged_copy_and_the_next_commit_makes_it_again(tmp_path):
+    root = tmp_path / "store"
+    model = write_store(root)
+    victim = copies_of(root)[1]
+    made = victim.read_bytes()
+    raw = bytearray(made)
+    raw[-30:-10] = bytes(20)
+    victim.write_bytes(raw)
+    report = repair_store(root)
+    assert not victim.exists() and not report.refused, report.lines()
+    extra = make_record(random.Random(1), 10**6, base_ms=BASE)
+    with open_store(root) as store, store.writer("b") as writer:
+        writer.append([extra])
+    model.append([extra])
+    assert victim.read_bytes() == made  # the gap is copied again, from the same log
+    with open_store(root) as store:
+        random_lookups(store, model, seed=4, count=20)

@@ -357,19 +357,29 @@ def stamps_ms(table: pa.Table) -> np.ndarray:
 
 # --- writing ------------------------------------------------------------------------------------
 def seal_committed(directory: Path, log: MetadataLog, log_start_seq: int, record_count: int) -> list[Path]:
-    """Write the copies of the committed stretches that have none yet (the writer, after a
-    commit): each next stretch starts where the last copy ends (at the log's start for the first)."""
+    """Write the copies the committed records call for and do not have (the writer, after a
+    commit): a stretch for every STRETCH_RECORDS committed past the last copy (from the log's
+    start for the first), and one for each gap between copies (a copy that `msgindex repair`
+    removed as damaged)."""
     made = []
-    existing = stretches(directory)
-    start = max(existing[-1][1] if existing else log_start_seq, log_start_seq)
-    while record_count - start >= STRETCH_RECORDS:
-        end = start + STRETCH_RECORDS
-        directory.mkdir(exist_ok=True)
-        path = copy_path(directory, start, end)
-        write_atomically(path, build(log, start, end))
-        made.append(path)
-        start = end
+    cursor = log_start_seq
+    for start, end, _path in stretches(directory):
+        if end <= cursor:
+            continue
+        if start > cursor:
+            made.append(_write(directory, log, cursor, start))
+        cursor = end
+    while record_count - cursor >= STRETCH_RECORDS:
+        made.append(_write(directory, log, cursor, cursor + STRETCH_RECORDS))
+        cursor += STRETCH_RECORDS
     return made
+
+
+def _write(directory: Path, log: MetadataLog, start_seq: int, end_seq: int) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = copy_path(directory, start_seq, end_seq)
+    write_atomically(path, build(log, start_seq, end_seq))
+    return path
 
 
 def build(log: MetadataLog, start_seq: int, end_seq: int, *, min_share: float | None = None,

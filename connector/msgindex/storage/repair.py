@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,8 +166,11 @@ def _clear_derived(directory: Path, broker: str, settings: StoreSettings, dry_ru
         return ShardRepair(broker, "intact: nothing to repair")
     paths = sorted({problem.path for problem in problems})
     if not dry_run:
-        for path in paths:
-            Path(path).unlink(missing_ok=True)
+        for path in map(Path, paths):
+            if path.is_dir() and not path.is_symlink():  # a directory where a derived file belongs
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
     verb = "would remove" if dry_run else "removed"
     return ShardRepair(broker, f"{verb} {len(paths)} damaged derived file(s); readers and writers rebuild them",
                        tuple(paths))
