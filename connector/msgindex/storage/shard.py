@@ -855,12 +855,12 @@ class ShardReader(_Committed):
         wanted = _WantedKeys.of(topics, list(query.keys))
         # Hot-key copies (hot_keys.py) are consulted once a lookup of this reader met many
         # candidates; from then on, hash entries below what they hold are not even read.
-        copied = self._copied_rows(wanted) if self._copies is not None else None
+        copied = self._copied_rows(wanted) if self._copies else None
         from_seq = copied.covered_below(len(wanted.hashes)) if copied is not None else 0
         seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seq)
         if len(seqs) <= FEW_CANDIDATES and from_seq <= self._checkpoint.log_start_seq:
             return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
-        if copied is None and len(seqs) >= hot_keys.MIN_ROWS:
+        if copied is None and self._copies is None and len(seqs) >= hot_keys.MIN_ROWS and self._hot_key_copies():
             copied = self._copied_rows(wanted)
         parts = []
         if copied is not None:
