@@ -279,7 +279,7 @@ class CopiedRows:
                     if stretch_seen is not None:
                         keep &= ~np.isin(seqs, stretch_seen)
                     stretch_seen = seqs[keep] if stretch_seen is None else np.union1d(stretch_seen, seqs[keep])
-                part = part_of(table, broker, keep)
+                part = part_of(table, broker, keep, stamps)
                 if part is not None:
                     parts.append(part)
             if stretch_seen is not None:
@@ -323,13 +323,15 @@ def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[in
     return CopiedRows(usable, wanted_count, log_start_seq, len(key_numbers))
 
 
-def part_of(table: pa.Table, broker: str, keep: np.ndarray | None) -> Part | None:
-    """A group's rows (`keep` of them, when given) as a lookup's part, the broker added."""
+def part_of(table: pa.Table, broker: str, keep: np.ndarray | None, stamps: np.ndarray | None = None) -> Part | None:
+    """A group's rows (`keep` of them, when given) as a lookup's part, the broker added
+    (`stamps`: the group's ``stamps_ms``, when known)."""
+    stamps = stamps_ms(table) if stamps is None else stamps
     if keep is not None:
         if not keep.any():
             return None
         if not keep.all():
-            table = table.filter(pa.array(keep))
+            table, stamps = table.filter(pa.array(keep)), stamps[keep]
     count = table.num_rows
     if not count:
         return None
@@ -339,7 +341,7 @@ def part_of(table: pa.Table, broker: str, keep: np.ndarray | None) -> Part | Non
     order = OrderColumns(table.column("seq").to_numpy(), tuple(encode_text(text_of_shown(shown))
                                                                 for shown in topic.dictionary.to_pylist()),
                          topic.indices.to_numpy().astype(np.int64), table.column("partition").to_numpy(),
-                         table.column("offset").to_numpy(), stamps_ms(table))
+                         table.column("offset").to_numpy(), stamps)
     return Part(pa.Table.from_arrays(columns, schema=ROW_SCHEMA), order)
 
 

@@ -96,24 +96,34 @@ def by_timestamp(stamps: np.ndarray) -> np.ndarray:
 def in_result_order(parts: list[Part], max_results: int | None) -> pa.Table:
     """The rows of `parts` (each in RESULT_ORDER, nearly in time order one after the other) in
     RESULT_ORDER, at most `max_results`. Only the rows of the windows where parts overlap are
-    ordered again (and taken), the others keep their place (zero-copy slices)."""
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([getattr(part.order, name) for part in parts])
-
-    stamps = joined("timestamp_ms")
-    windows = overlaps(stamps, np.cumsum([len(part.order) for part in parts])[:-1])
+    ordered again (and taken), the others keep their place (zero-copy slices); the columns that
+    order them are gathered for those windows only."""
+    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(part.order) for part in parts], out=bounds[1:])
+    stamps = np.concatenate([part.order.timestamp_ms for part in parts])
+    windows = overlaps(stamps, bounds[1:-1])
     table = pa.concat_tables([part.rows for part in parts])
     if windows:
         topics: dict[bytes, int] = {}
-        topic_ids = np.concatenate([np.array([topics.setdefault(t, len(topics)) for t in part.order.topics],
-                                             dtype=np.int64)[part.order.topic_ids] for part in parts])
-        ranks = topic_ranks(list(topics))[topic_ids]
-        partitions, offsets, seqs = joined("partition"), joined("offset"), joined("seqs")
+        part_topics = [np.array([topics.setdefault(t, len(topics)) for t in part.order.topics], dtype=np.int64)
+                       for part in parts]
+        ranks = topic_ranks(list(topics))
+        part_ranks = [ranks[ids] if len(ids) else ids for ids in part_topics]
     pieces, at = [], 0
     for low, high in windows:
         pieces.append(table.slice(at, low - at))
-        window = slice(low, high)
-        order = result_order(stamps[window], ranks[window], partitions[window], offsets[window], seqs[window])
+        columns: dict[str, list[np.ndarray]] = {"ranks": [], "partition": [], "offset": [], "seqs": []}
+        first = int(np.searchsorted(bounds, low, side="right")) - 1
+        for n in range(first, len(parts)):
+            if bounds[n] >= high:
+                break
+            inside = slice(max(low, bounds[n]) - bounds[n], min(high, bounds[n + 1]) - bounds[n])
+            order = parts[n].order
+            columns["ranks"].append(part_ranks[n][order.topic_ids[inside]])
+            for name in ("partition", "offset", "seqs"):
+                columns[name].append(getattr(order, name)[inside])
+        joined = {name: np.concatenate(values) for name, values in columns.items()}
+        order = result_order(stamps[low:high], joined["ranks"], joined["partition"], joined["offset"], joined["seqs"])
         pieces.append(table.slice(low, high - low).take(pa.array(order)))
         at = high
     pieces.append(table.slice(at))
