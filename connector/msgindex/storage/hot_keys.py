@@ -15,9 +15,9 @@ and reads only the rest of the log.
 Copies are derived and never required: a lookup uses one only when it is intact (checksums) and
 its fingerprint, the checksums of the log blocks holding its stretch, is the log's; otherwise the
 answer comes from the log, as if the copy did not exist. Deleting every copy changes no answer,
-only its speed. A copy only ever covers committed records, which never change; retention deletes
-a copy once its whole stretch is below the log's start, and readers drop the rows below it until
-then.
+only its speed. A copy only ever covers committed records, which never change; readers ignore a
+copy once retention cut into its stretch (the log answers for the rest of it) and retention
+deletes it once the whole stretch is below the log's start.
 
 Files live in the shard's ``hotkeys/`` directory, one per stretch, named ``<start>-<end>.hotkeys``
 (20-digit seqs); the stretches of a shard follow one another from the first one built.

@@ -962,8 +962,8 @@ class ShardReader(_Committed):
         if self._copies is None:
             self._copies = []
             for start, end, path in hot_keys.stretches(self.directory / hot_keys.DIRECTORY):
-                if end > self._checkpoint.record_count or end <= self._checkpoint.log_start_seq:
-                    continue
+                if end > self._checkpoint.record_count or start < self._checkpoint.log_start_seq:
+                    continue  # (retention cut into it: its fingerprint cannot match the retained log)
                 if self._copies and start < self._copies[-1].end_seq:
                     logger.warning("%s: hot-key copy overlaps %s: ignored", path, self._copies[-1].path)
                     continue
