@@ -259,16 +259,15 @@ class CopiedRows:
     def parts(self, broker: str, shown_topics: list[str], begin_ms: int | None, end_ms: int | None,
               partitions: np.ndarray | None) -> list[Part]:
         """The rows in the window (ms, inclusive), partitions and the wanted keys' topics
-        (`shown_topics`, per wanted number), retained, each record once."""
+        (`shown_topics`, per wanted number), each record once."""
         parts, seen = [], []
         for _copy, tables in self._copies:
             stretch_seen: np.ndarray | None = None
             for table, numbers in tables:
                 keep = topic_mask(table, {shown_topics[n] for n in numbers})
                 keep = np.ones(table.num_rows, dtype=bool) if keep is None else keep
-                seqs = table.column("seq").to_numpy()
+                seqs = table.column("seq").to_numpy()  # all retained: readers skip copies retention cut into
                 stamps = stamps_ms(table)
-                keep &= seqs >= self._low
                 if begin_ms is not None:
                     keep &= stamps >= begin_ms
                 if end_ms is not None:
@@ -323,10 +322,9 @@ def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[in
     return CopiedRows(usable, wanted_count, log_start_seq, len(key_numbers))
 
 
-def part_of(table: pa.Table, broker: str, keep: np.ndarray | None, stamps: np.ndarray | None = None) -> Part | None:
+def part_of(table: pa.Table, broker: str, keep: np.ndarray | None, stamps: np.ndarray) -> Part | None:
     """A group's rows (`keep` of them, when given) as a lookup's part, the broker added
-    (`stamps`: the group's ``stamps_ms``, when known)."""
-    stamps = stamps_ms(table) if stamps is None else stamps
+    (`stamps`: the group's ``stamps_ms``)."""
     if keep is not None:
         if not keep.any():
             return None
@@ -446,10 +444,9 @@ def encode(start_seq: int, end_seq: int, log_fingerprint: int, groups: list[tupl
         directory += GROUP_STRUCT.pack(position, len(stream), table.num_rows, zlib.crc32(stream), len(key))
         directory += key
         position += len(stream)
-    head = HEADER_STRUCT.pack(MAGIC, VERSION, len(groups), start_seq, end_seq, log_fingerprint, len(directory),
-                              zlib.crc32(directory), 0)[:HEADER_CRC_OFFSET]
-    head += struct.pack("<I", zlib.crc32(head)) + bytes(HEADER_SIZE - HEADER_CRC_OFFSET - 4)
-    return head + bytes(directory) + b"".join(streams)
+    fields = [MAGIC, VERSION, len(groups), start_seq, end_seq, log_fingerprint, len(directory), zlib.crc32(directory), 0]
+    fields[-1] = zlib.crc32(HEADER_STRUCT.pack(*fields)[:HEADER_CRC_OFFSET])
+    return HEADER_STRUCT.pack(*fields) + bytes(directory) + b"".join(streams)
 
 
 def check_copies(directory: Path, log: MetadataLog, log_start_seq: int, record_count: int) -> list[tuple[Path, str]]:
