@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -457,15 +457,30 @@ def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 # ---- decoding ----------------------------------------------------------------------------------
-def decompress_block(compressed: memoryview, raw_length: int, crc: int, name: object, origin: int) -> pa.Buffer:
+def decompress_block(compressed: memoryview, raw_length: int, crc: int, name: object, origin: int) -> bytes:
     """A block's `compressed` bytes (of the batch at byte `origin` of file `name`), checksum
     verified, decompressed."""
-    if zlib.crc32(compressed) != crc:
-        raise CorruptFileError(f"{name}: invalid batch at byte {origin}: checksum mismatch")
-    try:
-        return LZ4.decompress(compressed, raw_length, asbytes=False)
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode ({e})") from None
+    return decompress_blocks(compressed, [0], [len(compressed)], [raw_length], [crc], name, [origin])[0]
+
+
+def decompress_blocks(data: memoryview, starts: Iterable[int], lengths: Iterable[int], raw_lengths: Iterable[int],
+                      crcs: Iterable[int], name: object, origins: Iterable[int]) -> list[bytes]:
+    """The blocks at `starts` of `data` (each of the batch at byte `origin` of file `name`),
+    checksum verified, decompressed. One loop for all: a read of many keys decompresses
+    thousands of blocks, and a Python call per block was a fifth of its cost. As ``bytes``:
+    Arrow's codec returns them in half the time it takes to return a ``pa.Buffer`` (2.5 vs
+    5.2 us for a block of 512 records)."""
+    raws = []
+    checksum, decompress = zlib.crc32, LZ4.decompress
+    for start, length, raw_length, crc, origin in zip(starts, lengths, raw_lengths, crcs, origins):
+        compressed = data[start : start + length]
+        if checksum(compressed) != crc:
+            raise CorruptFileError(f"{name}: invalid batch at byte {origin}: checksum mismatch")
+        try:
+            raws.append(decompress(compressed, raw_length, asbytes=True))
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode ({e})") from None
+    return raws
 
 
 @dataclass(frozen=True)

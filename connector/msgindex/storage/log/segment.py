@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullError
 from msgindex.storage.log import batch_format as bf
@@ -560,7 +559,7 @@ class LogSegment:
                                    f"committed (the file was truncated)")
         return data
 
-    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> list[pa.Buffer]:
+    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> list[bytes]:
         """The raw bytes of blocks `blocks` (sorted indexes in `directory`), each checksum
         verified: one pread per run of blocks lying close together in the file."""
         if not len(blocks):
@@ -569,21 +568,19 @@ class LogSegment:
         ends = positions + directory.block_lengths[blocks]
         # a new read where the gap to the previous block would cost more than a second pread
         cuts = (np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1).tolist()
-        facts = zip(positions.tolist(), directory.block_lengths[blocks].tolist(),
-                    directory.block_raw_lengths[blocks].tolist(), directory.block_crcs[blocks].tolist(),
-                    directory.positions[directory.block_batches[blocks]].tolist())
-        raws: list[pa.Buffer] = []
-        decompress, path = bf.decompress_block, self.path
+        raws: list[bytes] = []
+        lengths, raw_lengths = directory.block_lengths[blocks], directory.block_raw_lengths[blocks]
+        crcs, origins = directory.block_crcs[blocks], directory.positions[directory.block_batches[blocks]]
         for start_at, stop_at in zip([0, *cuts], [*cuts, len(blocks)]):
             start = int(positions[start_at])
             data = memoryview(self.read_bytes(start, int(ends[stop_at - 1]) - start))
-            for _ in range(stop_at - start_at):
-                position, length, raw_length, crc, origin = next(facts)
-                raws.append(decompress(data[position - start : position - start + length], raw_length, crc, path,
-                                       origin))
+            run = slice(start_at, stop_at)
+            raws += bf.decompress_blocks(data, (positions[run] - start).tolist(), lengths[run].tolist(),
+                                         raw_lengths[run].tolist(), crcs[run].tolist(), self.path,
+                                         origins[run].tolist())
         return raws
 
-    def read_block(self, block: int, directory: BatchDirectory) -> pa.Buffer:
+    def read_block(self, block: int, directory: BatchDirectory) -> bytes:
         """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
         each from its own block, and numpy's per-call cost was most of such a read."""
         position, length = directory.block_positions[block].item(), directory.block_lengths[block].item()
