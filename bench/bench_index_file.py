@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 
 from msgindex import IndexFile  # noqa: E402
 from msgindex.storage import hash_run  # noqa: E402
+from msgindex.storage import index_file as index_file_module  # noqa: E402
 from msgindex.storage.index_file import (  # noqa: E402
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
@@ -172,13 +173,17 @@ def lookup(folder: Path, args: argparse.Namespace, slots: int, num: int) -> None
         for key in query_keys:  # warm-up: page cache and code paths, like the JVM's pass
             f.select_phy_offsets(key, MAX_NUM, *WHOLE_RANGE)
         select_ns, hits = time_calls(lambda k: f.select_phy_offsets(k, MAX_NUM, *WHOLE_RANGE), query_keys)
+        python_ns, python_hits = time_calls(lambda k: f.python_select_phy_offsets(k, MAX_NUM, *WHOLE_RANGE), query_keys)
         cand_ns, _ = time_calls(f.candidates, query_keys)
         start = time.perf_counter()
         f.candidates_many(query_keys)
         batch_s = time.perf_counter() - start
     p50, p99 = percentile_ns(select_ns, 0.5), percentile_ns(select_ns, 0.99)
     print(f"RocketMQ selectPhyOffset   p50 {int(j50) / 1000:8.2f} us  p99 {int(j99) / 1000:8.2f} us  hits {jhits}")
-    print(f"msgindex select_phy_offsets p50 {p50 / 1000:8.2f} us  p99 {p99 / 1000:8.2f} us  hits {hits}")
+    walk = "compiled walk" if index_file_module._compiled_walk is not None else "Python walk: not compiled"
+    print(f"msgindex select_phy_offsets p50 {p50 / 1000:8.2f} us  p99 {p99 / 1000:8.2f} us  hits {hits}  ({walk})")
+    print(f"msgindex python_select_phy_offsets p50 {percentile_ns(python_ns, 0.5) / 1000:8.2f} us  "
+          f"p99 {percentile_ns(python_ns, 0.99) / 1000:8.2f} us  hits {python_hits}  (the Python walk)")
     print(f"msgindex candidates        p50 {percentile_ns(cand_ns, 0.5) / 1000:8.2f} us  "
           f"p99 {percentile_ns(cand_ns, 0.99) / 1000:8.2f} us")
     print(f"msgindex candidates_many   {len(query_keys):,} keys in {batch_s * 1000:.1f} ms "

@@ -66,7 +66,8 @@ def test_garbage_of_the_right_size_never_crashes_or_hangs(tmp_path: Path, seed: 
         return
     with f:
         for key in ["a", "b", "", "polygenelubricants", "x" * 50]:
-            assert len(f.select_phy_offsets(key, 1000, -(2**63), 2**63 - 1)) <= 1000
+            found = f.select_phy_offsets(key, 1000, -(2**63), 2**63 - 1)
+            assert len(found) <= 1000 and found == f.python_select_phy_offsets(key, 1000, -(2**63), 2**63 - 1)
             f.candidates(key)
             f.candidates(key, limit_index_count=3)
         f.candidates_many(["a", "b", "c"])

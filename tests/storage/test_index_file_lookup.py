@@ -10,6 +10,7 @@ are shrunk here so that every path runs on small files.
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -226,4 +227,38 @@ def test_select_phy_offsets_is_rocketmqs_walk(tmp_path_factory, puts, slots, inh
         windows = windows + [(T0 + rng.randint(-5000, 90_000), T0 + rng.randint(0, 100_000)), (-(2**63), 2**63 - 1)]
         for key in ["hot", "a", "Aa", "", "missing"]:
             for begin, end in windows:
-                assert f.select_phy_offsets(key, max_num, begin, end) == rocketmq_select(f, key, max_num, begin, end)
+                expected = rocketmq_select(f, key, max_num, begin, end)
+                assert f.select_phy_offsets(key, max_num, begin, end) == expected  # compiled, where built
+                assert f.python_select_phy_offsets(key, max_num, begin, end) == expected
+
+
+def test_the_compiled_walk_is_built_where_a_compiler_is() -> None:
+    """setup.py builds it optionally: a silent build failure would leave every install on the
+    Python walk (twice the JVM's time per call) with no test noticing."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine: msgindex installs without its compiled walk")
+    assert index_file_module._compiled_walk is not None, "msgindex.storage._index_walk was not built: `make setup`"
+
+
+def test_compiled_walk_hashes_every_string_as_java_does(tmp_path: Path) -> None:
+    """Astral characters (two UTF-16 units), lone surrogates (one), Latin-1 and BMP text, the
+    Integer.MIN_VALUE hashes (mapped to 0): the compiled hash and walk answer as the Python ones."""
+    keys = ["t#\U0001F600x", "t#\udc80", "t#\ud83d", "t#é", "t#日本", "polygenelubricants", "GydZG_", "", "a" * 300,
+            "t#\x00", "t#\uffff\U00010000"]
+    with IndexFile.create(tmp_path / "f", 3, 100) as f:
+        f.put_keys(keys, list(range(1, len(keys) + 1)), [T0] * len(keys))
+        for key in [*keys, "missing", "t#\U0010FFFF"]:
+            for window in [(0, 2**62), (T0, T0), (T0 + 1000, 2**62), (-(2**63), 2**63 - 1)]:
+                assert f.select_phy_offsets(key, 64, *window) == f.python_select_phy_offsets(key, 64, *window)
+        assert f.select_phy_offsets("t#日本", 64, 0, 2**62) == [keys.index("t#日本") + 1]
+
+
+def test_compiled_walk_leaves_what_c_cannot_hold_to_python(tmp_path: Path) -> None:
+    from msgindex.errors import InvalidKeyError
+
+    with IndexFile.create(tmp_path / "f", 3, 100) as f:
+        f.put_keys(["a", "b", "a"], [1, 2, 3], [T0] * 3)
+        assert f.select_phy_offsets("a", 2**70, -(2**80), 2**80) == [3, 1]  # beyond int64: the Python walk
+        assert f.select_phy_offsets("a", 1, 0, 2**62) == [3]
+        with pytest.raises(InvalidKeyError, match="str"):
+            f.select_phy_offsets(b"a", 64, 0, 2**62)

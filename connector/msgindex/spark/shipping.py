@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 SHIPPED_PACKAGES = ("msgindex", "pyspark_msgindex")
 PROBES_PER_CORE = 4  # probe tasks per core: enough that every executor gets some
+# Bytecode, and the compiled walk with its source: Python cannot import a compiled module from a zip
+# (executors walk in Python, index_file.py), and a driver's build may not suit the executors' hosts.
+NOT_SHIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".c")
 MANIFEST = "msgindex.json"  # storage.store.MANIFEST_FILE (not imported: executors run `_probe`)
 
 
@@ -37,7 +40,7 @@ def _package_files() -> list[tuple[str, Path]]:
     for name in SHIPPED_PACKAGES:
         package_dir = Path(importlib.import_module(name).__file__).resolve().parent
         for path in sorted(package_dir.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in NOT_SHIPPED_SUFFIXES:
                 files.append((f"{name}/{path.relative_to(package_dir).as_posix()}", path))
     return files
 

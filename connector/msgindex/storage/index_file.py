@@ -45,6 +45,11 @@ from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import map_file, preallocate
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
+try:  # optional (setup.py): absent without a C compiler at install, and where msgindex arrives as a zip
+    from msgindex.storage import _index_walk as _compiled_walk
+except ImportError:
+    _compiled_walk = None
+
 HEADER_SIZE = 40
 HEADER_STRUCT = struct.Struct(">qqqqii")  # the six IndexHeader fields, in file order
 SLOT_SIZE = 4
@@ -435,7 +440,20 @@ class IndexFile:
         newest first, with second-granularity times in [begin, end], walking the chain until
         `max_num` results, an invalid prev, or an entry older than `begin` (the early stop).
         A cyclic chain (corrupt file) gives what the JVM gives while results keep coming; where
-        the JVM would spin forever (indexCount steps without a result) the walk ends."""
+        the JVM would spin forever (indexCount steps without a result) the walk ends.
+
+        Walked by the compiled module where it was built (``_index_walk.c``: within 2x of the
+        JVM's call, which Python cannot be), else by ``python_select_phy_offsets``, its oracle."""
+        mm = self._mm
+        if mm is not None and _compiled_walk is not None:
+            found = _compiled_walk.select_phy_offsets(mm, key, self.hash_slot_num, self.index_num, max_num, begin, end)
+            if found is not None:
+                return found
+        return self.python_select_phy_offsets(key, max_num, begin, end)
+
+    def python_select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
+        """``select_phy_offsets`` walked in Python (the compiled walk's oracle, and the walk
+        wherever the compiled module is absent)."""
         mm = self._mm
         if mm is None:
             self._buffer()  # raises: closed
