@@ -1,8 +1,16 @@
-"""The one compiled module (everything else is in pyproject.toml): RocketMQ's selectPhyOffset in C
-(connector/msgindex/storage/_index_walk.c). Optional: an install without a C compiler still works,
-and index_file.py then walks in Python, as Spark executors (which get msgindex as a zip) always do."""
+"""The compiled modules (everything else is in pyproject.toml), each optional: an install without a C
+compiler (or without zlib's header) still works, and msgindex then runs the Python code each one
+mirrors, as Spark executors (which get msgindex as a zip) always do.
+
+* storage/_index_walk.c: RocketMQ's selectPhyOffset (index_file.py).
+* storage/log/_blocks.c: the metadata log's blocks checked and decompressed with the GIL released
+  (batch_format.py).
+"""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("msgindex.storage._index_walk", ["connector/msgindex/storage/_index_walk.c"],
-                             optional=True)])
+setup(ext_modules=[
+    Extension("msgindex.storage._index_walk", ["connector/msgindex/storage/_index_walk.c"], optional=True),
+    Extension("msgindex.storage.log._blocks", ["connector/msgindex/storage/log/_blocks.c"], libraries=["z"],
+              optional=True),
+])

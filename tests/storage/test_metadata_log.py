@@ -78,6 +78,16 @@ def records():
     return make_records(3000)
 
 
+@pytest.fixture(params=["compiled", "python"])
+def block_reader(request, monkeypatch) -> str:
+    """Reads through the compiled block reader (storage/log/_blocks.c) or its Python oracle."""
+    if request.param == "python":
+        monkeypatch.setattr(bf, "_compiled_blocks", None)
+    elif bf._compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    return request.param
+
+
 @pytest.fixture
 def full_log(tmp_path, records):
     with open_log(tmp_path / "log") as log:
@@ -105,7 +115,7 @@ def test_segments_roll_and_are_named_by_base_seq(full_log, records):
         assert (full_log.directory / (stem + ".index")).stat().st_size % 8 == 0
 
 
-def test_read_by_seq(full_log, records):
+def test_read_by_seq(full_log, records, block_reader):
     for seq in [0, 1, 2999, *random.Random(1).sample(range(3000), 200)]:
         assert full_log.read(seq) == records[seq]
     wanted = [2999, 0, 17, 17, 1500, 3]
@@ -139,7 +149,7 @@ def test_time_scans_find_every_record_in_the_window(full_log, records, begin, en
         assert 0 < first <= expected[0] or expected[0] == 0
 
 
-def test_scan_filters_and_pieces(full_log, records):
+def test_scan_filters_and_pieces(full_log, records, block_reader):
     rows = rows_of(full_log, topics=["topic-1"], partitions=[2, 3])
     assert [r["seq"] for r in rows] == [i for i, r in enumerate(records)
                                         if r.topic == "topic-1" and r.partition in (2, 3)]
@@ -331,7 +341,7 @@ def test_bad_log_files_give_clear_errors(tmp_path, records):
 
 
 @pytest.mark.parametrize("field", [0, 5, 9, 13, 17, 25, 33, 41, 50, 54, 58, 62, 70, 82, 120, -1])  # head, blocks
-def test_corrupt_batch_detected_on_read(tmp_path, field):
+def test_corrupt_batch_detected_on_read(tmp_path, field, block_reader):
     records = make_records(120)
     path = tmp_path / "log"
     with open_log(path, segment_bytes=1 << 20) as log:

@@ -151,7 +151,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_index_walk", "RocketMQ's selectPhyOffset, compiled (see index_file.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_index_walk", "RocketMQ's selectPhyOffset, compiled (see index_file.py).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__index_walk(void) { return PyModule_Create(&module_def); }

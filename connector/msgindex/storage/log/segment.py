@@ -559,26 +559,26 @@ class LogSegment:
                                    f"committed (the file was truncated)")
         return data
 
-    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> list[bytes]:
-        """The raw bytes of blocks `blocks` (sorted indexes in `directory`), each checksum
-        verified: one pread per run of blocks lying close together in the file."""
+    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple[bytes | np.ndarray, np.ndarray]:
+        """(the raw bytes of blocks `blocks` (sorted indexes in `directory`) back to back, each
+        block's raw length), each block checksum verified: one pread per run of blocks lying close
+        together in the file."""
+        raw_lengths = directory.block_raw_lengths[blocks].astype(np.int64)
         if not len(blocks):
-            return []
-        positions = directory.block_positions[blocks]
-        ends = positions + directory.block_lengths[blocks]
+            return b"", raw_lengths
+        positions, lengths = directory.block_positions[blocks], directory.block_lengths[blocks]
+        ends = positions + lengths
+        crcs, origins = directory.block_crcs[blocks], directory.positions[directory.block_batches[blocks]]
         # a new read where the gap to the previous block would cost more than a second pread
         cuts = (np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1).tolist()
-        raws: list[bytes] = []
-        lengths, raw_lengths = directory.block_lengths[blocks], directory.block_raw_lengths[blocks]
-        crcs, origins = directory.block_crcs[blocks], directory.positions[directory.block_batches[blocks]]
+        runs = []
         for start_at, stop_at in zip([0, *cuts], [*cuts, len(blocks)]):
             start = int(positions[start_at])
             data = memoryview(self.read_bytes(start, int(ends[stop_at - 1]) - start))
             run = slice(start_at, stop_at)
-            raws += bf.decompress_blocks(data, (positions[run] - start).tolist(), lengths[run].tolist(),
-                                         raw_lengths[run].tolist(), crcs[run].tolist(), self.path,
-                                         origins[run].tolist())
-        return raws
+            runs.append(bf.CompressedRun(data, positions[run] - start, lengths[run], raw_lengths[run], crcs[run],
+                                         origins[run]))
+        return bf.decompress_runs(runs, self.path), raw_lengths
 
     def read_block(self, block: int, directory: BatchDirectory) -> bytes:
         """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
@@ -592,7 +592,7 @@ class LogSegment:
         """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
         directory = self.batches() if directory is None else directory
         batches = directory.block_batches[blocks].tolist()
-        return bf.BlockSet(self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
+        return bf.BlockSet(*self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
                            directory.block_counts[blocks], [directory.topic_tables[b] for b in batches],
                            [(self.path, int(directory.positions[b])) for b in batches])
 
