@@ -865,7 +865,8 @@ class ShardReader(_Committed):
         parts = []
         if copied is not None:
             wanted_partitions = None if query.partitions is None else np.array(sorted(set(query.partitions)), np.int64)
-            parts = copied.parts(self.broker, [arrow_text(topic) for topic, _ in wanted.texts], begin_ms, end_ms,
+            shown = {topic: arrow_text(topic) for topic in topics}  # per topic, not per (topic, key) pair
+            parts = copied.parts(self.broker, [shown[topic] for topic, _ in wanted.texts], begin_ms, end_ms,
                                  wanted_partitions)
             seqs, who = copied.left_for_log(seqs, who)
         found = self._verified(seqs, who, wanted, begin_ms, end_ms, query.partitions) + parts
