@@ -65,11 +65,11 @@ def expected_row(seq: int, record: MessageRecord, broker: str) -> dict:
 
 
 def decompress_into(data: bytes, starts: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The blocks through ``decompress_runs`` (compiled where built), as one run."""
+    """The blocks through ``decompress_all`` (compiled where built)."""
     raw_lengths = blocks["raw_length"].astype(np.int64)
-    run = bf.CompressedRun(memoryview(data), starts, blocks["length"].astype(np.int64), raw_lengths,
-                           blocks["crc"].astype(np.int64), np.zeros(len(starts), np.int64))
-    return np.frombuffer(bf.decompress_runs([run], "mem"), np.uint8), raw_lengths
+    compressed = bf.CompressedBlocks(memoryview(data), starts, blocks["length"].astype(np.int64), raw_lengths,
+                                     blocks["crc"].astype(np.int64), np.zeros(len(starts), np.int64))
+    return np.frombuffer(bf.decompress_all(compressed, "mem"), np.uint8), raw_lengths
 
 
 def decode(data: bytes) -> bf.DecodedRows:

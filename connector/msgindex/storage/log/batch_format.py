@@ -73,7 +73,7 @@ blocks of DEFAULT_BLOCK_RECORDS records let a point read decompress 1/8 of a bat
 header per block and stored ends let any rows of many blocks be decoded together by a few numpy
 operations (``BlockSet``), so a read touching thousands of blocks pays per block only for its
 checksum and its decompression, and per row only for the rows it wants. That per-block loop is
-compiled where a C compiler was at install (``_blocks.c``, ``decompress_runs``): it holds no GIL,
+compiled where a C compiler was at install (``_blocks.c``, ``decompress_all``): it holds no GIL,
 so a large read is decompressed by two threads.
 
 The checksum is zlib's CRC-32, not Kafka's CRC-32C: CRC-32C at C speed needs a compiled extension,
@@ -479,7 +479,7 @@ def decompress_blocks(data: memoryview, starts: Iterable[int], lengths: Iterable
     """The blocks at `starts` of `data` (each of the batch at byte `origin` of file `name`),
     checksum verified, decompressed: in Python, one loop for all (a Python call per block was a
     fifth of the cost of reading thousands), as ``bytes`` (Arrow's codec returns them in half the
-    time of a ``pa.Buffer``). The oracle of the compiled path of ``decompress_runs``."""
+    time of a ``pa.Buffer``). The oracle of the compiled path of ``decompress_all``."""
     raws = []
     checksum, decompress = zlib.crc32, LZ4.decompress
     for start, length, raw_length, crc, origin in zip(starts, lengths, raw_lengths, crcs, origins):
@@ -493,11 +493,12 @@ def decompress_blocks(data: memoryview, starts: Iterable[int], lengths: Iterable
     return raws
 
 
-class CompressedRun(NamedTuple):
-    """Blocks read together (one pread): `data` and, one value a block (int64 arrays), where each
-    lies in it, its compressed and raw lengths, its checksum and its batch's position (errors)."""
+class CompressedBlocks(NamedTuple):
+    """Blocks read from a file: `data` holds them (and maybe gaps between them) and, one value a
+    block (int64 arrays), where each lies in it, its compressed and raw lengths, its checksum and
+    its batch's position (for errors)."""
 
-    data: memoryview
+    data: memoryview | np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
     raw_lengths: np.ndarray
@@ -505,38 +506,30 @@ class CompressedRun(NamedTuple):
     origins: np.ndarray
 
 
-def decompress_runs(runs: Sequence[CompressedRun], name: object) -> bytes | np.ndarray:
-    """The blocks of `runs` (of file `name`), each checksum verified, decompressed back to back
-    into one buffer. Compiled where it was built (``_blocks.c``): no GIL held, so a large read is
-    split between two threads and written in place; else ``decompress_blocks``, its oracle."""
+def decompress_all(blocks: CompressedBlocks, name: object) -> bytes | np.ndarray:
+    """The `blocks` (of file `name`), each checksum verified, decompressed back to back into one
+    buffer. Compiled where it was built (``_blocks.c``): one call per thread for all blocks, no
+    GIL held, so a large read is split between two threads; else ``decompress_blocks``, its oracle."""
     if _compiled_blocks is None:
-        raws = [raw for run in runs for raw in decompress_blocks(
-            run.data, run.starts.tolist(), run.lengths.tolist(), run.raw_lengths.tolist(), run.crcs.tolist(), name,
-            run.origins.tolist())]
+        raws = decompress_blocks(memoryview(blocks.data), blocks.starts.tolist(), blocks.lengths.tolist(),
+                                 blocks.raw_lengths.tolist(), blocks.crcs.tolist(), name, blocks.origins.tolist())
         return raws[0] if len(raws) == 1 else b"".join(raws)
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (blocks.starts, blocks.lengths, blocks.raw_lengths,
+                                                                 blocks.crcs)]
+    raw_lengths = arrays[2]
+    total = int(raw_lengths.sum())
+    arrays.append(np.cumsum(raw_lengths) - raw_lengths)  # where each goes
     # a fresh numpy array, not bytes: numpy asks for huge pages, and a page fault costs ~4 us here
-    out = np.empty(sum(int(run.raw_lengths.sum()) for run in runs), dtype=np.uint8)
-    written = 0
-    for run in runs:
-        _decompress_compiled(run, out, written + np.cumsum(run.raw_lengths) - run.raw_lengths, name)
-        written += int(run.raw_lengths.sum())
-    return out
-
-
-def _decompress_compiled(run: CompressedRun, out: np.ndarray, out_starts: np.ndarray, name: object) -> None:
-    """The blocks of `run` decompressed into `out` at `out_starts` by ``_blocks.c``: a large run
-    in two halves on two threads (the C code holds no GIL)."""
-    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (run.starts, run.lengths, run.raw_lengths, run.crcs)]
-    arrays.append(out_starts)
-    count = len(out_starts)
+    out = np.empty(total, dtype=np.uint8)
+    count = len(raw_lengths)
     pieces = [(0, count)]
-    if count > 1 and int(run.raw_lengths.sum()) >= PARALLEL_DECOMPRESS_BYTES and CPUS > 1:
+    if count > 1 and total >= PARALLEL_DECOMPRESS_BYTES and CPUS > 1:
         pieces = [(0, count // 2), (count // 2, count)]
 
     def decompress(piece: tuple[int, int]) -> tuple[int, int] | None:
         first, stop = piece
-        starts, lengths, raw_lengths, crcs, at = (a[first:stop] for a in arrays)
-        return _compiled_blocks.decompress_blocks(run.data, starts, lengths, raw_lengths, crcs, out, at)
+        starts, lengths, raws, crcs, at = (a[first:stop] for a in arrays)
+        return _compiled_blocks.decompress_blocks(blocks.data, starts, lengths, raws, crcs, out, at)
 
     others = [_decompress_pool().submit(decompress, piece) for piece in pieces[1:]]
     problems = [decompress(pieces[0]), *(other.result() for other in others)]
@@ -544,7 +537,8 @@ def _decompress_compiled(run: CompressedRun, out: np.ndarray, out_starts: np.nda
         if problem is not None:
             block, reason = problem
             why = "checksum mismatch" if reason == _BAD_CHECKSUM else "a block does not decode"
-            raise CorruptFileError(f"{name}: invalid batch at byte {int(run.origins[first + block])}: {why}")
+            raise CorruptFileError(f"{name}: invalid batch at byte {int(blocks.origins[first + block])}: {why}")
+    return out
 
 
 # The compiled path splits a read between two threads from this many raw bytes (~120 blocks): a

@@ -562,23 +562,35 @@ class LogSegment:
     def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple[bytes | np.ndarray, np.ndarray]:
         """(the raw bytes of blocks `blocks` (sorted indexes in `directory`) back to back, each
         block's raw length), each block checksum verified: one pread per run of blocks lying close
-        together in the file."""
+        together in the file, all into one buffer decompressed at once."""
         raw_lengths = directory.block_raw_lengths[blocks].astype(np.int64)
         if not len(blocks):
             return b"", raw_lengths
         positions, lengths = directory.block_positions[blocks], directory.block_lengths[blocks]
         ends = positions + lengths
-        crcs, origins = directory.block_crcs[blocks], directory.positions[directory.block_batches[blocks]]
         # a new read where the gap to the previous block would cost more than a second pread
-        cuts = (np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1).tolist()
-        runs = []
-        for start_at, stop_at in zip([0, *cuts], [*cuts, len(blocks)]):
-            start = int(positions[start_at])
-            data = memoryview(self.read_bytes(start, int(ends[stop_at - 1]) - start))
-            run = slice(start_at, stop_at)
-            runs.append(bf.CompressedRun(data, positions[run] - start, lengths[run], raw_lengths[run], crcs[run],
-                                         origins[run]))
-        return bf.decompress_runs(runs, self.path), raw_lengths
+        cuts = np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1
+        run_starts, run_ends = positions[np.r_[0, cuts]], ends[np.r_[cuts - 1, len(blocks) - 1]]
+        run_sizes = run_ends - run_starts
+        placed = np.cumsum(run_sizes) - run_sizes  # where each run goes in the buffer
+        data = np.empty(int(run_sizes.sum()), dtype=np.uint8)
+        view = memoryview(data)
+        for at, start, size in zip(placed.tolist(), run_starts.tolist(), run_sizes.tolist()):
+            self.read_into(view[at : at + size], start)
+        run_of_block = np.zeros(len(blocks), dtype=np.int64)
+        run_of_block[cuts] = 1
+        np.cumsum(run_of_block, out=run_of_block)
+        starts = placed[run_of_block] + positions - run_starts[run_of_block]
+        compressed = bf.CompressedBlocks(data, starts, lengths, raw_lengths, directory.block_crcs[blocks],
+                                         directory.positions[directory.block_batches[blocks]])
+        return bf.decompress_all(compressed, self.path), raw_lengths
+
+    def read_into(self, buffer: memoryview, position: int) -> None:
+        """``read_bytes`` into `buffer` (as many bytes as it holds)."""
+        read = os.preadv(self._fd, [buffer], position)
+        if read != len(buffer):
+            raise CorruptFileError(f"{self.path}: {read} bytes at byte {position} where {len(buffer)} were "
+                                   f"committed (the file was truncated)")
 
     def read_block(self, block: int, directory: BatchDirectory) -> bytes:
         """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
