@@ -9,8 +9,8 @@ INSTALLED := $(VENV)/.installed
 
 setup: $(INSTALLED)
 
-# Re-install whenever the build changes (pyproject.toml, setup.py and the one C source).
-$(INSTALLED): pyproject.toml setup.py connector/msgindex/storage/_index_walk.c
+# Re-install whenever the build changes (pyproject.toml, setup.py and the C sources it compiles).
+$(INSTALLED): pyproject.toml setup.py $(shell find connector -name '*.c')
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e ".[dev]"
