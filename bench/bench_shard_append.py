@@ -25,7 +25,7 @@ import pyarrow as pa
 from msgindex.errors import InvalidAppendError
 from msgindex.storage.log.columns import records_from_table
 from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, index_key
-from msgindex.storage.shard import AppendResult, ShardWriter
+from msgindex.storage.shard import AppendResult, ShardWriter, _ranges_annotation
 from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.store import StoreSettings
 
@@ -40,8 +40,10 @@ class PerRecordShardWriter(ShardWriter):
 
     def append(self, records: pa.Table | list[MessageRecord], sources=None) -> AppendResult:
         rows = records_from_table(records) if isinstance(records, pa.Table) else records
-        try:
-            seqs = self._log.append(rows)
+        own = SourceRows.of([r.topic for r in rows], [r.partition for r in rows], [r.offset for r in rows])
+        ranges = self._checkpoint.source_ranges.union(own.ranges())
+        try:  # the log's annotation: the committed source ranges after this append, as ShardWriter writes it
+            seqs = self._log.append(rows, annotation=_ranges_annotation(ranges))
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         keys, phy_offsets, timestamps = [], [], []
@@ -52,9 +54,7 @@ class PerRecordShardWriter(ShardWriter):
                 timestamps.append(record.timestamp_ms)
         first_touched = max(len(self._files) - 1, 0)
         self._put_keys(keys, phy_offsets, timestamps)
-        own = SourceRows.of([r.topic for r in rows], [r.partition for r in rows], [r.offset for r in rows])
-        self._commit({record.topic for record in rows}, self._files[first_touched:],
-                     self._checkpoint.source_ranges.union(own.ranges()))
+        self._commit({record.topic for record in rows}, self._files[first_touched:], ranges)
         return AppendResult(len(rows), 0, len(keys))
 
 
