@@ -12,6 +12,7 @@ import pytest
 from msgindex.storage import hot_keys
 from msgindex.storage import shard as shard_module
 from msgindex.storage.inspect import inspect_path
+from msgindex.storage.message import MessageRecord
 from msgindex.storage.repair import repair_store
 from msgindex.storage.store import StoreSettings, open_store
 from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record, model_lookup, table_rows
@@ -159,3 +160,39 @@ def test_repair_removes_a_damaged_copy_and_the_next_commit_makes_it_again(tmp_pa
     assert victim.read_bytes() == made  # the gap is copied again, from the same log
     with open_store(root) as store:
         random_lookups(store, model, seed=4, count=20)
+
+
+@pytest.mark.parametrize("buckets", ["hashed", "one bucket"])
+@pytest.mark.parametrize("budget", [hot_keys.MAX_SHARE, 10.0])  # 10: no budget
+def test_the_hot_keys_of_a_stretch_are_counted_exactly(tmp_path, monkeypatch, buckets, budget):
+    """The keys copied are exactly those a plain count finds on >= the threshold of records (each
+    record once, also one that lists a key twice), hottest first within the budget; also when
+    every key falls into one hash bucket (bucket counts only narrow what is counted exactly)."""
+    if buckets == "one bucket":
+        monkeypatch.setattr(hot_keys, "_BUCKET_MASK", 0)
+    monkeypatch.setattr(hot_keys, "MAX_SHARE", budget)
+    rng = random.Random(3)
+    keys = [f"k{i}" for i in range(60)]
+    records = []
+    for offset in range(STRETCH):
+        own = rng.choices(keys, weights=[1 / (i + 1) for i in range(len(keys))], k=rng.randint(1, 2))
+        records.append(MessageRecord(rng.choice(TOPICS), 0, offset, BASE + offset, own[0], (*own, own[0]), -1, -1))
+    with open_store(tmp_path, create=True, settings=SETTINGS) as store, store.writer("b") as writer:
+        writer.append(records)
+    (copy,) = copies_of(tmp_path)
+    counts: dict[str, int] = {}
+    for record in records:
+        for key in set(record.keys):
+            counts[key] = counts.get(key, 0) + 1
+    threshold = max(hot_keys.MIN_ROWS, hot_keys.MIN_SHARE * STRETCH)
+    hot, total = [], 0
+    for key, n in sorted(((k, n) for k, n in counts.items() if n >= threshold), key=lambda item: -item[1]):
+        total += n
+        if total <= budget * STRETCH:
+            hot.append(key)
+    over = [k for k, n in counts.items() if n >= threshold]
+    if budget < 1:
+        assert 2 <= len(hot) < len(over)  # the budget cut some
+    else:
+        assert sorted(hot) == sorted(over) and min(counts[k] for k in over) < 2 * threshold, (counts, threshold)
+    assert sorted(key.decode() for key in hot_keys.HotKeyCopy.open(copy).groups) == sorted(hot)

@@ -161,6 +161,22 @@ def index_hashes_from_java_hashes(java_hashes: np.ndarray) -> np.ndarray:
     return out
 
 
+def byte_string_hashes(values: pa.Array) -> np.ndarray:
+    """``String.hashCode``'s polynomial over each binary (or string) value's *bytes*, vectorized:
+    uint32 (Java's hash for ASCII values; a null value hashes as empty). A cheap way to group
+    byte strings: equal values hash equal."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if not len(values):
+        return np.zeros(0, dtype=np.uint32)
+    wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[values.offset : values.offset + len(values) + 1]
+    offsets = offsets.astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return _hash_flat(data, offsets[:-1], np.diff(offsets))
+
+
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
     """31**k and 31**-k (mod 2**32) for k < n, cached and grown on demand."""
     global _powers, _inverse_powers
