@@ -301,10 +301,11 @@ class CopiedRows:
 
 
 def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[int]], wanted_count: int,
-                log_start_seq: int) -> CopiedRows:
+                log_start_seq: int, wanted_keys: int) -> CopiedRows:
     """The groups of `copies` (by stretch, not overlapping) holding wanted keys (`key_numbers`:
-    each key's numbers), read and checked; a copy that does not `fits` the log or fails a check
-    is left out (logged: the log answers for its stretch)."""
+    each key's numbers; keys no copy holds may be left out), read and checked; a copy that does
+    not `fits` the log or fails a check is left out (logged: the log answers for its stretch).
+    `wanted_keys`: how many distinct keys the lookup has."""
     tasks = []
     for copy in copies:
         groups = [(copy.groups[key], numbers) for key, numbers in key_numbers.items() if key in copy.groups]
@@ -321,7 +322,7 @@ def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[in
 
     # decompression runs outside the GIL: the log's reading threads read many copies at once
     usable = [read_copy for read_copy in in_order(read, tasks) if read_copy is not None]
-    return CopiedRows(usable, wanted_count, log_start_seq, len(key_numbers))
+    return CopiedRows(usable, wanted_count, log_start_seq, wanted_keys)
 
 
 def part_of(table: pa.Table, broker: str, keep: np.ndarray | None, stamps: np.ndarray) -> Part | None:

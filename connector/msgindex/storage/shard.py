@@ -951,11 +951,15 @@ class ShardReader(_Committed):
         return np.concatenate(seqs), np.concatenate(whos)
 
     def _copied_rows(self, wanted: _WantedKeys) -> hot_keys.CopiedRows:
-        key_numbers: dict[bytes, list[int]] = {}  # each wanted key's (topic, key) numbers
-        for number, key in enumerate(wanted.keys.to_pylist()):
+        copies = self._hot_key_copies()
+        # each copied wanted key's (topic, key) numbers: of 1,000 wanted keys, few are copied
+        copied = pa.array(sorted(set().union(*(copy.groups for copy in copies))), bf.TEXT)
+        numbers = np.flatnonzero(pc.is_in(wanted.keys, copied).to_numpy(zero_copy_only=False))
+        key_numbers: dict[bytes, list[int]] = {}
+        for number, key in zip(numbers.tolist(), wanted.keys.take(pa.array(numbers)).to_pylist()):
             key_numbers.setdefault(key, []).append(number)
-        return hot_keys.read_copies(self._hot_key_copies(), self._copy_fits, key_numbers, len(wanted.hashes),
-                                    self._checkpoint.log_start_seq)
+        return hot_keys.read_copies(copies, self._copy_fits, key_numbers, len(wanted.hashes),
+                                    self._checkpoint.log_start_seq, pc.count_distinct(wanted.keys).as_py())
 
     def _hot_key_copies(self) -> list[hot_keys.HotKeyCopy]:
         """The shard's hot-key copies of committed, retained stretches (read once per reader;
