@@ -1128,7 +1128,7 @@ class ShardReader(_Committed):
             if wanted_partitions is not None:
                 keep &= np.isin(records.partition, wanted_partitions)
             topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
-            wanted_topic = np.array([topic_numbers.get(t, -1) for t in wanted.topics], dtype=np.int64)
+            wanted_topic = wanted.pair_topics(topic_numbers)
             # the pairs whose record is in the window and in the wanted key's topic
             in_window = keep[row]
             pair = np.flatnonzero(in_window & (records.topic_ids[row] == wanted_topic[key_number]))
@@ -1199,16 +1199,20 @@ class _WantedKeys:
 
     hashes: np.ndarray
     texts: tuple[tuple[str, str], ...]
-    topics: tuple[bytes, ...]
+    topics: tuple[bytes, ...]  # each topic once, in pair order: pair p's topic is topics[p // keys_per_topic]
+    keys_per_topic: int
     keys: pa.Array  # large_binary
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
         pairs = tuple((t, k) for t in topics for k in keys)
         encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
-        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs,
-                   tuple(encoded for encoded in (encode_text(t) for t in topics) for _ in keys),
-                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
+        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs, tuple(encode_text(t) for t in topics),
+                   len(keys), pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
+
+    def pair_topics(self, numbers: dict[bytes, int]) -> np.ndarray:
+        """Each pair's topic as its number in `numbers` (-1: not there)."""
+        return np.repeat(np.array([numbers.get(t, -1) for t in self.topics], dtype=np.int64), self.keys_per_topic)
 
 
 SCALAR_HASH_MAX_KEYS = 16
