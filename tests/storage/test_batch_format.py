@@ -83,7 +83,8 @@ def decode(data: bytes) -> bf.DecodedRows:
     assert out.tobytes() == b"".join(raws)
     counts = blocks["records"].astype(np.int64)
     block_set = bf.BlockSet(out, raw_lengths, head.base_seq + np.cumsum(counts) - counts, counts,
-                            [bf.check_head(data, 0, len(data)).topics] * len(raws), [("mem", 0)] * len(raws))
+                            [bf.check_head(data, 0, len(data)).topics], np.zeros(len(raws), np.int64), "mem",
+                            np.zeros(len(raws), np.int64))
     return block_set.select(*block_set.all_rows()).rows()
 
 

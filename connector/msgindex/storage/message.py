@@ -13,6 +13,7 @@ Keys are Python ``str``. Key bytes that are not valid UTF-8 are decoded with
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,12 @@ def stored_window(begin_ms: int | None, end_ms: int | None) -> tuple[int | None,
 def index_key(topic: str, key: str) -> str:
     """The string hashed into the index for `key` of a message in `topic` (RocketMQ's rule)."""
     return f"{topic}{INDEX_KEY_SEPARATOR}{key}"
+
+
+def index_keys(topic: str, keys: Iterable[str]) -> list[str]:
+    """``index_key(topic, key)`` of each of `keys` (a lookup of many keys makes thousands)."""
+    prefix = index_key(topic, "")
+    return [prefix + key for key in keys]
 
 
 def decode_key_bytes(raw: bytes) -> str:

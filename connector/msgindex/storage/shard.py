@@ -77,6 +77,7 @@ from msgindex.storage.message import (
     decode_text,
     encode_text,
     index_key,
+    index_keys,
     stored_window,
     timestamp_problem,
 )
@@ -1207,7 +1208,7 @@ class _WantedKeys:
     def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
         pairs = tuple((t, k) for t in topics for k in keys)
         encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
-        return cls(_hashes([index_key(t, k) for t, k in pairs]), pairs, tuple(encode_text(t) for t in topics),
+        return cls(_hashes([text for t in topics for text in index_keys(t, keys)]), pairs, tuple(encode_text(t) for t in topics),
                    len(keys), pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
 
     def pair_topics(self, numbers: dict[bytes, int]) -> np.ndarray:

@@ -616,19 +616,22 @@ def concat_rows(parts: Sequence[DecodedRows]) -> DecodedRows:
 
 
 class BlockSet:
-    """Decompressed blocks (of any batches and segments) read together: records are addressed
+    """Decompressed blocks (of any batches of one file) read together: records are addressed
     as (block, row in the block) pairs, and each column is read for any of them with a few numpy
     operations whatever the number of blocks: the blocks' headers are read as one numpy array,
     and the records' fields are gathered from the blocks' bytes laid end to end.
 
     `data` holds the blocks' raw bytes back to back, `lengths` each one's length, `base_seqs`
     their first seqs, `records` their record counts (from the block table, checked against each
-    block's header), `topic_tables` the topic table of each block's batch, `origins` (file,
-    batch position) of each block for errors."""
+    block's header), `table_of_block` which of `topic_tables` (the batches' topic tables, each
+    once) each block's batch has; `name` is the file and `positions` each block's batch
+    position in it, for errors. (Nothing here is per block in Python: a read of many keys
+    decodes thousands of blocks.)"""
 
     def __init__(self, data: bytes | np.ndarray, lengths: np.ndarray, base_seqs: np.ndarray, records: np.ndarray,
-                 topic_tables: Sequence[tuple[bytes, ...]], origins: Sequence[tuple[object, int]]) -> None:
-        self._origins = origins
+                 topic_tables: Sequence[tuple[bytes, ...]], table_of_block: np.ndarray, name: object,
+                 positions: np.ndarray) -> None:
+        self._name, self._positions = name, positions
         lengths = np.asarray(lengths, dtype=np.int64)
         self._data = data
         self._bytes = np.frombuffer(data, dtype=np.uint8)
@@ -652,23 +655,23 @@ class BlockSet:
         if bad.any():
             self._corrupt(int(np.argmax(bad)), "a block does not match its layout")
         self.base_seqs = np.asarray(base_seqs, dtype=np.int64)
+        # every table's topics numbered in one flat map: block b's topic i is
+        # _topic_map[_topic_map_start[b] + i]
         self._topics: dict[bytes, int] = {}
-        maps: dict[tuple[bytes, ...], tuple[int, int]] = {}
         flat: list[int] = []
-        self._topic_map_start = np.empty(len(lengths), dtype=np.int64)
-        self._topic_count = np.empty(len(lengths), dtype=np.int64)
-        for b, table in enumerate(topic_tables):
-            where = maps.get(table)
-            if where is None:
-                where = maps[table] = (len(flat), len(table))
-                flat.extend(self._topics.setdefault(t, len(self._topics)) for t in table)
-            self._topic_map_start[b], self._topic_count[b] = where
+        table_starts, table_sizes = [], []
+        for table in topic_tables:
+            table_starts.append(len(flat))
+            table_sizes.append(len(table))
+            flat.extend(self._topics.setdefault(t, len(self._topics)) for t in table)
+        table_of_block = np.asarray(table_of_block, dtype=np.int64)
+        self._topic_map_start = np.array(table_starts, dtype=np.int64)[table_of_block]
+        self._topic_count = np.array(table_sizes, dtype=np.int64)[table_of_block]
         self._topic_map = np.array(flat, dtype=np.int64)
         self._present_widths: dict[str, list[int]] = {}
 
     def _corrupt(self, block: int, reason: str) -> None:
-        name, position = self._origins[block]
-        raise CorruptFileError(f"{name}: invalid batch at byte {position}: {reason}")
+        raise CorruptFileError(f"{self._name}: invalid batch at byte {int(self._positions[block])}: {reason}")
 
     def column(self, name: str, block: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Values (int64) of column `name` at (block, index in the block: a row, or a text for

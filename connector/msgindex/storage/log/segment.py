@@ -603,10 +603,11 @@ class LogSegment:
     def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
         """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
         directory = self.batches() if directory is None else directory
-        batches = directory.block_batches[blocks].tolist()
+        batches = directory.block_batches[blocks]
+        distinct, table_of_block = np.unique(batches, return_inverse=True)
         return bf.BlockSet(*self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
-                           directory.block_counts[blocks], [directory.topic_tables[b] for b in batches],
-                           [(self.path, int(directory.positions[b])) for b in batches])
+                           directory.block_counts[blocks], [directory.topic_tables[b] for b in distinct.tolist()],
+                           table_of_block, self.path, directory.positions[batches])
 
     def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedRows:
         """Every record of batch number `index` of the directory, each block's checksum verified
