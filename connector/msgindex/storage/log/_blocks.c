@@ -48,9 +48,10 @@ static inline void copy8(uint8_t *to, const uint8_t *from) { memcpy(to, from, 8)
 
 /* Decompresses one LZ4 block of exactly `raw_length` bytes into `out`; 0 when it does not decode
  * to exactly that (a damaged block). Log blocks are mostly short sequences (~5 literals and ~7
- * matched bytes each): where at least FAST_ROOM bytes are left on both sides, a short literal
- * run or match is copied as 16 bytes regardless of its length (never past this block's input or
- * output, which another thread may be writing next to) and the pointers advance by the length. */
+ * matched bytes each), so copies run past their lengths where there is room: a literal run of up
+ * to 16 bytes is copied as 16 bytes (FAST_ROOM left on both sides), a match 8 bytes at a time (up
+ * to 7 bytes past its end), the excess overwritten by what follows. Never past this block's input
+ * or output: another thread may be writing the next block's output. */
 #define FAST_ROOM 32
 static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
     const uint8_t *in_end = in + in_length;
