@@ -4,7 +4,7 @@ mirrors, as Spark executors (which get msgindex as a zip) always do.
 
 * storage/_index_walk.c: RocketMQ's selectPhyOffset (index_file.py).
 * storage/log/_blocks.c: the metadata log's blocks checked and decompressed with the GIL released
-  (batch_format.py).
+  (batch_format.py); it opens the system's LZ4 library when imported (and is not used without one).
 """
 
 from setuptools import Extension, setup

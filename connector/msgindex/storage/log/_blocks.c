@@ -12,102 +12,34 @@
  * like every compiled module (setup.py): without it the Python path answers.
  *
  * A block (batch_format.py) is one LZ4 *block* (the raw format, no frame), checksummed with
- * zlib's CRC-32 over its compressed bytes. The LZ4 block format, as its specification states
- * it: a sequence of (token, literals, match) where the token's high 4 bits are the literal
- * count and its low 4 bits the match length minus 4 (15 in either: more length bytes follow,
- * each added, until one is not 255), the literals are copied as they are, and a match is a
- * 2-byte little-endian offset back into the output and a copy of that many bytes from there
- * (it may overlap what it writes). The last sequence has literals only. Every read and write
- * below is bounds-checked: a damaged block is reported, never read or written past.
+ * zlib's CRC-32 over its compressed bytes. The LZ4 decoder is the LZ4 library's own
+ * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
+ * found at import in the shared library the system has (it has no header here, so it is opened by
+ * name); without one the import fails and the Python path answers. A block must decode to exactly
+ * its stated length.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
+#include <dlfcn.h>
 
-#define MIN_MATCH 4
-#define LENGTH_MORE 15 /* a 4-bit length of 15: more length bytes follow */
 #define OK 0
 #define BAD_CHECKSUM 1
 #define BAD_BLOCK 2
 
-/* Adds the extension bytes of a length whose 4-bit field was 15; 0 when the input ends first. */
-static int read_length(const uint8_t **in, const uint8_t *in_end, size_t *length) {
-    uint8_t more;
-    do {
-        if (*in >= in_end) return 0;
-        more = *(*in)++;
-        *length += more;
-    } while (more == 255);
-    return 1;
-}
-
-/* Copies 8 bytes (the compiler makes it one load and one store). */
-static inline void copy8(uint8_t *to, const uint8_t *from) { memcpy(to, from, 8); }
+/* LZ4_decompress_safe(source, dest, compressed size, dest capacity) -> bytes written, or < 0 */
+typedef int (*lz4_decompress_safe)(const char *, char *, int, int);
+static lz4_decompress_safe lz4_decompress = NULL;
+static const char *const LZ4_LIBRARIES[] = {"liblz4.so.1", "liblz4.so", "liblz4.1.dylib", "liblz4.dylib"};
 
 /* Decompresses one LZ4 block of exactly `raw_length` bytes into `out`; 0 when it does not decode
- * to exactly that (a damaged block). Log blocks are mostly short sequences (~5 literals and ~7
- * matched bytes each), so copies run past their lengths where there is room: a literal run of up
- * to 16 bytes is copied as 16 bytes (FAST_ROOM left on both sides), a match 8 bytes at a time (up
- * to 7 bytes past its end), the excess overwritten by what follows. Never past this block's input
- * or output: another thread may be writing the next block's output. */
-#define FAST_ROOM 32
+ * to exactly that (a damaged block). */
 static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
-    const uint8_t *in_end = in + in_length;
-    uint8_t *op = out, *out_end = out + raw_length;
-    while (in < in_end) {
-        uint8_t token = *in++;
-        size_t literals = token >> 4;
-        if (literals == LENGTH_MORE && !read_length(&in, in_end, &literals)) return 0;
-        if (literals > (size_t)(in_end - in) || literals > (size_t)(out_end - op)) return 0;
-        if (literals <= 16 && in_end - in >= FAST_ROOM && out_end - op >= FAST_ROOM) {
-            copy8(op, in);
-            copy8(op + 8, in + 8);
-        } else {
-            memcpy(op, in, literals);
-        }
-        op += literals;
-        in += literals;
-        if (in == in_end) break; /* the last sequence: literals only */
-        if (in_end - in < 2) return 0;
-        size_t offset = (size_t)in[0] | ((size_t)in[1] << 8);
-        in += 2;
-        if (offset == 0 || offset > (size_t)(op - out)) return 0;
-        size_t match = token & 0x0F;
-        if (match == LENGTH_MORE && !read_length(&in, in_end, &match)) return 0;
-        match += MIN_MATCH;
-        if (match > (size_t)(out_end - op)) return 0;
-        const uint8_t *from = op - offset;
-        if ((size_t)(out_end - op) >= match + 8) {
-            /* 8 bytes at a time, up to 7 bytes past the match (overwritten by what follows) */
-            uint8_t *to = op, *match_end = op + match;
-            if (offset < 8) {
-                /* the first 8 bytes one by one (each may be one just written); from then on the
-                 * output repeats every `offset` bytes, so it also repeats every `distance`
-                 * bytes, the first multiple of offset >= 8: far enough back for 8-byte copies */
-                for (int i = 0; i < 8; i++) to[i] = from[i];
-                to += 8;
-                size_t distance = offset * ((8 + offset - 1) / offset);
-                for (; to < match_end; to += 8) copy8(to, to - distance);
-            } else {
-                /* each load reads only bytes already final: at least 8 back */
-                for (; to < match_end; to += 8) copy8(to, to - offset);
-            }
-            op = match_end;
-        } else {
-            /* near the block's end: exact copies; overlapping when offset < match (the output
-             * repeats its last `offset` bytes, so each copy from `from` may take all that lies
-             * between it and the output, which doubles) */
-            while (match > 0) {
-                size_t chunk = (size_t)(op - from) < match ? (size_t)(op - from) : match;
-                memcpy(op, from, chunk);
-                op += chunk;
-                match -= chunk;
-            }
-        }
-    }
-    return op == out_end;
+    if (in_length > INT32_MAX || raw_length > INT32_MAX) return 0;
+    int written = lz4_decompress((const char *)in, (char *)out, (int)in_length, (int)raw_length);
+    return written >= 0 && (size_t)written == raw_length;
 }
 
 static int int64_view(PyObject *object, Py_buffer *view, Py_ssize_t count) {
@@ -197,4 +129,14 @@ static struct PyModuleDef module_def = {
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__blocks(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__blocks(void) {
+    for (size_t i = 0; i < sizeof LZ4_LIBRARIES / sizeof LZ4_LIBRARIES[0] && lz4_decompress == NULL; i++) {
+        void *library = dlopen(LZ4_LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
+        if (library != NULL) lz4_decompress = (lz4_decompress_safe)dlsym(library, "LZ4_decompress_safe");
+    }
+    if (lz4_decompress == NULL) {
+        PyErr_SetString(PyExc_ImportError, "no LZ4 shared library (liblz4.so.1) on this system");
+        return NULL;
+    }
+    return PyModule_Create(&module_def);
+}
