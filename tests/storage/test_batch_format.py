@@ -65,7 +65,7 @@ def expected_row(seq: int, record: MessageRecord, broker: str) -> dict:
     }
 
 
-def decompress_into(data: bytes, starts: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def decompressed_all(data: bytes, starts: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The blocks through ``decompress_all`` (compiled where built)."""
     raw_lengths = blocks["raw_length"].astype(np.int64)
     compressed = bf.CompressedBlocks(memoryview(data), starts, blocks["length"].astype(np.int64), raw_lengths,
@@ -80,7 +80,7 @@ def decode(data: bytes) -> bf.DecodedRows:
     starts = head.blocks_offset + np.concatenate(([0], np.cumsum(blocks["length"].astype(np.int64))[:-1]))
     raws = [bf.decompress_block(memoryview(data)[start : start + int(entry["length"])], int(entry["raw_length"]),
                                 int(entry["crc"]), "mem", 0) for start, entry in zip(starts.tolist(), blocks)]
-    out, raw_lengths = decompress_into(data, starts, blocks)  # compiled where built
+    out, raw_lengths = decompressed_all(data, starts, blocks)  # compiled where built
     assert out.tobytes() == b"".join(raws)
     counts = blocks["records"].astype(np.int64)
     block_set = bf.BlockSet(out, raw_lengths, head.base_seq + np.cumsum(counts) - counts, counts,
@@ -292,7 +292,7 @@ def _python_or_error(data: bytes, starts: np.ndarray, blocks: np.ndarray) -> byt
 
 def _into_or_error(data: bytes, starts: np.ndarray, blocks: np.ndarray) -> bytes | str:
     try:
-        return decompress_into(data, starts, blocks)[0].tobytes()
+        return decompressed_all(data, starts, blocks)[0].tobytes()
     except CorruptFileError as error:
         return str(error)
 

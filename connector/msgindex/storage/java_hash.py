@@ -169,12 +169,18 @@ def byte_string_hashes(values: pa.Array) -> np.ndarray:
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     if not len(values):
         return np.zeros(0, dtype=np.uint32)
+    data, offsets = _bytes_and_offsets(values)
+    return _hash_flat(data, offsets[:-1], np.diff(offsets))
+
+
+def _bytes_and_offsets(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy bytes (uint8) and int64 offsets (one more than values) of a non-empty Arrow
+    binary or string array."""
     wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
     _, offsets_buf, data_buf = values.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[values.offset : values.offset + len(values) + 1]
-    offsets = offsets.astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return _hash_flat(data, offsets[:-1], np.diff(offsets))
+    return data, offsets.astype(np.int64)
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -273,11 +279,7 @@ def _arrow_ascii_units(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np
         raise InvalidKeyError(f"keys contain {keys.null_count} null value(s); every key must be a string")
     if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or len(keys) == 0:
         return None
-    offset_type = np.int32 if pa.types.is_string(keys.type) else np.int64
-    _, offsets_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[keys.offset : keys.offset + len(keys) + 1]
-    offsets = offsets.astype(np.int64)
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    data, offsets = _bytes_and_offsets(keys)
     if offsets[-1] > offsets[0] and data[offsets[0] : offsets[-1]].max() >= 0x80:
         return None
     return data, offsets[:-1], np.diff(offsets)

@@ -959,8 +959,9 @@ class ShardReader(_Committed):
         key_numbers: dict[bytes, list[int]] = {}
         for number, key in zip(numbers.tolist(), wanted.keys.take(pa.array(numbers)).to_pylist()):
             key_numbers.setdefault(key, []).append(number)
+        # the distinct wanted keys: a Query's keys are duplicate-free (query.normalize_keys)
         return hot_keys.read_copies(copies, self._copy_fits, key_numbers, len(wanted.hashes),
-                                    self._checkpoint.log_start_seq, pc.count_distinct(wanted.keys).as_py())
+                                    self._checkpoint.log_start_seq, wanted.keys_per_topic)
 
     def _hot_key_copies(self) -> list[hot_keys.HotKeyCopy]:
         """The shard's hot-key copies of committed, retained stretches (read once per reader;

@@ -546,6 +546,8 @@ def decompress_all(blocks: CompressedBlocks, name: object) -> bytes | np.ndarray
 PARALLEL_DECOMPRESS_BYTES = 1 << 20
 CPUS = os.cpu_count() or 1
 _BAD_CHECKSUM = 1  # _blocks.c's reasons; 2: a block does not decode
+# Not the log's reading pool (metadata_log): its tasks call decompress_all and wait for this pool's,
+# which on the same full pool would wait forever.
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 

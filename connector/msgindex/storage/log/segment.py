@@ -554,9 +554,7 @@ class LogSegment:
     def read_bytes(self, position: int, length: int) -> bytes:
         """`length` bytes at `position` of the committed extent (one pread)."""
         data = os.pread(self._fd, length, position)
-        if len(data) != length:
-            raise CorruptFileError(f"{self.path}: {len(data)} bytes at byte {position} where {length} were "
-                                   f"committed (the file was truncated)")
+        self._check_read(len(data), length, position)
         return data
 
     def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple[bytes | np.ndarray, np.ndarray]:
@@ -587,9 +585,11 @@ class LogSegment:
 
     def read_into(self, buffer: memoryview, position: int) -> None:
         """``read_bytes`` into `buffer` (as many bytes as it holds)."""
-        read = os.preadv(self._fd, [buffer], position)
-        if read != len(buffer):
-            raise CorruptFileError(f"{self.path}: {read} bytes at byte {position} where {len(buffer)} were "
+        self._check_read(os.preadv(self._fd, [buffer], position), len(buffer), position)
+
+    def _check_read(self, read: int, wanted: int, position: int) -> None:
+        if read != wanted:
+            raise CorruptFileError(f"{self.path}: {read} bytes at byte {position} where {wanted} were "
                                    f"committed (the file was truncated)")
 
     def read_block(self, block: int, directory: BatchDirectory) -> bytes:
