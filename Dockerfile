@@ -15,7 +15,7 @@ COPY pyproject.toml README.md ./
 COPY connector ./connector
 COPY streaming_jobs ./streaming_jobs
 RUN pip install --no-cache-dir . \
- && python -c "from msgindex.spark.session import kafka_connector_jars; print(kafka_connector_jars())"
+ && python -c "from msgindex.spark.runtime.session import kafka_connector_jars; print(kafka_connector_jars())"
 
 WORKDIR /data
 ENTRYPOINT ["msgindex"]

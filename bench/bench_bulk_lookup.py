@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"write Parquet copy (pyarrow, zstd):   {parquet_s:8.1f} s", flush=True)
 
         from msgindex.spark import enable_pushdown, lookup_keys
-        from msgindex.spark.session import build_spark_session
+        from msgindex.spark.runtime.session import build_spark_session
 
         spark = build_spark_session(app_name="bench-bulk-lookup")
         enable_pushdown(spark)

@@ -27,14 +27,14 @@ import time
 from pathlib import Path
 
 STAGE_ALL = ("from msgindex.kafka.broker import broker_jars; "
-             "from msgindex.spark.session import kafka_connector_jars; "
+             "from msgindex.spark.runtime.session import kafka_connector_jars; "
              "print(len(broker_jars()), len(kafka_connector_jars()))")
 
 SPARK_TIMING = """
 import json, sys, time
 began = time.perf_counter()
 if sys.argv[1] == "msgindex":
-    from msgindex.spark.session import build_spark_session
+    from msgindex.spark.runtime.session import build_spark_session
     spark = build_spark_session(app_name="bench")
 else:
     from pyspark.sql import SparkSession

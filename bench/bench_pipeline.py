@@ -15,7 +15,7 @@ checkpoints, each run measured from query start (everything already produced) to
   arrow     the pipeline's own plan (foreachBatch, shard and slice columns, coalesce, mapInArrow)
             with a task function that only counts its rows: the floor of any Python-side sink
             (rows to Arrow in the JVM, to the Python workers, per-batch jobs); not a goal baseline;
-  pipeline  the real job (msgindex.spark.pipeline.index_kafka): shards appended and committed.
+  pipeline  the real job (msgindex.spark.pipeline.job.index_kafka): shards appended and committed.
 
 Prints records/s of each (median of --repeat runs), both ratios (pipeline/noop, goal >= 0.9;
 pipeline/parquet, goal >= 1.0), and where the pipeline's time goes.
@@ -55,8 +55,8 @@ def _count_rows(batches):
 
 def _arrow_floor(spark, options) -> tuple[float, int]:
     """The pipeline's plan with a task function that only counts (see the module docstring)."""
-    from msgindex.spark.pipeline import kafka_stream, open_index
-    from msgindex.spark.sink import BatchWriter, SinkConfig
+    from msgindex.spark.pipeline.job import kafka_stream, open_index
+    from msgindex.spark.pipeline.sink import BatchWriter, SinkConfig
 
     open_index(options).close()
     planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
@@ -75,9 +75,9 @@ def _arrow_floor(spark, options) -> tuple[float, int]:
 
 def _baseline(spark, options, sink_format: str) -> tuple[float, int]:
     """Seconds and rows of the same source and projection into one of Spark's own sinks."""
-    from msgindex.spark.kafka_records import project_records
-    from msgindex.spark.pipeline import kafka_stream, open_index
-    from msgindex.spark.sink import BatchWriter, SinkConfig
+    from msgindex.spark.pipeline.job import kafka_stream, open_index
+    from msgindex.spark.pipeline.kafka_records import project_records
+    from msgindex.spark.pipeline.sink import BatchWriter, SinkConfig
 
     open_index(options).close()
     planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from msgindex.kafka.admin import create_topics
     from msgindex.kafka.broker import LocalBroker, free_port
     from msgindex.kafka.loadgen import keyed_records, produce
-    from msgindex.spark.pipeline import index_kafka
-    from msgindex.spark.session import build_spark_session
-    from msgindex.spark.standalone import LocalStandaloneCluster
+    from msgindex.spark.pipeline.job import index_kafka
+    from msgindex.spark.runtime.session import build_spark_session
+    from msgindex.spark.runtime.standalone import LocalStandaloneCluster
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     broker = cluster = None

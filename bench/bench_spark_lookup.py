@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     with bench_data(args, cardinality, "bench", kafka=not args.no_kafka) as data:
         bootstrap, topic, store_root = data.bootstrap, data.topic, data.store
         from msgindex.spark import enable_pushdown
-        from msgindex.spark.session import build_spark_session
+        from msgindex.spark.runtime.session import build_spark_session
 
         extra_conf = parse_conf(args.conf)
         spark = build_spark_session(app_name="bench-spark-lookup", extra_conf=extra_conf)

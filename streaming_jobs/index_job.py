@@ -5,7 +5,7 @@
 
 msgindex must be installed in the driver's Python; the job ships it to the executors itself
 (they need only pyspark's Arrow dependencies). Everything lives in the library
-(``msgindex.cli.index`` parses the flags, ``msgindex.spark.pipeline`` runs the query).
+(``msgindex.cli.index`` parses the flags, ``msgindex.spark.pipeline.job`` runs the query).
 """
 
 import sys

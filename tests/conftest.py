@@ -81,8 +81,8 @@ def kafka_topic(kafka_bootstrap: str) -> Callable[..., str]:
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one SparkSession of the test session (msgindex.spark.session.build_spark_session)."""
-    from msgindex.spark.session import build_spark_session
+    """The one SparkSession of the test session (msgindex.spark.runtime.session.build_spark_session)."""
+    from msgindex.spark.runtime.session import build_spark_session
 
     session = build_spark_session(app_name="msgindex-tests")
     yield session

@@ -6,6 +6,6 @@ The source registered this way reads right under either value of Spark's Python 
 pushdown setting (options use the index; ``where`` filters are left to Spark);
 ``msgindex.spark.enable_pushdown(spark)`` makes ``where`` filters use the index in a session."""
 
-from msgindex.spark.datasource import MsgIndexDataSource as DefaultSource
+from msgindex.spark.read.datasource import MsgIndexDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

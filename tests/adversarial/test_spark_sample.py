@@ -90,7 +90,7 @@ def test_a_shown_key_finds_exactly_its_row(spark, hostile_store, pushdown):
     ``key`` option; a bytes value given to ``.option`` is an error naming the option."""
     from pyspark.sql.functions import col, lit
 
-    from msgindex.spark.datasource import PUSHDOWN_CONF
+    from msgindex.spark.read.datasource import PUSHDOWN_CONF
     from msgindex.storage.message import arrow_text
 
     root, keys = hostile_store

@@ -20,7 +20,7 @@ from importlib import metadata
 import pytest
 
 from msgindex.jvm import msgindex_home
-from msgindex.spark.standalone import LocalStandaloneCluster
+from msgindex.spark.runtime.standalone import LocalStandaloneCluster
 
 EXECUTOR_REQUIREMENTS = ("pyspark", "numpy", "pyarrow", "pandas")  # pyspark's Arrow functions need these
 START_TIMEOUT_S = 180

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from msgindex.kafka.loadgen import keyed_records, produce
-from msgindex.spark.session import kafka_connector_jars
+from msgindex.spark.runtime.session import kafka_connector_jars
 from tests.pipeline.support import INDEX_JOB, REPO, SMALL_STORE, assert_index_equals, ground_truth
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster, pytest.mark.slow]

@@ -29,7 +29,7 @@ CLIENT_TIMEOUT_S = 600
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL (``sc://127.0.0.1:<port>``) of a Spark Connect server running for the whole session."""
-    from msgindex.spark.connect_server import LocalConnectServer
+    from msgindex.spark.runtime.connect_server import LocalConnectServer
 
     server = LocalConnectServer(tmp_path_factory.mktemp("connect-server"),
                                 extra_conf={"spark.driver.memory": "768m"})

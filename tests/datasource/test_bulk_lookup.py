@@ -11,7 +11,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from msgindex.errors import InvalidOptionError
 from msgindex.spark import lookup_keys
-from msgindex.spark.bulk_lookup import RESULT_SCHEMA
+from msgindex.spark.read.bulk_lookup import RESULT_SCHEMA
 from tests.datasource.conftest import BROKERS, COLLIDING, EDGE_KEY, SPECIAL, WINDOW
 
 pytestmark = pytest.mark.spark

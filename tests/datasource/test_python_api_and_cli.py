@@ -23,8 +23,8 @@ from pyspark.sql.datasource import (
 import msgindex
 from msgindex.cli import main
 from msgindex.errors import InvalidOptionError
-from msgindex.spark import pushdown
-from msgindex.spark.read_options import ReadOptions, parse_time_ms
+from msgindex.spark.read import pushdown
+from msgindex.spark.read.options import ReadOptions, parse_time_ms
 from msgindex.storage.message import ROW_SCHEMA
 from tests.datasource.conftest import EDGE_KEY, WINDOW
 

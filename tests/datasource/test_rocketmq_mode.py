@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from msgindex.spark.datasource import PUSHDOWN_CONF
+from msgindex.spark.read.datasource import PUSHDOWN_CONF
 from msgindex.storage.index_file import IndexFile, index_file_name
 from msgindex.storage.java_hash import index_hash
 from msgindex.storage.message import index_key

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from msgindex.spark.datasource import KEYS_PER_LOOKUP_TASK, PUSHDOWN_CONF
+from msgindex.spark.read.datasource import KEYS_PER_LOOKUP_TASK, PUSHDOWN_CONF
 from msgindex.storage.message import ROW_SCHEMA
 from msgindex.storage.store import open_store
 from tests.datasource.conftest import BROKERS, EDGE_KEY, WINDOW

@@ -19,7 +19,7 @@ from msgindex.kafka.admin import (
     partition_leaders,
     produce,
 )
-from msgindex.spark.session import _artifact_of, _pyspark_jars_dir, kafka_connector_jars
+from msgindex.spark.runtime.session import _artifact_of, _pyspark_jars_dir, kafka_connector_jars
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -155,7 +155,7 @@ def test_session_has_the_settings_msgindex_relies_on(spark):
 
 
 def test_session_conf_lets_callers_override_but_keeps_the_connector_jars():
-    from msgindex.spark.session import session_conf
+    from msgindex.spark.runtime.session import session_conf
 
     conf = session_conf("x", "local[1]", {"spark.sql.shuffle.partitions": 7, "spark.jars": "/opt/extra.jar"},
                         user_conf={})  # only the caller's settings (not those of a JVM this test session runs)

@@ -67,7 +67,7 @@ def test_editable_install_run_by_full_path_without_activation(packaging_store, t
 def test_wheel_in_a_fresh_venv(wheel_and_venv, packaging_store, tmp_path):
     wheel, venv = wheel_and_venv
     names = zipfile.ZipFile(wheel).namelist()
-    assert "pyspark_msgindex/__init__.py" in names and "msgindex/spark/datasource.py" in names
+    assert "pyspark_msgindex/__init__.py" in names and "msgindex/spark/read/datasource.py" in names
     assert not [n for n in names if n.startswith(("connector/", "tests/", "streaming_jobs/"))]
     if shutil.which("cc") or shutil.which("gcc"):  # setup.py's optional compiled modules, built with the wheel
         for module in ("msgindex/storage/_index_walk", "msgindex/storage/log/_blocks"):

@@ -156,7 +156,7 @@ def job_args(bootstrap: str, topics: list[str], path: Path, *extra: str) -> list
 def run_job_in_process(args: list[str]):
     """Run the job with the test session's SparkSession; returns its per-batch statistics."""
     from msgindex.cli import index as index_cli
-    from msgindex.spark.pipeline import index_kafka
+    from msgindex.spark.pipeline.job import index_kafka
 
     return index_kafka(index_cli.options_from_args(index_cli.build_parser().parse_args(args)))
 

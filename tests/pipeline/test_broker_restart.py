@@ -86,7 +86,7 @@ def test_broker_restart_mid_stream(own_broker, spark, tmp_path):
 
 def run_job_in_process_with_stop(args, stop):
     from msgindex.cli import index as index_job
-    from msgindex.spark.pipeline import index_kafka
+    from msgindex.spark.pipeline.job import index_kafka
 
     options = index_job.options_from_args(index_job.build_parser().parse_args(args))
     return index_kafka(options, stop=stop)

@@ -23,7 +23,7 @@ import pytest
 
 from msgindex.kafka.admin import OutgoingRecord, create_topics, partition_leaders, produce
 from msgindex.kafka.broker import free_port
-from msgindex.spark.ownership import IndexClaim, JobIdentity
+from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.store import open_store
 from tests.pipeline.support import job_args, run_job_in_process

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from msgindex.kafka.loadgen import Message, metadata_events, produce
-from msgindex.spark.quarantine import read_quarantine
+from msgindex.spark.pipeline.quarantine import read_quarantine
 from msgindex.storage.message import MAX_TIMESTAMP_MS, timestamp_problem
 from tests.pipeline.support import Truth, assert_index_equals, forget_commit, job_args, run_job_in_process
 

@@ -11,14 +11,14 @@ import pytest
 
 from msgindex.cli import index as index_job
 from msgindex.errors import CorruptFileError, IndexInUseError, InvalidOptionError, ShardLockedError
-from msgindex.spark import pipeline
-from msgindex.spark.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
-from msgindex.spark.ownership import IndexClaim, JobIdentity
-from msgindex.spark.partition_brokers import FILE_NAME, PartitionBrokerMap
-from msgindex.spark.quarantine import committed_ranges, read_quarantine, write_quarantine
-from msgindex.spark.shard_owner import append_to_shard, forget_writers
-from msgindex.spark.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
-from msgindex.spark.spark_checkpoint import local_path
+from msgindex.spark.pipeline.job import job as pipeline
+from msgindex.spark.pipeline.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
+from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
+from msgindex.spark.pipeline.partition_brokers import FILE_NAME, PartitionBrokerMap
+from msgindex.spark.pipeline.quarantine import committed_ranges, read_quarantine, write_quarantine
+from msgindex.spark.pipeline.shard_owner import append_to_shard, forget_writers
+from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
+from msgindex.spark.pipeline.spark_checkpoint import local_path
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.store import StoreSettings, open_store
@@ -106,7 +106,7 @@ def test_record_keys_follow_the_spec():
 
 @pytest.mark.parametrize("with_headers", [False, True])
 def test_utf8_records_are_appended_as_arrow_with_the_same_keys(with_headers):
-    from msgindex.spark.kafka_records import _message_records
+    from msgindex.spark.pipeline.kafka_records import _message_records
     from msgindex.storage.log.metadata_log import records_from_table
     from msgindex.storage.message import APPEND_SCHEMA
 
@@ -254,8 +254,8 @@ def _records_task_rows(offsets: list[int], slices: list[int], partition: int = 0
 def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
     """A coalesced task holding two non-adjacent slices of one partition (minPartitions split it,
     another task has the middle) must not commit the middle: the other task's rows still land."""
-    from msgindex.spark.commits import COMMIT_ARROW_SCHEMA
-    from msgindex.spark.task_writer import SinkConfig, write_task
+    from msgindex.spark.pipeline.commits import COMMIT_ARROW_SCHEMA
+    from msgindex.spark.pipeline.task_writer import SinkConfig, write_task
 
     root = tmp_path / "ix"
     open_store(root, create=True, settings=SMALL).close()
@@ -279,7 +279,7 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
 
 
 def test_session_leaves_cluster_settings_to_the_user(monkeypatch):
-    from msgindex.spark.session import session_conf
+    from msgindex.spark.runtime.session import session_conf
 
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     local = session_conf("x", None, None, user_conf={})
@@ -300,8 +300,8 @@ def test_session_leaves_cluster_settings_to_the_user(monkeypatch):
 
 
 def test_user_spark_conf_reads_spark_defaults_and_submit_args(tmp_path, monkeypatch):
-    from msgindex.spark import session
-    from msgindex.spark.session import user_spark_conf
+    from msgindex.spark.runtime import session
+    from msgindex.spark.runtime.session import user_spark_conf
 
     monkeypatch.setattr(session, "_running_jvm_conf", dict)  # this test's own settings only, not a running JVM's
     (tmp_path / "spark-defaults.conf").write_text("# comment\nspark.master  spark://d:7077\nspark.executor.memory=2g\n")
@@ -333,7 +333,7 @@ def test_the_foreach_batch_function_is_picklable_and_lock_free(tmp_path):
     """Spark Connect runs the foreachBatch function in a server-side process: it must pickle."""
     from pyspark import cloudpickle
 
-    from msgindex.spark.sink import BatchWriter, KafkaSource, SinkConfig
+    from msgindex.spark.pipeline.sink import BatchWriter, KafkaSource, SinkConfig
 
     open_store(tmp_path / "ix", create=True, settings=SMALL).close()
     writer = BatchWriter(SinkConfig(str(tmp_path / "ix"), "records", str(tmp_path / "q")),
@@ -349,7 +349,7 @@ def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeyp
     """Chunks commit [min, max + 1) of their rows per slice: a slice's row arriving behind an
     earlier chunk would be skipped as committed, so the task fails instead of losing it."""
     from msgindex.errors import MsgIndexError
-    from msgindex.spark import task_writer
+    from msgindex.spark.pipeline.job import task_writer
 
     root = tmp_path / "ix"
     open_store(root, create=True, settings=SMALL).close()

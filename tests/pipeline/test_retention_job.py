@@ -14,8 +14,8 @@ import pytest
 
 from msgindex.cli import index as index_cli
 from msgindex.kafka.admin import OutgoingRecord, create_topics, produce
-from msgindex.spark.pipeline import index_kafka, retention_policy
-from msgindex.spark.shard_owner import RetentionPolicy
+from msgindex.spark.pipeline.job import index_kafka, retention_policy
+from msgindex.spark.pipeline.shard_owner import RetentionPolicy
 from tests.pipeline.support import SMALL_STORE, job_args, run_job_in_process
 
 pytestmark = pytest.mark.kafka
@@ -65,9 +65,9 @@ def test_a_new_topic_whose_retention_cannot_be_read_lifts_the_age_limit(tmp_path
     index never deletes what Kafka might still keep."""
     from msgindex.errors import BrokerError
     from msgindex.kafka import admin
-    from msgindex.spark.kafka_source import KafkaSource
-    from msgindex.spark.sink import BatchWriter
-    from msgindex.spark.task_writer import SinkConfig
+    from msgindex.spark.pipeline.kafka_source import KafkaSource
+    from msgindex.spark.pipeline.sink import BatchWriter
+    from msgindex.spark.pipeline.task_writer import SinkConfig
 
     def unreadable(bootstrap, topics):
         raise BrokerError(f"reading retention.ms of topics {list(topics)} on {bootstrap} failed")

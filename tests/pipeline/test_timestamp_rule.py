@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from msgindex.kafka.admin import OutgoingRecord, create_topics, produce
-from msgindex.spark.quarantine import read_quarantine
+from msgindex.spark.pipeline.quarantine import read_quarantine
 from msgindex.storage.message import MAX_TIMESTAMP_MS, timestamp_problem
 from tests.pipeline.support import assert_index_equals, forget_commit, ground_truth, job_args, run_job_in_process
 

@@ -68,7 +68,7 @@ def _produce(bootstrap: str, records: int, events: int) -> None:
 
 def _index(bootstrap: str, topics: list[str], path: Path, input_kind: str, per_trigger: int) -> None:
     from msgindex.cli import index
-    from msgindex.spark.pipeline import index_kafka
+    from msgindex.spark.pipeline.job import index_kafka
 
     args = ["--bootstrap-servers", bootstrap, "--subscribe", ",".join(topics), "--path", str(path),
             "--input", input_kind, "--available-now", "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark"]

@@ -6,8 +6,8 @@
     spark-submit --master spark://host:7077 --jars "$(msgindex kafka jars)" streaming_jobs/index_job.py ...
 
 Flags follow the Spark Kafka source's vocabulary; this module turns them into
-``msgindex.spark.pipeline.IndexJobOptions`` (every check argparse cannot make, with an error naming
-the flag) and runs ``msgindex.spark.pipeline.index_kafka``.
+``msgindex.spark.pipeline.job.IndexJobOptions`` (every check argparse cannot make, with an error naming
+the flag) and runs ``msgindex.spark.pipeline.job.index_kafka``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.pipeline import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
+from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
@@ -48,11 +48,11 @@ def run(options: IndexJobOptions) -> int:
     """Run the job (locally, or on a Spark Connect server with --remote); exit code 0 once caught
     up (--available-now) or stopped by a signal."""
     if options.remote is not None:
-        from msgindex.spark.connect_job import index_remotely
+        from msgindex.spark.pipeline.connect_job import index_remotely
 
         index_remotely(options)
     else:
-        from msgindex.spark.pipeline import index_kafka
+        from msgindex.spark.pipeline.job import index_kafka
 
         index_kafka(options)
     return 0

@@ -82,7 +82,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _jars(args: argparse.Namespace) -> int:
-    from msgindex.spark.session import kafka_connector_jars
+    from msgindex.spark.runtime.session import kafka_connector_jars
 
     broker_jars()
     print(",".join(str(jar) for jar in kafka_connector_jars()))

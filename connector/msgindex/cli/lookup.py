@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.read_options import MODE_ROCKETMQ, MODE_STORE, MODES, parse_time_ms
+from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES, parse_time_ms
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 FORMATS = ("table", "json", "csv")

@@ -7,7 +7,7 @@
 Keys follow a Zipf distribution over a pool (a few hot keys, a long tail), about 10% of records
 carry a ``KEYS`` header (space-separated extra keys) and 5% a ``UNIQ_KEY`` header; metadata
 events name brokers ``broker-a``/``broker-b``/... and use the schema of
-msgindex.spark.metadata_events. Everything is seeded: the same flags produce the same messages.
+msgindex.spark.pipeline.metadata_events. Everything is seeded: the same flags produce the same messages.
 """
 
 from __future__ import annotations

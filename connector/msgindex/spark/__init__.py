@@ -12,8 +12,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "enable_pushdown": "msgindex.spark.datasource",
-    "lookup_keys": "msgindex.spark.bulk_lookup",
+    "enable_pushdown": "msgindex.spark.read.datasource",
+    "lookup_keys": "msgindex.spark.read.bulk_lookup",
 }
 
 

@@ -32,10 +32,10 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import MsgIndexError
-from msgindex.spark.commits import TaskCommit
-from msgindex.spark.kafka_source import KafkaSource, OffsetRange
-from msgindex.spark.progress import say
-from msgindex.spark.quarantine import (
+from msgindex.spark.pipeline.commits import TaskCommit
+from msgindex.spark.pipeline.kafka_source import KafkaSource, OffsetRange
+from msgindex.spark.pipeline.progress import say
+from msgindex.spark.pipeline.quarantine import (
     RAW_VALUE,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -43,9 +43,9 @@ from msgindex.spark.quarantine import (
     SOURCE_TOPIC,
     write_quarantine,
 )
-from msgindex.spark.spark_checkpoint import batch_ranges
-from msgindex.spark.task_writer import INPUT_RECORDS
-from msgindex.spark.timestamp_rule import OverflowingRecord, overflowing_record, overflows_spark
+from msgindex.spark.pipeline.spark_checkpoint import batch_ranges
+from msgindex.spark.pipeline.task_writer import INPUT_RECORDS
+from msgindex.spark.pipeline.timestamp_rule import OverflowingRecord, overflowing_record, overflows_spark
 from msgindex.storage.message import timestamp_problem
 
 if TYPE_CHECKING:

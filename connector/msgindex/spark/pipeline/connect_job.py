@@ -31,7 +31,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from msgindex.errors import MsgIndexError
-from msgindex.spark.pipeline import (
+from msgindex.spark.pipeline.job import (
     IndexJobOptions,
     _StopOnSignal,
     check_and_plan,
@@ -41,8 +41,8 @@ from msgindex.spark.pipeline import (
     summary,
     upgrade_legacy_shards,
 )
-from msgindex.spark.progress import BATCH_LOG_FILE, progress_line, say
-from msgindex.spark.shard_owner import RetentionPolicy
+from msgindex.spark.pipeline.progress import BATCH_LOG_FILE, progress_line, say
+from msgindex.spark.pipeline.shard_owner import RetentionPolicy
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,7 +59,7 @@ def _prepare(options: IndexJobOptions):
     def task(batches):
         import pyarrow as pa
 
-        from msgindex.spark.ownership import require_free
+        from msgindex.spark.pipeline.ownership import require_free
 
         for _ in batches:
             pass
@@ -86,8 +86,8 @@ def connect_session(url: str) -> SparkSession:
 def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None) -> list:
     """Run the indexing job on the Spark Connect server `options.remote` and print its progress
     here; returns the per-batch statistics (sink.BatchStats) like ``index_kafka``."""
-    from msgindex.spark.ownership import JobIdentity
-    from msgindex.spark.sink import BatchStats, BatchWriter
+    from msgindex.spark.pipeline.ownership import JobIdentity
+    from msgindex.spark.pipeline.sink import BatchStats, BatchWriter
 
     spark = connect_session(options.remote)
     prepared = json.loads(spark.range(1, numPartitions=1).mapInArrow(_prepare(options), _PREPARED).collect()[0][0])
@@ -176,7 +176,7 @@ class _RemoteProgress:
         return self._batches()
 
     def _batches(self) -> list:
-        from msgindex.spark.sink import BatchStats
+        from msgindex.spark.pipeline.sink import BatchStats
 
         try:
             rows = (self.spark.range(1, numPartitions=1)
@@ -203,7 +203,7 @@ def _read_batch_log(root: str, job_id: str, after: int):
     def task(batches):
         import pyarrow as pa
 
-        from msgindex.spark.progress import read_batch_log
+        from msgindex.spark.pipeline.progress import read_batch_log
 
         for _ in batches:
             pass

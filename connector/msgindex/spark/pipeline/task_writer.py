@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import MsgIndexError
-from msgindex.spark.commits import TaskCommit, commits_batch
-from msgindex.spark.kafka_records import records_to_append
-from msgindex.spark.quarantine import (
+from msgindex.spark.pipeline.commits import TaskCommit, commits_batch
+from msgindex.spark.pipeline.kafka_records import records_to_append
+from msgindex.spark.pipeline.quarantine import (
     RAW_VALUE,
     REASON,
     SOURCE_OFFSET,
@@ -39,7 +39,7 @@ from msgindex.spark.quarantine import (
     SOURCE_TOPIC,
     write_quarantine,
 )
-from msgindex.spark.shard_owner import RetentionPolicy, append_to_shard, disk_full
+from msgindex.spark.pipeline.shard_owner import RetentionPolicy, append_to_shard, disk_full
 from msgindex.storage.message import APPEND_SCHEMA
 from msgindex.storage.source_ranges import SourceRows
 

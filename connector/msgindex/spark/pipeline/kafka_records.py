@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.spark.quarantine import RAW_VALUE, REASON
-from msgindex.spark.timestamp_rule import timestamp_reason
+from msgindex.spark.pipeline.quarantine import RAW_VALUE, REASON
+from msgindex.spark.pipeline.timestamp_rule import timestamp_reason
 from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
 from msgindex.storage.rocketmq.message_keys import message_keys
 

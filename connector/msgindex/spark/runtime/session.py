@@ -292,7 +292,7 @@ def build_spark_session(app_name: str = "msgindex", master: str | None = None,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    from msgindex.spark.datasource import enable_pushdown
+    from msgindex.spark.read.datasource import enable_pushdown
 
     enable_pushdown(spark)  # `where` on key/topic/broker/partition/timestamp answered by the index
     return spark

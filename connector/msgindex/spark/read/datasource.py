@@ -24,9 +24,9 @@ Columns (stable names; the store's ``ROW_SCHEMA``)::
 
 With ``.option("mode", "rocketmq")`` the path is a RocketMQ broker's store root (verified rows,
 exact to the millisecond, uncapped) or its bare index directory (raw entries): see
-``msgindex.spark.rocketmq_reader``.
+``msgindex.spark.read.rocketmq_reader``.
 
-Options: see ``msgindex.spark.read_options``; accepted filters: see ``msgindex.spark.pushdown``.
+Options: see ``msgindex.spark.read.options``; accepted filters: see ``msgindex.spark.read.pushdown``.
 
 How a read is planned: with keys (options or a pushed ``key`` filter) each input partition looks
 a slice of at most ``KEYS_PER_LOOKUP_TASK`` keys up in every shard (one partition for a few keys:
@@ -53,10 +53,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
-from msgindex.spark import pushdown
-from msgindex.spark.kafka_values import VALUE_FIELDS, fetch_values
-from msgindex.spark.read_options import MODE_ROCKETMQ, ReadOptions
-from msgindex.spark.rocketmq_reader import (
+from msgindex.spark.read import pushdown
+from msgindex.spark.read.kafka_values import VALUE_FIELDS, fetch_values
+from msgindex.spark.read.options import MODE_ROCKETMQ, ReadOptions
+from msgindex.spark.read.rocketmq_reader import (
     PushdownVerifiedRocketMQReader,
     RocketMQReader,
     VerifiedRocketMQReader,
@@ -145,7 +145,7 @@ def enable_pushdown(spark: SparkSession) -> None:
     Turning the setting off again afterwards makes reads of this session fail with Spark's
     DATA_SOURCE_PUSHDOWN_DISABLED, which names the setting; a new session reads without.
     WorkerPythonError when Spark's local Python workers cannot import msgindex."""
-    from msgindex.spark.worker_python import check_worker_python
+    from msgindex.spark.runtime.worker_python import check_worker_python
 
     check_worker_python(spark)
     spark.conf.set(PUSHDOWN_CONF, "true")

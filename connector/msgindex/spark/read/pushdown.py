@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from msgindex.spark.read_options import ReadOptions, micros_since_epoch
+from msgindex.spark.read.options import ReadOptions, micros_since_epoch
 from msgindex.storage.message import text_of_shown
 from msgindex.storage.query import Query
 

@@ -7,7 +7,7 @@ Two kinds of path:
   commit log (real topic, keys and store time in milliseconds), no hash collisions, no 64-message
   cap. Key lookups are one input partition; time scans one partition per commit-log file piece
   that the index headers say the window needs. Filters on broker, topic, partition, key and
-  timestamp are pushed down exactly (``msgindex.spark.pushdown``); ``key`` is the message's first
+  timestamp are pushed down exactly (``msgindex.spark.read.pushdown``); ``key`` is the message's first
   ``KEYS`` token, ``keys`` every key it is found under.
 * a bare directory of broker IndexFiles (``store/index/``): raw entries
   (``ROCKETMQ_ENTRY_SCHEMA``). An IndexFile holds no key strings, so nothing found in it can be
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
-from msgindex.spark import pushdown
-from msgindex.spark.read_options import ReadOptions
+from msgindex.spark.read import pushdown
+from msgindex.spark.read.options import ReadOptions
 from msgindex.storage.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.message import index_key
 from msgindex.storage.rocketmq.broker_store import RocketMQBrokerStore, open_rocketmq, row_schema

@@ -3,7 +3,7 @@
 ``index_kafka(options)`` runs the streaming query of ``msgindex index`` (the CLI parses the flags
 into ``IndexJobOptions``) until it has caught up (``available_now``), is stopped (SIGINT/SIGTERM or
 the caller's event) or fails, printing one progress line per micro-batch. The sink that does
-the writing is ``msgindex.spark.sink``. With ``remote`` (a Spark Connect URL) the job runs on the
+the writing is ``msgindex.spark.pipeline.sink``. With ``remote`` (a Spark Connect URL) the job runs on the
 Connect server instead and this process only prints its progress (connect_job.py).
 
 Before any Spark starts, the Kafka source is checked (a missing topic, an address that does not
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
-from msgindex.spark.progress import say
-from msgindex.spark.shard_owner import (
+from msgindex.spark.pipeline.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
+from msgindex.spark.pipeline.progress import say
+from msgindex.spark.pipeline.shard_owner import (
     DEFAULT_RETENTION_INTERVAL_S,
     KEEP_FOREVER_MS,
     RetentionPolicy,
@@ -196,14 +196,14 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     The driver holds the index (ownership.IndexClaim) for the query's life; executors get
     msgindex from the job and must see the index at the same path (shipping.py)."""
     if options.remote is not None:
-        raise InvalidOptionError("a --remote job runs through msgindex.spark.connect_job.index_remotely")
+        raise InvalidOptionError("a --remote job runs through msgindex.spark.pipeline.connect_job.index_remotely")
     import uuid
 
-    from msgindex.spark.ownership import IndexClaim, JobIdentity
-    from msgindex.spark.progress import SparkProgressListener
-    from msgindex.spark.session import build_spark_session, is_local_master
-    from msgindex.spark.shipping import check_executors_see_index, ship_code
-    from msgindex.spark.sink import BatchWriter, IndexSink
+    from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
+    from msgindex.spark.pipeline.progress import SparkProgressListener
+    from msgindex.spark.pipeline.sink import BatchWriter, IndexSink
+    from msgindex.spark.runtime.session import build_spark_session, is_local_master
+    from msgindex.spark.runtime.shipping import check_executors_see_index, ship_code
 
     start = check_and_plan(options)
     store = open_index(options)
@@ -247,7 +247,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
 
 def sink_config(options: IndexJobOptions, root: Path, retention: RetentionPolicy):
     """What the tasks need (sink.SinkConfig)."""
-    from msgindex.spark.sink import SinkConfig
+    from msgindex.spark.pipeline.sink import SinkConfig
 
     return SinkConfig(root=str(root), input_kind=options.input_kind, quarantine_dir=str(options.quarantine.resolve()),
                       lock_timeout_s=options.lock_timeout_s, retention=retention)

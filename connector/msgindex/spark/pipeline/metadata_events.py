@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from msgindex.spark.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
-from msgindex.spark.timestamp_rule import timestamp_reason
+from msgindex.spark.pipeline.quarantine import RAW_VALUE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+from msgindex.spark.pipeline.timestamp_rule import timestamp_reason
 from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.rocketmq.message_keys import KEYS_SEPARATOR  # RocketMQ's KEYS rule: split on U+0020 only
 from msgindex.storage.shard import BROKER_NAME_FORBIDDEN_CHARACTERS, BROKER_NAME_RULE, RESERVED_BROKER_NAMES

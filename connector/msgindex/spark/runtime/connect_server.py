@@ -9,7 +9,7 @@ Spark's ``sbin/start-connect-server.sh`` does. What msgindex adds, for a server 
 * the Python that Spark starts for its workers is this interpreter (``PYSPARK_PYTHON`` in the
   server's environment, which is where Spark looks when it scans for ``pyspark_*`` data sources;
   ``spark.pyspark.python`` for everything else), so ``format("msgindex")`` is found and read;
-* the settings of ``msgindex.spark.session.session_conf`` (UTC, Arrow, loopback, small driver).
+* the settings of ``msgindex.spark.runtime.session.session_conf`` (UTC, Arrow, loopback, small driver).
 
 A server for a cluster is started the same way with the cluster's ``--master``; its Python workers
 must then import msgindex on every host (``pip install msgindex`` there).
@@ -50,7 +50,7 @@ def spark_submit() -> Path:
 def server_command(port: int, *, master: str = "local[2]", python: str = sys.executable,
                    extra_conf: Mapping[str, str] | None = None) -> list[str]:
     """The ``spark-submit`` command line of a Connect server on HOST:`port`."""
-    from msgindex.spark.session import session_conf
+    from msgindex.spark.runtime.session import session_conf
 
     conf = session_conf("msgindex-connect-server", master, {
         "spark.connect.grpc.binding.address": HOST,

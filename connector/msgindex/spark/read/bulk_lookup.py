@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
-from msgindex.spark.read_options import micros_since_epoch, parse_names, parse_time_ms
+from msgindex.spark.read.options import micros_since_epoch, parse_names, parse_time_ms
 from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def lookup_keys(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from msgindex.spark.worker_python import check_worker_python
+    from msgindex.spark.runtime.worker_python import check_worker_python
 
     column = _key_column(keys_df, key_col)
     check_worker_python(keys_df.sparkSession)

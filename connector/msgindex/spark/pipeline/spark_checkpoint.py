@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from msgindex.spark.kafka_source import OffsetRange
+from msgindex.spark.pipeline.kafka_source import OffsetRange
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

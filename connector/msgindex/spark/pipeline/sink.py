@@ -36,16 +36,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
-from msgindex.spark.commits import COMMIT_DDL, TaskCommit, commit_of_row
-from msgindex.spark.kafka_records import project_records
-from msgindex.spark.kafka_source import KafkaSource
-from msgindex.spark.metadata_events import parse_metadata_events
-from msgindex.spark.ownership import IndexClaim, JobIdentity
-from msgindex.spark.partition_brokers import PartitionBrokerMap
-from msgindex.spark.progress import append_batch_log, say
-from msgindex.spark.shard_owner import KEEP_FOREVER_MS, disk_full
-from msgindex.spark.spark_checkpoint import batch_end_offsets
-from msgindex.spark.task_writer import (
+from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row
+from msgindex.spark.pipeline.kafka_records import project_records
+from msgindex.spark.pipeline.kafka_source import KafkaSource
+from msgindex.spark.pipeline.metadata_events import parse_metadata_events
+from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
+from msgindex.spark.pipeline.partition_brokers import PartitionBrokerMap
+from msgindex.spark.pipeline.progress import append_batch_log, say
+from msgindex.spark.pipeline.shard_owner import KEEP_FOREVER_MS, disk_full
+from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets
+from msgindex.spark.pipeline.task_writer import (
     INPUT_KINDS,
     INPUT_METADATA,
     INPUT_RECORDS,
@@ -53,8 +53,8 @@ from msgindex.spark.task_writer import (
     SinkConfig,
     task_function,
 )
-from msgindex.spark.timestamp_rule import overflowing_record
-from msgindex.spark.unreadable_records import salvage_batch
+from msgindex.spark.pipeline.timestamp_rule import overflowing_record
+from msgindex.spark.pipeline.unreadable_records import salvage_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
