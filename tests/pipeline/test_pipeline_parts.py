@@ -11,7 +11,7 @@ import pytest
 
 from msgindex.cli import index as index_job
 from msgindex.errors import CorruptFileError, IndexInUseError, InvalidOptionError, ShardLockedError
-from msgindex.spark.pipeline.job import job as pipeline
+from msgindex.spark.pipeline import job as pipeline
 from msgindex.spark.pipeline.kafka_records import KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS, records_to_append
 from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
 from msgindex.spark.pipeline.partition_brokers import FILE_NAME, PartitionBrokerMap
@@ -349,7 +349,7 @@ def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeyp
     """Chunks commit [min, max + 1) of their rows per slice: a slice's row arriving behind an
     earlier chunk would be skipped as committed, so the task fails instead of losing it."""
     from msgindex.errors import MsgIndexError
-    from msgindex.spark.pipeline.job import task_writer
+    from msgindex.spark.pipeline import task_writer
 
     root = tmp_path / "ix"
     open_store(root, create=True, settings=SMALL).close()
