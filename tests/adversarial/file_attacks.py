@@ -42,8 +42,8 @@ from tests.storage.shard_model import model_lookup, model_scan, table_rows
 # Silent wrong answers that readers cannot see cheaply, and inspect must. Readers compare a hash
 # index file with the checkpoint (header, slot count), its newest few entries with the log
 # (verify._check_newest_entries), and every entry a lookup follows with its record: it must carry
-# a key of the entry's hash (ShardReader._check_entry_target), and as many keys of that hash as
-# entries of it point there (ShardReader._check_repeated_entries: an entry moved to another record
+# a key of the entry's hash (VerifiedReads._check_entry_target), and as many keys of that hash as
+# entries of it point there (VerifiedReads._check_repeated_entries: an entry moved to another record
 # that carries the same key). None is left; the set stays for the tally's sake.
 KNOWN_GAPS: set[str] = set()
 VICTIM_SHARD = "b1"

@@ -28,7 +28,6 @@ import os
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,7 +62,6 @@ from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
 from msgindex.storage.index_file import IndexFile, index_file_name, parse_index_file_name
-from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
@@ -75,9 +73,6 @@ from msgindex.storage.message import (
     MessageRecord,
     arrow_text,
     decode_text,
-    encode_text,
-    index_key,
-    index_keys,
     stored_window,
     timestamp_problem,
 )
@@ -86,11 +81,11 @@ from msgindex.storage.query import (
     Query,
     as_query,
     empty_rows,
-    rows_from_records,
 )
-from msgindex.storage.result_order import OrderColumns, Part, in_result_order, result_order, topic_ranks
+from msgindex.storage.result_order import in_result_order
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
+from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 
 logger = logging.getLogger(__name__)
 
@@ -696,7 +691,7 @@ class ShardWriter(_Committed):
         self._checkpoint, self._seen = checkpoint, raw
 
 
-class ShardReader(_Committed):
+class ShardReader(_Committed, VerifiedReads):
     """A consistent read-only view of a shard's last commit, taken when it is opened. It never
     blocks (or is blocked by) the writer: it ignores records past its committed log position,
     hash entries past each file's committed count, and files the checkpoint does not list."""
@@ -853,7 +848,7 @@ class ShardReader(_Committed):
         if self._log is None or not query.keys or not topics or window is None:
             return empty_rows()
         begin_ms, end_ms = window
-        wanted = _WantedKeys.of(topics, list(query.keys))
+        wanted = WantedKeys.of(topics, list(query.keys))
         # Hot-key copies (hot_keys.py) are consulted once a lookup of this reader met many
         # candidates; from then on, hash entries below what they hold are not even read.
         copied = self._copied_rows(wanted) if self._copies else None
@@ -928,7 +923,7 @@ class ShardReader(_Committed):
             self._log = None
 
     # --- lookup internals -----------------------------------------------------------------------
-    def _candidates(self, wanted: _WantedKeys, begin_ms: int | None, end_ms: int | None,
+    def _candidates(self, wanted: WantedKeys, begin_ms: int | None, end_ms: int | None,
                     from_seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(seq, wanted-key number) of every committed hash-matching entry at or past `from_seq`,
         from every committed file whose true time range meets the window: flat arrays, all keys
@@ -951,7 +946,7 @@ class ShardReader(_Committed):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
 
-    def _copied_rows(self, wanted: _WantedKeys) -> hot_keys.CopiedRows:
+    def _copied_rows(self, wanted: WantedKeys) -> hot_keys.CopiedRows:
         copies = self._hot_key_copies()
         # each copied wanted key's (topic, key) numbers: of 1,000 wanted keys, few are copied
         copied = pa.array(sorted(set().union(*(copy.groups for copy in copies))), bf.TEXT)
@@ -989,61 +984,6 @@ class ShardReader(_Committed):
             self._copy_fitness[copy.path] = fits
         return self._copy_fitness[copy.path]
 
-    def _check_unmatched(self, records: bf.Selection, rows: np.ndarray, key_numbers: np.ndarray,
-                         hits: np.ndarray, wanted: _WantedKeys) -> None:
-        """``_check_entry_target`` for the candidate records in the window (their (row, wanted
-        key) pairs: `rows`, `key_numbers`) with fewer matching pairs (`hits`, per row) than pairs:
-        rare (hash collisions), so a record at a time."""
-        short = np.bincount(rows, minlength=len(records)) > hits
-        unmatched = short[rows]
-        if not unmatched.any():
-            return
-        rows, key_numbers = rows[unmatched], key_numbers[unmatched]
-        distinct = np.unique(rows)
-        decoded = records.rows(distinct)
-        keys_of, topics = decoded.keys.to_pylist(), decoded.topic.to_pylist()
-        for at, record_row in enumerate(distinct.tolist()):
-            hashes = [int(wanted.hashes[k]) for k in key_numbers[rows == record_row].tolist()]
-            self._check_entry_target(int(records.seqs[record_row]), decode_text(topics[at]),
-                                     [decode_text(key) for key in keys_of[at]], hashes)
-
-    def _check_repeated_entries(self, seqs: np.ndarray, key_numbers: np.ndarray, wanted: _WantedKeys) -> None:
-        """Several committed entries of one keyHash that point at one record: the writer puts
-        one entry per distinct key of a record, so that record must carry as many keys of that
-        hash (in its topic; two keys whose hashes collide, rare). Fewer means an entry was moved
-        there from the record it belongs to, which a lookup would then miss: an error naming the
-        file, never a silently short answer. (`seqs`, `key_numbers`: each repeat beyond the first.)"""
-        extra: dict[tuple[int, int], int] = {}  # (seq, keyHash): entries beyond the first
-        for (seq, key_number), repeats in Counter(zip(seqs.tolist(), key_numbers.tolist())).items():
-            # every wanted key of a hash sees every entry of that hash: count them once
-            at = (seq, int(wanted.hashes[key_number]))
-            extra[at] = max(extra.get(at, 0), repeats)
-        seqs_read = sorted({seq for seq, _ in extra})
-        records = dict(zip(seqs_read, self._log.read_few(seqs_read)))
-        for (seq, key_hash), repeats in extra.items():
-            record = records[seq]
-            carried = sum(1 for key in set(record.keys) if index_hash(index_key(record.topic, key)) == key_hash)
-            if carried < repeats + 1:
-                raise CorruptFileError(
-                    f"{self._file_pointing_at(key_hash, seq)}: {repeats + 1} committed hash entries of keyHash "
-                    f"{key_hash} point at record seq {seq}, which carries {carried} key(s) of that hash: an entry was "
-                    f"moved there from the record it indexes, so a lookup would miss that record; the file is damaged "
-                    f"(`msgindex inspect` lists every bad entry)")
-
-    def _check_entry_target(self, seq: int, topic: str, keys: Sequence[str], entry_hashes: list[int]) -> None:
-        """A committed entry of keyHash h points at record `seq` only if the writer indexed one
-        of its keys under h (in its topic). A candidate whose record carries no key of its
-        entry's hash is a damaged entry, not a collision: an error naming the file, never a
-        silently missed message (the record the entry should point at is not found)."""
-        carried = {index_hash(index_key(topic, key)) for key in keys}
-        for key_hash in entry_hashes:
-            if key_hash in carried:
-                continue
-            raise CorruptFileError(
-                f"{self._file_pointing_at(key_hash, seq)}: a committed hash entry of keyHash {key_hash} points at "
-                f"record seq {seq}, which carries no key of that hash: the file is damaged (`msgindex inspect` lists "
-                f"every bad entry)")
-
     def _file_pointing_at(self, key_hash: int, seq: int) -> Path:
         """The committed hash index file with an entry of `key_hash` pointing at `seq`, to name
         in an error (the shard's index directory when none is found)."""
@@ -1054,123 +994,6 @@ class ShardReader(_Committed):
                 return Path(index_file.path)
         return self.directory / INDEX_DIR
 
-    def _verified_few(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                      end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
-        """``_verified`` and ordering for a few candidates, record by record in Python: below
-        FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
-        pairs: dict[int, list[int]] = {}
-        repeated = []
-        for seq, key_number in zip(seqs.tolist(), who.tolist()):
-            numbers = pairs.setdefault(seq, [])
-            if key_number in numbers:
-                repeated.append((seq, key_number))
-            numbers.append(key_number)
-        if repeated:
-            self._check_repeated_entries(np.array([seq for seq, _ in repeated], dtype=np.int64),
-                                         np.array([k for _, k in repeated], dtype=np.int64), wanted)
-            pairs = {seq: sorted(set(numbers)) for seq, numbers in pairs.items()}
-        wanted_partitions = None if partitions is None else set(partitions)
-        matched = []
-        for seq, record in zip(sorted(pairs), self._log.read_few(sorted(pairs))):
-            if (begin_ms is not None and record.timestamp_ms < begin_ms) or (
-                    end_ms is not None and record.timestamp_ms > end_ms) or (
-                    wanted_partitions is not None and record.partition not in wanted_partitions):
-                continue
-            if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
-                matched.append((seq, record))
-            else:  # a hash collision, or an entry that points at the wrong record
-                self._check_entry_target(seq, record.topic, record.keys, [int(wanted.hashes[k]) for k in pairs[seq]])
-        if not matched:
-            return empty_rows()
-        matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
-                                    m[1].offset, m[0]))
-        matched = matched[:max_results] if max_results is not None else matched
-        return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
-
-    def _verified(self, seqs: np.ndarray, who: np.ndarray, wanted: _WantedKeys, begin_ms: int | None,
-                  end_ms: int | None, partitions: Iterable[int] | None) -> list[Part]:
-        """The log records of the candidates that really are in the topic, carry the key and lie
-        in the window, in seq order, rendered: hash collisions and second-granularity times end
-        here. Each touched block is read once; the checks are numpy/Arrow kernels over a chunk of
-        blocks' candidates at once, run by the log's reading threads (``MetadataLog.chunks``)."""
-        if not len(seqs):
-            return []
-        # the (candidate, wanted key) pairs by seq, sorted as one int64 (each key's candidates
-        # come in long runs: timsort merges them); `record` numbers the distinct seqs
-        keys = len(wanted.hashes)
-        if int(seqs.max()) < np.iinfo(np.int64).max // keys:
-            pairs = seqs * keys + who
-            pairs.sort(kind="stable")
-            seqs, who = np.divmod(pairs, keys)
-        else:
-            by_seq = np.lexsort((who, seqs))
-            seqs, who = seqs[by_seq], who[by_seq]
-        repeated = np.flatnonzero((seqs[1:] == seqs[:-1]) & (who[1:] == who[:-1])) + 1
-        if len(repeated):
-            self._check_repeated_entries(seqs[repeated], who[repeated], wanted)
-            kept = np.ones(len(seqs), dtype=bool)
-            kept[repeated] = False
-            seqs, who = seqs[kept], who[kept]
-        new = np.empty(len(seqs), dtype=bool)
-        new[0] = True
-        np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
-        unique = seqs[new]
-        record = np.cumsum(new) - 1
-        bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
-        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
-
-        def verify(first: int, records: bf.Selection) -> Part | None:
-            end = first + len(records)
-            row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
-            keep = np.ones(len(records), dtype=bool)
-            if begin_ms is not None:
-                keep &= records.timestamp_ms >= begin_ms
-            if end_ms is not None:
-                keep &= records.timestamp_ms <= end_ms
-            if wanted_partitions is not None:
-                keep &= np.isin(records.partition, wanted_partitions)
-            topic_numbers = {topic: i for i, topic in enumerate(records.topics)}
-            wanted_topic = wanted.pair_topics(topic_numbers)
-            # the pairs whose record is in the window and in the wanted key's topic
-            in_window = keep[row]
-            pair = np.flatnonzero(in_window & (records.topic_ids[row] == wanted_topic[key_number]))
-            unmatched_pairs = (row[in_window], key_number[in_window])  # checked below unless matched
-            row, key_number = row[pair], key_number[pair]
-            pairs_of = np.bincount(row, minlength=len(records))
-            candidates = np.flatnonzero(pairs_of)
-            if not len(candidates):
-                self._check_unmatched(records, *unmatched_pairs, np.zeros(len(records), dtype=np.int64), wanted)
-                return None
-            # decode the candidates' texts once, straight into RESULT_ORDER (orders on integers)
-            ranks = topic_ranks(records.topics)
-            order = result_order(
-                records.timestamp_ms[candidates], ranks[records.topic_ids[candidates]],
-                records.partition[candidates], records.offset[candidates], records.seqs[candidates])
-            found = records.rows(candidates, order)
-            ordered = candidates[order]
-            place = np.empty(len(records), dtype=np.int64)
-            place[ordered] = np.arange(len(ordered))  # where each candidate record is in `found`
-            if (pairs_of[candidates] == 1).all():  # one wanted key per record (the usual case): no copy
-                lists, pair_of_list = found.keys, np.empty(len(ordered), dtype=np.int64)
-                pair_of_list[place[row]] = key_number
-                owner = None
-            else:
-                lists, pair_of_list, owner = found.keys.take(pa.array(place[row])), key_number, place[row]
-            parents = pc.list_parent_indices(lists).to_numpy()
-            key_hit = pc.equal(pc.list_flatten(lists), wanted.keys.take(pa.array(pair_of_list[parents])))
-            has_key = np.bincount(parents[key_hit.to_numpy(zero_copy_only=False)], minlength=len(lists)) > 0
-            # once per record (found under two wanted keys, it is still one result)
-            matched = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered)) > 0
-            hits = np.zeros(len(records), dtype=np.int64)  # the pairs of each record that matched
-            hits[ordered] = has_key if owner is None else np.bincount(owner[has_key], minlength=len(ordered))
-            self._check_unmatched(records, *unmatched_pairs, hits, wanted)
-            if not matched.any():
-                return None
-            if not matched.all():
-                found = found.take(np.flatnonzero(matched))
-            return Part(pa.Table.from_batches([bf.rows(found, self.broker)]), OrderColumns.of(found))
-
-        return [matched for matched in self._log.chunks(unique, verify) if matched is not None]
 
 
 def _check_entry_targets(index_file: IndexFile, outside: np.ndarray, high: int) -> None:
@@ -1192,38 +1015,6 @@ class _FileIdentity(NamedTuple):
     inode: tuple[int, int]  # (st_dev, st_ino)
     size: int
     mtime_ns: int
-
-
-@dataclass(frozen=True)
-class _WantedKeys:
-    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
-    the log stores them (encode_text bytes), in one order."""
-
-    hashes: np.ndarray
-    texts: tuple[tuple[str, str], ...]
-    topics: tuple[bytes, ...]  # each topic once, in pair order: pair p's topic is topics[p // keys_per_topic]
-    keys_per_topic: int
-    keys: pa.Array  # large_binary
-
-    @classmethod
-    def of(cls, topics: Sequence[str], keys: Sequence[str]) -> _WantedKeys:
-        pairs = tuple((t, k) for t in topics for k in keys)
-        encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
-        return cls(_hashes([text for t in topics for text in index_keys(t, keys)]), pairs, tuple(encode_text(t) for t in topics),
-                   len(keys), pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
-
-    def pair_topics(self, numbers: dict[bytes, int]) -> np.ndarray:
-        """Each pair's topic as its number in `numbers` (-1: not there)."""
-        return np.repeat(np.array([numbers.get(t, -1) for t in self.topics], dtype=np.int64), self.keys_per_topic)
-
-
-SCALAR_HASH_MAX_KEYS = 16
-
-
-def _hashes(keys: list[str]) -> np.ndarray:
-    if len(keys) <= SCALAR_HASH_MAX_KEYS:  # the vectorized hash's set-up costs more than a few scalar hashes
-        return np.array([index_hash(key) for key in keys], dtype=np.int64)
-    return index_hashes(keys)
 
 
 def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], seqs: range) -> IndexEntries:

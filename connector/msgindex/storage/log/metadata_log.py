@@ -40,6 +40,7 @@ from msgindex.storage.log.columns import (
 from msgindex.storage.log.segment import (
     LOG_SUFFIX,
     BatchDirectory,
+    BatchReads,
     LogSegment,
     SegmentState,
     parse_segment_name,
@@ -115,7 +116,216 @@ class SegmentInfo:
 
 
 
-class MetadataLog:
+class LogReads:
+    """The read paths of a metadata log over its segments, wherever their bytes live: local
+    segment files (``MetadataLog``) or the chunks of an object-store shard (``storage/objects``).
+    A subclass keeps ``_segments`` (``BatchReads``, in seq order, contiguous), ``start_seq``,
+    ``next_seq`` and ``directory`` (what errors name)."""
+
+    directory: Path | str
+    _segments: list[BatchReads]
+
+    @property
+    def next_seq(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def start_seq(self) -> int:
+        raise NotImplementedError
+
+    # ---- reading ---------------------------------------------------------------------------
+    def _segment_of(self, seq: int) -> BatchReads:
+        if not self.start_seq <= seq < self.next_seq:
+            raise OutOfRangeError(f"{self.directory}: sequence {seq} is not in the log [{self.start_seq}, {self.next_seq})")
+        i = bisect.bisect_right([s.base_seq for s in self._segments], seq) - 1
+        return self._segments[i]
+
+    def read(self, seq: int) -> MessageRecord:
+        """The record with sequence number `seq`."""
+        return self.read_few([seq])[0]
+
+    def chunks(self, seqs: np.ndarray, work: Callable[[int, bf.Selection], R]) -> Iterator[R]:
+        """work(first, records) for the records of sorted unique `seqs`, a chunk of blocks (about
+        READ_CHUNK_RECORDS records) at a time, in order: `first` is the position in `seqs` of the
+        chunk's first record. Each block holding some of them is read once (checksum verified).
+        Chunks are read, decoded and worked on by a thread pool, a few ahead of the caller: a
+        caller keeping only some records of each chunk never holds the blocks of all of them, and
+        the work (numpy, Arrow, LZ4: mostly outside the GIL) runs on every core."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        if not len(seqs):
+            return
+        if seqs[0] < self.start_seq or seqs[-1] >= self.next_seq:
+            bad = seqs[0] if seqs[0] < self.start_seq else seqs[-1]
+            raise OutOfRangeError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
+        bases = np.array([s.base_seq for s in self._segments[1:]], dtype=np.int64)
+        cuts = np.searchsorted(seqs, bases).tolist()  # seqs of segment i: [cuts[i - 1], cuts[i])
+        tasks = []  # (segment, directory, blocks to read, their seqs' positions in `seqs`, their first seqs)
+        for segment, start, stop in zip(self._segments, [0, *cuts], [*cuts, len(seqs)]):
+            if start == stop:
+                continue
+            directory = segment.batches()
+            # planned per block, not per seq: a hot key has millions of seqs in thousands of blocks
+            firsts = start + np.searchsorted(seqs[start:stop], directory.block_base_seqs)
+            ends = np.append(firsts[1:], stop)
+            touched = np.flatnonzero(ends > firsts)
+            # about READ_CHUNK_RECORDS wanted records a chunk: cache-sized arrays for a hot key's
+            # dense blocks, few chunks (each has a fixed cost) for scattered keys
+            per_chunk = max(1, min(READ_CHUNK_BLOCKS, READ_CHUNK_RECORDS * len(touched) // (stop - start)))
+            for piece in range(0, len(touched), per_chunk):
+                blocks = touched[piece : piece + per_chunk]
+                tasks.append((segment, directory, blocks, firsts[blocks], ends[blocks]))
+
+        def read(task: tuple[BatchReads, BatchDirectory, np.ndarray, np.ndarray, np.ndarray]) -> R:
+            segment, directory, blocks, firsts, ends = task
+            block = np.repeat(np.arange(len(blocks)), ends - firsts)
+            row = seqs[firsts[0] : ends[-1]] - directory.block_base_seqs[blocks][block]
+            return work(int(firsts[0]), segment.block_set(blocks, directory).select(block, row))
+
+        yield from in_order(read, tasks)
+
+    def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
+        """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
+        cheaper than ``gather`` up to ~70-110 scattered records (shard.FEW_CANDIDATES), dearer above."""
+        found: list[MessageRecord] = []
+        seqs = list(seqs)
+        done = 0
+        while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
+            segment = self._segment_of(seqs[done])
+            end = bisect.bisect_left(seqs, segment.next_seq, done)
+            directory = segment.batches()
+            blocks = directory.block_of(np.array(seqs[done:end], dtype=np.int64))
+            reader, last = None, -1
+            for seq, block, block_base in zip(seqs[done:end], blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
+                if block != last:  # seqs are sorted: a block's records come together
+                    batch = directory.block_batches[block].item()
+                    reader, last = bf.BlockRecords(segment.read_block(block, directory), directory.topic_tables[batch],
+                                                   segment.path, directory.positions[batch].item()), block
+                found.append(reader.record(seq - block_base))
+            done = end
+        return found
+
+    def gather(self, seqs: np.ndarray) -> bf.DecodedRows:
+        """The records of sorted unique `seqs`, in that order (see ``chunks``)."""
+        return bf.concat_rows(list(self.chunks(seqs, lambda _, records: records.rows())))
+
+    def block_crcs(self, start_seq: int, end_seq: int) -> np.ndarray:
+        """The checksums (uint32, in log order) of the blocks holding the records [start_seq,
+        end_seq): a fingerprint of exactly those bytes, from the batch heads (no block is read)."""
+        crcs = []
+        for segment in self._segments:
+            if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
+                continue
+            directory = segment.batches()
+            block_ends = directory.block_base_seqs + directory.block_counts
+            wanted = (directory.block_base_seqs < end_seq) & (block_ends > start_seq)
+            crcs.append(directory.block_crcs[wanted].astype(np.uint32))
+        return np.concatenate(crcs) if crcs else np.zeros(0, np.uint32)
+
+    def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
+        """The records of `seqs`, in the order given."""
+        seqs = np.fromiter(seqs, dtype=np.int64)
+        unique, inverse = np.unique(seqs, return_inverse=True)
+        found = bf.records(self.gather(unique))
+        return [found[i] for i in inverse.tolist()]
+
+    def read_rows(self, seqs: Iterable[int], broker: str) -> pa.RecordBatch:
+        """The records of `seqs` as ROW_SCHEMA rows (checksums verified), in the order given."""
+        seqs = np.fromiter(seqs, dtype=np.int64)
+        unique, inverse = np.unique(seqs, return_inverse=True)
+        return bf.rows(self.gather(unique), broker, inverse)
+
+    def first_seq_at_or_after(self, timestamp_ms: int) -> int | None:
+        """The first record in seq order whose timestamp is >= timestamp_ms, or None: the first
+        batch whose max reaches it holds it."""
+        for segment in self._segments:
+            if segment.max_timestamp is None or segment.max_timestamp < timestamp_ms:
+                continue
+            directory = segment.batches()
+            reaching = np.flatnonzero(directory.max_timestamps >= timestamp_ms)
+            if len(reaching):
+                i = int(reaching[0])
+                blocks = np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
+                block_set = segment.block_set(blocks, directory)
+                records = block_set.select(*block_set.all_rows())
+                return int(directory.base_seqs[i]) + int(np.argmax(records.timestamp_ms >= timestamp_ms))
+        return None
+
+    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, *,
+                    piece_bytes: int = DEFAULT_SCAN_PIECE_BYTES) -> list[tuple[int, int]]:
+        """[start_seq, end_seq) pieces that together hold every record with a timestamp in
+        [begin_ms, end_ms]: segments whose time range misses the window are skipped, and so are
+        the leading and trailing batches of a segment that miss it; pieces of about piece_bytes
+        are cut at batch boundaries (partitions for a parallel scan)."""
+        ranges: list[tuple[int, int]] = []
+        for segment in self._segments:
+            if segment.min_timestamp is None or not _overlaps(segment.min_timestamp, segment.max_timestamp,
+                                                              begin_ms, end_ms):
+                continue
+            ranges.extend(segment.piece_bounds(segment.base_seq, piece_bytes, begin_ms, end_ms))
+        return ranges
+
+    def scan_range(self, start_seq: int, end_seq: int, broker: str, begin_ms: int | None = None,
+                   end_ms: int | None = None, batch_rows: int = 65536, *, topics: Iterable[str] | None = None,
+                   partitions: Iterable[int] | None = None, verify: bool = True) -> Iterator[pa.RecordBatch]:
+        """ROW_SCHEMA batches of the records in [start_seq, end_seq) whose timestamp is in
+        [begin_ms, end_ms] (inclusive, ms) and, when given, whose topic / partition is listed.
+        Batches whose time range misses the window are never read; the others are read about
+        `batch_rows` records at a time and filtered with numpy kernels. Checksums are always
+        verified (`verify` is kept for callers). Empty batches are not yielded."""
+        start_seq = max(start_seq, self.start_seq)
+        end_seq = min(end_seq, self.next_seq)
+        wanted_topics = None if topics is None else {encode_text(t) for t in topics}
+        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
+        for segment in self._segments:
+            if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
+                continue
+            if segment.min_timestamp is not None and not _overlaps(segment.min_timestamp, segment.max_timestamp,
+                                                                   begin_ms, end_ms):
+                continue
+            directory = segment.batches()
+            first, last = segment.batch_range(max(start_seq, segment.base_seq), min(end_seq, segment.next_seq))
+            batches = np.arange(first, last)
+            overlap = np.ones(len(batches), dtype=bool)
+            if begin_ms is not None:
+                overlap &= directory.max_timestamps[batches] >= begin_ms
+            if end_ms is not None:
+                overlap &= directory.min_timestamps[batches] <= end_ms
+            batches = batches[overlap]
+            # pieces of about batch_rows records, cut at batch boundaries
+            piece_of = np.cumsum(directory.counts[batches]) // max(batch_rows, 1)
+            for piece in np.split(batches, np.flatnonzero(np.diff(piece_of)) + 1) if len(batches) else ():
+                touched = np.concatenate([np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
+                                          for i in piece.tolist()])
+                block_set = segment.block_set(touched, directory)
+                records = block_set.select(*block_set.all_rows())
+                keep = _window_mask(records, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
+                if keep is None:
+                    yield bf.rows(records.rows(), broker)
+                elif keep.any():  # only the records kept get their texts decoded
+                    yield bf.rows(records.rows(np.flatnonzero(keep)), broker)
+
+    # ---- annotations ---------------------------------------------------------------------------
+    def annotations(self) -> Iterator[tuple[int, bytes]]:
+        """(base seq, annotation) of every batch that carries one, in log order."""
+        for segment in self._segments:
+            directory = segment.batches()
+            for i in range(len(directory)):
+                annotation = segment.annotation(i)
+                if annotation:
+                    yield int(directory.base_seqs[i]), annotation
+
+    def last_annotation(self) -> bytes:
+        """The annotation of the log's last batch (b"" when it has none or the log is empty)."""
+        for segment in reversed(self._segments):
+            directory = segment.batches()
+            if len(directory):
+                return segment.annotation(len(directory) - 1)
+        return b""
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+
+class MetadataLog(LogReads):
     """A directory of log segments (see the module docstring). Open with ``MetadataLog.open``."""
 
     def __init__(self, directory: Path, segment_bytes: int, index_interval_bytes: int,
@@ -369,196 +579,6 @@ class MetadataLog:
         self._segments.pop(0).delete()
         self._dir_dirty = True
 
-    # ---- reading ---------------------------------------------------------------------------
-    def _segment_of(self, seq: int) -> LogSegment:
-        if not self.start_seq <= seq < self.next_seq:
-            raise OutOfRangeError(f"{self.directory}: sequence {seq} is not in the log [{self.start_seq}, {self.next_seq})")
-        i = bisect.bisect_right([s.base_seq for s in self._segments], seq) - 1
-        return self._segments[i]
-
-    def read(self, seq: int) -> MessageRecord:
-        """The record with sequence number `seq`."""
-        return self.read_few([seq])[0]
-
-    def chunks(self, seqs: np.ndarray, work: Callable[[int, bf.Selection], R]) -> Iterator[R]:
-        """work(first, records) for the records of sorted unique `seqs`, a chunk of blocks (about
-        READ_CHUNK_RECORDS records) at a time, in order: `first` is the position in `seqs` of the
-        chunk's first record. Each block holding some of them is read once (checksum verified).
-        Chunks are read, decoded and worked on by a thread pool, a few ahead of the caller: a
-        caller keeping only some records of each chunk never holds the blocks of all of them, and
-        the work (numpy, Arrow, LZ4: mostly outside the GIL) runs on every core."""
-        seqs = np.asarray(seqs, dtype=np.int64)
-        if not len(seqs):
-            return
-        if seqs[0] < self.start_seq or seqs[-1] >= self.next_seq:
-            bad = seqs[0] if seqs[0] < self.start_seq else seqs[-1]
-            raise OutOfRangeError(f"{self.directory}: sequence {bad} is not in the log [{self.start_seq}, {self.next_seq})")
-        bases = np.array([s.base_seq for s in self._segments[1:]], dtype=np.int64)
-        cuts = np.searchsorted(seqs, bases).tolist()  # seqs of segment i: [cuts[i - 1], cuts[i])
-        tasks = []  # (segment, directory, blocks to read, their seqs' positions in `seqs`, their first seqs)
-        for segment, start, stop in zip(self._segments, [0, *cuts], [*cuts, len(seqs)]):
-            if start == stop:
-                continue
-            directory = segment.batches()
-            # planned per block, not per seq: a hot key has millions of seqs in thousands of blocks
-            firsts = start + np.searchsorted(seqs[start:stop], directory.block_base_seqs)
-            ends = np.append(firsts[1:], stop)
-            touched = np.flatnonzero(ends > firsts)
-            # about READ_CHUNK_RECORDS wanted records a chunk: cache-sized arrays for a hot key's
-            # dense blocks, few chunks (each has a fixed cost) for scattered keys
-            per_chunk = max(1, min(READ_CHUNK_BLOCKS, READ_CHUNK_RECORDS * len(touched) // (stop - start)))
-            for piece in range(0, len(touched), per_chunk):
-                blocks = touched[piece : piece + per_chunk]
-                tasks.append((segment, directory, blocks, firsts[blocks], ends[blocks]))
-
-        def read(task: tuple[LogSegment, BatchDirectory, np.ndarray, np.ndarray, np.ndarray]) -> R:
-            segment, directory, blocks, firsts, ends = task
-            block = np.repeat(np.arange(len(blocks)), ends - firsts)
-            row = seqs[firsts[0] : ends[-1]] - directory.block_base_seqs[blocks][block]
-            return work(int(firsts[0]), segment.block_set(blocks, directory).select(block, row))
-
-        yield from in_order(read, tasks)
-
-    def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
-        """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
-        cheaper than ``gather`` up to ~70-110 scattered records (shard.FEW_CANDIDATES), dearer above."""
-        found: list[MessageRecord] = []
-        seqs = list(seqs)
-        done = 0
-        while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
-            segment = self._segment_of(seqs[done])
-            end = bisect.bisect_left(seqs, segment.next_seq, done)
-            directory = segment.batches()
-            blocks = directory.block_of(np.array(seqs[done:end], dtype=np.int64))
-            reader, last = None, -1
-            for seq, block, block_base in zip(seqs[done:end], blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
-                if block != last:  # seqs are sorted: a block's records come together
-                    batch = directory.block_batches[block].item()
-                    reader, last = bf.BlockRecords(segment.read_block(block, directory), directory.topic_tables[batch],
-                                                   segment.path, directory.positions[batch].item()), block
-                found.append(reader.record(seq - block_base))
-            done = end
-        return found
-
-    def gather(self, seqs: np.ndarray) -> bf.DecodedRows:
-        """The records of sorted unique `seqs`, in that order (see ``chunks``)."""
-        return bf.concat_rows(list(self.chunks(seqs, lambda _, records: records.rows())))
-
-    def block_crcs(self, start_seq: int, end_seq: int) -> np.ndarray:
-        """The checksums (uint32, in log order) of the blocks holding the records [start_seq,
-        end_seq): a fingerprint of exactly those bytes, from the batch heads (no block is read)."""
-        crcs = []
-        for segment in self._segments:
-            if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
-                continue
-            directory = segment.batches()
-            block_ends = directory.block_base_seqs + directory.block_counts
-            wanted = (directory.block_base_seqs < end_seq) & (block_ends > start_seq)
-            crcs.append(directory.block_crcs[wanted].astype(np.uint32))
-        return np.concatenate(crcs) if crcs else np.zeros(0, np.uint32)
-
-    def read_many(self, seqs: Iterable[int]) -> list[MessageRecord]:
-        """The records of `seqs`, in the order given."""
-        seqs = np.fromiter(seqs, dtype=np.int64)
-        unique, inverse = np.unique(seqs, return_inverse=True)
-        found = bf.records(self.gather(unique))
-        return [found[i] for i in inverse.tolist()]
-
-    def read_rows(self, seqs: Iterable[int], broker: str) -> pa.RecordBatch:
-        """The records of `seqs` as ROW_SCHEMA rows (checksums verified), in the order given."""
-        seqs = np.fromiter(seqs, dtype=np.int64)
-        unique, inverse = np.unique(seqs, return_inverse=True)
-        return bf.rows(self.gather(unique), broker, inverse)
-
-    def first_seq_at_or_after(self, timestamp_ms: int) -> int | None:
-        """The first record in seq order whose timestamp is >= timestamp_ms, or None: the first
-        batch whose max reaches it holds it."""
-        for segment in self._segments:
-            if segment.max_timestamp is None or segment.max_timestamp < timestamp_ms:
-                continue
-            directory = segment.batches()
-            reaching = np.flatnonzero(directory.max_timestamps >= timestamp_ms)
-            if len(reaching):
-                i = int(reaching[0])
-                blocks = np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
-                block_set = segment.block_set(blocks, directory)
-                records = block_set.select(*block_set.all_rows())
-                return int(directory.base_seqs[i]) + int(np.argmax(records.timestamp_ms >= timestamp_ms))
-        return None
-
-    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, *,
-                    piece_bytes: int = DEFAULT_SCAN_PIECE_BYTES) -> list[tuple[int, int]]:
-        """[start_seq, end_seq) pieces that together hold every record with a timestamp in
-        [begin_ms, end_ms]: segments whose time range misses the window are skipped, and so are
-        the leading and trailing batches of a segment that miss it; pieces of about piece_bytes
-        are cut at batch boundaries (partitions for a parallel scan)."""
-        ranges: list[tuple[int, int]] = []
-        for segment in self._segments:
-            if segment.min_timestamp is None or not _overlaps(segment.min_timestamp, segment.max_timestamp,
-                                                              begin_ms, end_ms):
-                continue
-            ranges.extend(segment.piece_bounds(segment.base_seq, piece_bytes, begin_ms, end_ms))
-        return ranges
-
-    def scan_range(self, start_seq: int, end_seq: int, broker: str, begin_ms: int | None = None,
-                   end_ms: int | None = None, batch_rows: int = 65536, *, topics: Iterable[str] | None = None,
-                   partitions: Iterable[int] | None = None, verify: bool = True) -> Iterator[pa.RecordBatch]:
-        """ROW_SCHEMA batches of the records in [start_seq, end_seq) whose timestamp is in
-        [begin_ms, end_ms] (inclusive, ms) and, when given, whose topic / partition is listed.
-        Batches whose time range misses the window are never read; the others are read about
-        `batch_rows` records at a time and filtered with numpy kernels. Checksums are always
-        verified (`verify` is kept for callers). Empty batches are not yielded."""
-        start_seq = max(start_seq, self.start_seq)
-        end_seq = min(end_seq, self.next_seq)
-        wanted_topics = None if topics is None else {encode_text(t) for t in topics}
-        wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
-        for segment in self._segments:
-            if segment.next_seq <= start_seq or segment.base_seq >= end_seq:
-                continue
-            if segment.min_timestamp is not None and not _overlaps(segment.min_timestamp, segment.max_timestamp,
-                                                                   begin_ms, end_ms):
-                continue
-            directory = segment.batches()
-            first, last = segment.batch_range(max(start_seq, segment.base_seq), min(end_seq, segment.next_seq))
-            batches = np.arange(first, last)
-            overlap = np.ones(len(batches), dtype=bool)
-            if begin_ms is not None:
-                overlap &= directory.max_timestamps[batches] >= begin_ms
-            if end_ms is not None:
-                overlap &= directory.min_timestamps[batches] <= end_ms
-            batches = batches[overlap]
-            # pieces of about batch_rows records, cut at batch boundaries
-            piece_of = np.cumsum(directory.counts[batches]) // max(batch_rows, 1)
-            for piece in np.split(batches, np.flatnonzero(np.diff(piece_of)) + 1) if len(batches) else ():
-                touched = np.concatenate([np.arange(directory.first_blocks[i], directory.first_blocks[i + 1])
-                                          for i in piece.tolist()])
-                block_set = segment.block_set(touched, directory)
-                records = block_set.select(*block_set.all_rows())
-                keep = _window_mask(records, start_seq, end_seq, begin_ms, end_ms, wanted_partitions, wanted_topics)
-                if keep is None:
-                    yield bf.rows(records.rows(), broker)
-                elif keep.any():  # only the records kept get their texts decoded
-                    yield bf.rows(records.rows(np.flatnonzero(keep)), broker)
-
-    # ---- annotations ---------------------------------------------------------------------------
-    def annotations(self) -> Iterator[tuple[int, bytes]]:
-        """(base seq, annotation) of every batch that carries one, in log order."""
-        for segment in self._segments:
-            directory = segment.batches()
-            for i in range(len(directory)):
-                annotation = segment.annotation(i)
-                if annotation:
-                    yield int(directory.base_seqs[i]), annotation
-
-    def last_annotation(self) -> bytes:
-        """The annotation of the log's last batch (b"" when it has none or the log is empty)."""
-        for segment in reversed(self._segments):
-            directory = segment.batches()
-            if len(directory):
-                return segment.annotation(len(directory) - 1)
-        return b""
-
-    # ---- lifecycle -------------------------------------------------------------------------
     def unchanged_on_disk(self, position: LogPosition) -> bool:
         """True when the files still are exactly what this writer's view of `position` (its own
         last commit) says: no segment past the active one, the active segment and its sparse

@@ -35,6 +35,7 @@ import bisect
 import os
 import stat
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,7 +181,127 @@ class _WalkedHeads:
 _WALKED = _WalkedHeads(files=256)
 
 
-class LogSegment:
+class BatchReads(ABC):
+    """Reading a run of record batches (``batch_format``) wherever its bytes live: a log segment
+    file (``LogSegment``, pread) or an object of an object store (``storage/objects``, ranged
+    GETs). Subclasses give the extent (``base_seq``, ``next_seq``, ``min_timestamp``,
+    ``max_timestamp``, ``path``: what errors name), the batch directory and two byte-range
+    primitives; everything a lookup or scan does with blocks is here, once."""
+
+    path: object
+    base_seq: int
+    next_seq: int
+    min_timestamp: int | None
+    max_timestamp: int | None
+    # Blocks closer than this are read by one request, the gap included (see READ_GAP_BYTES).
+    read_gap_bytes: int = READ_GAP_BYTES
+
+    @abstractmethod
+    def batches(self) -> BatchDirectory:
+        """The batch directory of the committed extent."""
+
+    @abstractmethod
+    def read_bytes(self, position: int, length: int) -> bytes:
+        """`length` bytes at `position`; CorruptFileError naming ``path`` when fewer exist."""
+
+    def read_runs(self, buffer: memoryview, placed: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> None:
+        """Read run i (`sizes[i]` bytes at `starts[i]`) into buffer[placed[i]:]: one request
+        per run here; a store that can issue them together overrides it."""
+        for at, start, size in zip(placed.tolist(), starts.tolist(), sizes.tolist()):
+            buffer[at : at + size] = self.read_bytes(start, size)
+
+    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple[bytes | np.ndarray, np.ndarray]:
+        """(the raw bytes of blocks `blocks` (sorted indexes in `directory`) back to back, each
+        block's raw length), each block checksum verified: one pread per run of blocks lying close
+        together in the file, all into one buffer decompressed at once."""
+        raw_lengths = directory.block_raw_lengths[blocks].astype(np.int64)
+        if not len(blocks):
+            return b"", raw_lengths
+        positions, lengths = directory.block_positions[blocks], directory.block_lengths[blocks]
+        ends = positions + lengths
+        # a new read where the gap to the previous block would cost more than a second pread
+        cuts = np.flatnonzero(positions[1:] - ends[:-1] > self.read_gap_bytes) + 1
+        run_starts, run_ends = positions[np.r_[0, cuts]], ends[np.r_[cuts - 1, len(blocks) - 1]]
+        run_sizes = run_ends - run_starts
+        placed = np.cumsum(run_sizes) - run_sizes  # where each run goes in the buffer
+        data = np.empty(int(run_sizes.sum()), dtype=np.uint8)
+        self.read_runs(memoryview(data), placed, run_starts, run_sizes)
+        run_of_block = np.zeros(len(blocks), dtype=np.int64)
+        run_of_block[cuts] = 1
+        np.cumsum(run_of_block, out=run_of_block)
+        starts = placed[run_of_block] + positions - run_starts[run_of_block]
+        compressed = bf.CompressedBlocks(data, starts, lengths, raw_lengths, directory.block_crcs[blocks],
+                                         directory.positions[directory.block_batches[blocks]])
+        return bf.decompress_all(compressed, self.path), raw_lengths
+
+    def read_block(self, block: int, directory: BatchDirectory) -> bytes:
+        """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
+        each from its own block, and numpy's per-call cost was most of such a read."""
+        position, length = directory.block_positions[block].item(), directory.block_lengths[block].item()
+        data = memoryview(self.read_bytes(position, length))
+        return bf.decompress_block(data, directory.block_raw_lengths[block].item(), directory.block_crcs[block].item(),
+                                   self.path, directory.positions[directory.block_batches[block]].item())
+
+    def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
+        """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
+        directory = self.batches() if directory is None else directory
+        batches = directory.block_batches[blocks]
+        distinct, table_of_block = np.unique(batches, return_inverse=True)
+        return bf.BlockSet(*self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
+                           directory.block_counts[blocks], [directory.topic_tables[b] for b in distinct.tolist()],
+                           table_of_block, self.path, directory.positions[batches])
+
+    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedRows:
+        """Every record of batch number `index` of the directory, each block's checksum verified
+        and every record's fields checked against its block (for verification and repair; the
+        read paths decode only the blocks they need)."""
+        directory = self.batches() if directory is None else directory
+        blocks = np.flatnonzero(directory.block_batches == index)
+        block_set = self.block_set(blocks, directory)
+        return block_set.select(*block_set.all_rows()).rows()
+
+    def annotation(self, index: int) -> bytes:
+        """The annotation of batch number `index` (checksums verified)."""
+        directory = self.batches()
+        position, length = int(directory.positions[index]), int(directory.lengths[index])
+        data = self.read_bytes(position, length)
+        return bf.annotation_of(data, bf.checked_batch(data, length, self.path, position))
+
+    def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
+        """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
+        directory = self.batches()
+        if start_seq >= end_seq:
+            return 0, 0
+        first = int(directory.batch_of(np.array([start_seq]))[0])
+        last = int(directory.batch_of(np.array([end_seq - 1]))[0]) + 1
+        return first, last
+
+    def piece_bounds(self, start_seq: int, piece_bytes: int, begin_ms: int | None,
+                     end_ms: int | None) -> list[tuple[int, int]]:
+        """[start_seq, next_seq) cut at batch boundaries into pieces of about piece_bytes, with
+        leading and trailing batches outside the window [begin_ms, end_ms] left out."""
+        directory = self.batches()
+        overlap = np.ones(len(directory), dtype=bool)
+        if begin_ms is not None:
+            overlap &= directory.max_timestamps >= begin_ms
+        if end_ms is not None:
+            overlap &= directory.min_timestamps <= end_ms
+        overlap &= directory.base_seqs + directory.counts > start_seq
+        hits = np.flatnonzero(overlap)
+        if not len(hits):
+            return []
+        first, last = int(hits[0]), int(hits[-1])
+        bounds = [max(start_seq, int(directory.base_seqs[first]))]
+        piece_start = int(directory.positions[first])
+        for i in range(first + 1, last + 1):
+            if int(directory.positions[i]) - piece_start >= piece_bytes:
+                bounds.append(int(directory.base_seqs[i]))
+                piece_start = int(directory.positions[i])
+        bounds.append(int(directory.base_seqs[last] + directory.counts[last]))
+        return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
+
+
+class LogSegment(BatchReads):
     """A log segment file and its sparse indexes (see the module docstring)."""
 
     def __init__(self, directory: Path, base_seq: int, *, index_interval_bytes: int,
@@ -550,38 +671,12 @@ class LogSegment:
             self._walked_seq = last.header.next_seq
             self._directory = directory if len(heads) == len(walked) else None
 
-    # ---- raw bytes -------------------------------------------------------------------------
+    # ---- raw bytes (the byte-range primitive of BatchReads) ----------------------------------
     def read_bytes(self, position: int, length: int) -> bytes:
         """`length` bytes at `position` of the committed extent (one pread)."""
         data = os.pread(self._fd, length, position)
         self._check_read(len(data), length, position)
         return data
-
-    def read_blocks(self, blocks: np.ndarray, directory: BatchDirectory) -> tuple[bytes | np.ndarray, np.ndarray]:
-        """(the raw bytes of blocks `blocks` (sorted indexes in `directory`) back to back, each
-        block's raw length), each block checksum verified: one pread per run of blocks lying close
-        together in the file, all into one buffer decompressed at once."""
-        raw_lengths = directory.block_raw_lengths[blocks].astype(np.int64)
-        if not len(blocks):
-            return b"", raw_lengths
-        positions, lengths = directory.block_positions[blocks], directory.block_lengths[blocks]
-        ends = positions + lengths
-        # a new read where the gap to the previous block would cost more than a second pread
-        cuts = np.flatnonzero(positions[1:] - ends[:-1] > READ_GAP_BYTES) + 1
-        run_starts, run_ends = positions[np.r_[0, cuts]], ends[np.r_[cuts - 1, len(blocks) - 1]]
-        run_sizes = run_ends - run_starts
-        placed = np.cumsum(run_sizes) - run_sizes  # where each run goes in the buffer
-        data = np.empty(int(run_sizes.sum()), dtype=np.uint8)
-        view = memoryview(data)
-        for at, start, size in zip(placed.tolist(), run_starts.tolist(), run_sizes.tolist()):
-            self.read_into(view[at : at + size], start)
-        run_of_block = np.zeros(len(blocks), dtype=np.int64)
-        run_of_block[cuts] = 1
-        np.cumsum(run_of_block, out=run_of_block)
-        starts = placed[run_of_block] + positions - run_starts[run_of_block]
-        compressed = bf.CompressedBlocks(data, starts, lengths, raw_lengths, directory.block_crcs[blocks],
-                                         directory.positions[directory.block_batches[blocks]])
-        return bf.decompress_all(compressed, self.path), raw_lengths
 
     def read_into(self, buffer: memoryview, position: int) -> None:
         """``read_bytes`` into `buffer` (as many bytes as it holds)."""
@@ -592,31 +687,10 @@ class LogSegment:
             raise CorruptFileError(f"{self.path}: {read} bytes at byte {position} where {wanted} were "
                                    f"committed (the file was truncated)")
 
-    def read_block(self, block: int, directory: BatchDirectory) -> bytes:
-        """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
-        each from its own block, and numpy's per-call cost was most of such a read."""
-        position, length = directory.block_positions[block].item(), directory.block_lengths[block].item()
-        data = memoryview(self.read_bytes(position, length))
-        return bf.decompress_block(data, directory.block_raw_lengths[block].item(), directory.block_crcs[block].item(),
-                                   self.path, directory.positions[directory.block_batches[block]].item())
+    def read_runs(self, buffer: memoryview, placed: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> None:
+        for at, start, size in zip(placed.tolist(), starts.tolist(), sizes.tolist()):
+            self.read_into(buffer[at : at + size], start)
 
-    def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
-        """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
-        directory = self.batches() if directory is None else directory
-        batches = directory.block_batches[blocks]
-        distinct, table_of_block = np.unique(batches, return_inverse=True)
-        return bf.BlockSet(*self.read_blocks(blocks, directory), directory.block_base_seqs[blocks],
-                           directory.block_counts[blocks], [directory.topic_tables[b] for b in distinct.tolist()],
-                           table_of_block, self.path, directory.positions[batches])
-
-    def decode(self, index: int, directory: BatchDirectory | None = None) -> bf.DecodedRows:
-        """Every record of batch number `index` of the directory, each block's checksum verified
-        and every record's fields checked against its block (for verification and repair; the
-        read paths decode only the blocks they need)."""
-        directory = self.batches() if directory is None else directory
-        blocks = np.flatnonzero(directory.block_batches == index)
-        block_set = self.block_set(blocks, directory)
-        return block_set.select(*block_set.all_rows()).rows()
 
     # ---- appending -------------------------------------------------------------------------
     def append(self, batch: bytes, head: bf.BatchHead) -> None:
@@ -663,47 +737,6 @@ class LogSegment:
     def state(self) -> SegmentState:
         return SegmentState(self.size, self.next_seq, self.offset_index.entries, self.time_index.entries,
                             self.min_timestamp, self.max_timestamp)
-
-    # ---- reading ---------------------------------------------------------------------------
-    def annotation(self, index: int) -> bytes:
-        """The annotation of batch number `index` (checksums verified)."""
-        directory = self.batches()
-        position, length = int(directory.positions[index]), int(directory.lengths[index])
-        data = self.read_bytes(position, length)
-        return bf.annotation_of(data, bf.checked_batch(data, length, self.path, position))
-
-    def batch_range(self, start_seq: int, end_seq: int) -> tuple[int, int]:
-        """[first, last) batch numbers holding the seqs [start_seq, end_seq)."""
-        directory = self.batches()
-        if start_seq >= end_seq:
-            return 0, 0
-        first = int(directory.batch_of(np.array([start_seq]))[0])
-        last = int(directory.batch_of(np.array([end_seq - 1]))[0]) + 1
-        return first, last
-
-    def piece_bounds(self, start_seq: int, piece_bytes: int, begin_ms: int | None,
-                     end_ms: int | None) -> list[tuple[int, int]]:
-        """[start_seq, next_seq) cut at batch boundaries into pieces of about piece_bytes, with
-        leading and trailing batches outside the window [begin_ms, end_ms] left out."""
-        directory = self.batches()
-        overlap = np.ones(len(directory), dtype=bool)
-        if begin_ms is not None:
-            overlap &= directory.max_timestamps >= begin_ms
-        if end_ms is not None:
-            overlap &= directory.min_timestamps <= end_ms
-        overlap &= directory.base_seqs + directory.counts > start_seq
-        hits = np.flatnonzero(overlap)
-        if not len(hits):
-            return []
-        first, last = int(hits[0]), int(hits[-1])
-        bounds = [max(start_seq, int(directory.base_seqs[first]))]
-        piece_start = int(directory.positions[first])
-        for i in range(first + 1, last + 1):
-            if int(directory.positions[i]) - piece_start >= piece_bytes:
-                bounds.append(int(directory.base_seqs[i]))
-                piece_start = int(directory.positions[i])
-        bounds.append(int(directory.base_seqs[last] + directory.counts[last]))
-        return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
 
     # ---- durability and lifecycle ----------------------------------------------------------
     def flush(self) -> None:
