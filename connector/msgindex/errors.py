@@ -91,3 +91,14 @@ class ConnectServerError(MsgIndexError):
 
 class WorkerPythonError(MsgIndexError):
     """Spark would start its Python workers with an interpreter that cannot import msgindex."""
+
+
+class ObjectStoreError(MsgIndexError):
+    """A request to an object store (s3://, gs://, az://) failed for a reason the user must fix
+    or wait out: a missing bucket, wrong credentials, an endpoint that does not answer. The
+    message names the store URL and the endpoint or bucket at fault."""
+
+
+class CommitConflictError(MsgIndexError):
+    """An object-store shard's commit lost its version to other writers more often than a
+    writer retries (each loss re-reads what won and tries the next version)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from msgindex.cli.store_args import add_storage_options, open_store_of
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES, parse_time_ms
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
@@ -38,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lookup", help="find messages by key, or scan a time window, in a msgindex store",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="PATH", help="the store root (msgindex's, or a RocketMQ broker's)")
+    parser.add_argument("path", metavar="PATH", help="the store root (msgindex's: a local path or s3://, gs://, az:// "
+                        "URL; or a RocketMQ broker's store root)")
+    add_storage_options(parser)
     parser.add_argument("--mode", choices=MODES, default=MODE_STORE,
                         help="store: a msgindex store (default); rocketmq: a RocketMQ broker's store root")
     what = parser.add_mutually_exclusive_group(required=True)
@@ -63,8 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the messages found; exit code 0 (also when none are found)."""
-    import msgindex
-
     begin = parse_time_ms("--begin", args.begin) if args.begin is not None else None
     end = parse_time_ms("--end", args.end) if args.end is not None else None
     if begin is not None and end is not None and begin > end:
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.broker_name is not None:
         raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex store names its shards)")
-    with msgindex.open(args.path) as store:
+    with open_store_of(args) as store:
         if args.scan:
             table = _scan(store, args, begin, end)
         else:

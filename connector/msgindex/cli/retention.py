@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from msgindex.cli.store_args import PATH_HELP, add_storage_options, open_store_of
 from msgindex.errors import InvalidOptionError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d|w)?\s*$")
@@ -27,7 +28,8 @@ def register(subparsers) -> None:
         "retention", help="delete a store's expired log segments and index files now",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="PATH", help="the store root")
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
+    add_storage_options(parser)
     parser.add_argument("--max-age", metavar="AGE",
                         help="delete segments whose newest record is older than this: 7d, 12h, 30m, 45s, 500ms, "
                              "or milliseconds")
@@ -57,13 +59,11 @@ def parse_size_bytes(option: str, text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Apply (or with --dry-run, plan) retention and print what went; exit code 0."""
-    import msgindex
-
     if args.max_age is None and args.max_bytes is None:
         raise InvalidOptionError("give --max-age and/or --max-bytes (nothing to do otherwise)")
     max_age = None if args.max_age is None else parse_duration_ms("--max-age", args.max_age)
     max_bytes = None if args.max_bytes is None else parse_size_bytes("--max-bytes", args.max_bytes)
-    with msgindex.open(args.path) as store:
+    with open_store_of(args) as store:
         report = store.apply_retention(max_age_ms=max_age, max_bytes=max_bytes, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for path in (*report.deleted_segments, *report.deleted_index_files):

@@ -57,16 +57,21 @@ def load_manifest(path: Path) -> Manifest:
         raw = Path(path).read_bytes()
     except IsADirectoryError:
         raise CorruptFileError(f"{path}: store manifest is a directory, not a file") from None
+    return decode_manifest(raw, source=path)
+
+
+def decode_manifest(raw: bytes, *, source: object) -> Manifest:
+    """A manifest's bytes (from a file or an object) checked and parsed."""
     version, body = parse_versioned_json(
-        raw, source=path, what="store manifest", format_name=STORE_FORMAT,
+        raw, source=source, what="store manifest", format_name=STORE_FORMAT,
         versions=(*LEGACY_STORE_VERSIONS, STORE_FORMAT_VERSION), legacy_version_field="format_version",
     )
     if not isinstance(body.get("settings"), dict):
-        raise CorruptFileError(f"{path}: store manifest has no settings object")
+        raise CorruptFileError(f"{source}: store manifest has no settings object")
     shards = body.get("shards")
     if shards is not None and (not isinstance(shards, list) or not all(isinstance(s, str) and s for s in shards)):
-        raise CorruptFileError(f"{path}: store manifest's shards must be a list of shard names")
-    return Manifest(version, StoreSettings.from_dict(body["settings"], source=path),
+        raise CorruptFileError(f"{source}: store manifest's shards must be a list of shard names")
+    return Manifest(version, StoreSettings.from_dict(body["settings"], source=source),
                     None if shards is None else tuple(sorted(set(shards))))
 
 
@@ -79,10 +84,15 @@ def read_manifest(path: Path) -> tuple[int, StoreSettings]:
 def write_manifest(path: Path, settings: StoreSettings, shards: tuple[str, ...] | list[str] | None = ()) -> None:
     """Write a current-format manifest (atomically); `shards` None leaves the member out (a
     store whose shards were never recorded)."""
+    write_atomically(path, encode_manifest(settings, shards))
+
+
+def encode_manifest(settings: StoreSettings, shards: tuple[str, ...] | list[str] | None = ()) -> bytes:
+    """The bytes of a current-format manifest (see ``write_manifest``)."""
     body: dict = {"settings": settings.to_dict()}
     if shards is not None:
         body["shards"] = sorted(set(shards))
-    write_atomically(path, versioned_json(STORE_FORMAT, STORE_FORMAT_VERSION, body, indent=2))
+    return versioned_json(STORE_FORMAT, STORE_FORMAT_VERSION, body, indent=2)
 
 
 def shard_directories(root: Path) -> list[str]:

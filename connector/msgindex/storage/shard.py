@@ -335,7 +335,7 @@ class ShardWriter(_Committed):
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
         if sources is None:
-            sources = _own_coordinates(records)
+            sources = own_coordinates(records)
         elif len(sources) != len(records):
             raise InvalidAppendError(f"shard {self.broker!r}: {len(sources)} source coordinates for {len(records)} records")
         committed = self._checkpoint.source_ranges
@@ -1039,7 +1039,7 @@ def _ranges_annotation(ranges: SourceRanges) -> bytes:
     return json.dumps(ranges.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
 
 
-def _own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -> SourceRows:
+def own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -> SourceRows:
     """The records' own (topic, partition, offset) as their source coordinates, one slice."""
     if isinstance(records, (pa.Table, pa.RecordBatch)):
         return SourceRows.of(records.column("topic"), records.column("partition"), records.column("offset"))

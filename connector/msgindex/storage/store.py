@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError, UpgradeRequiredError
+from msgindex.storage.location import parse_location
 from msgindex.storage.manifest import (  # noqa: F401  (MANIFEST_FILE, STORE_FORMAT, read_manifest: re-exported)
     LEGACY_STORE_VERSIONS,
     MANIFEST_FILE,
@@ -44,6 +45,9 @@ from msgindex.storage.shard import (
     validate_broker_name,
 )
 
+if TYPE_CHECKING:
+    from msgindex.storage.objects.store import ObjectStore
+
 LISTING_SETTLED_NS = 2_000_000_000
 
 __all__ = [
@@ -57,12 +61,20 @@ __all__ = [
 ]
 
 
-def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None) -> Store:
-    """Open the store at `root`; with create=True make it (and its parents) when missing.
+def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None,
+               storage_options: Mapping[str, str] | None = None) -> Store | ObjectStore:
+    """Open the store at `root` (a local path or an object-store URL: ``location.py``); with
+    create=True make it (and its parents) when missing.
 
     A missing path, or a directory without a manifest, raises StoreNotFoundError naming it
-    (create=True refuses to turn a non-empty foreign directory into a store)."""
-    root = Path(root)
+    (create=True refuses to turn a non-empty foreign directory into a store). `storage_options`
+    configure an object store's client (endpoint, credentials, ...: ``location.py``)."""
+    location = parse_location(root, storage_options)
+    if not location.is_local:
+        from msgindex.storage.objects.store import open_object_store
+
+        return open_object_store(location, create=create, settings=settings)
+    root = location.local_path
     manifest = root / MANIFEST_FILE
     if manifest.exists():
         return _current(manifest)

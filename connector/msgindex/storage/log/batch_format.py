@@ -327,6 +327,19 @@ def checked_batch(data: bytes, end: int, name: object, origin: int, expected_seq
     return checked
 
 
+def rebased_batch(data: bytes | memoryview, base_seq: int) -> bytes:
+    """The batch `data` (checked by its reader) with its first record at `base_seq`: only the
+    header's base_seq and the head checksum change, the blocks are copied as they are (their
+    records' seqs are the base plus their place). Object-store compaction merges chunks so."""
+    header = read_header(data)
+    if not 0 <= base_seq <= INT64_MAX - header.record_count:
+        raise InvalidAppendError(f"a batch of {header.record_count} records cannot start at seq {base_seq}")
+    head = bytearray(data[: header.head_length])
+    struct.pack_into("<q", head, HEADER_DTYPE.fields["base_seq"][1], base_seq)
+    struct.pack_into("<I", head, HEADER_DTYPE.fields["head_crc"][1], zlib.crc32(memoryview(head)[CRC_START:]))
+    return bytes(head) + bytes(data[header.head_length :])
+
+
 def annotation_of(data: bytes, head: BatchHead) -> bytes:
     """The annotation of a checked batch held whole in `data`."""
     start = head.header.head_length

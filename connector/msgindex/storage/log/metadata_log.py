@@ -181,28 +181,42 @@ class LogReads:
             row = seqs[firsts[0] : ends[-1]] - directory.block_base_seqs[blocks][block]
             return work(int(firsts[0]), segment.block_set(blocks, directory).select(block, row))
 
-        yield from in_order(read, tasks)
+        yield from self._in_order(read, tasks)
+
+    def _in_order(self, work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
+        """How ``chunks`` runs its tasks (``in_order``: a few ahead on the CPU pool); a log whose
+        reads wait on the network runs them all at once."""
+        return in_order(work, tasks)
 
     def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
         """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
         cheaper than ``gather`` up to ~70-110 scattered records (shard.FEW_CANDIDATES), dearer above."""
         found: list[MessageRecord] = []
         seqs = list(seqs)
+        plan = []  # (segment, directory, the segment's seqs, their blocks), a segment at a time
         done = 0
-        while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
+        while done < len(seqs):  # numpy finds the blocks of all of a segment's seqs at once
             segment = self._segment_of(seqs[done])
             end = bisect.bisect_left(seqs, segment.next_seq, done)
             directory = segment.batches()
-            blocks = directory.block_of(np.array(seqs[done:end], dtype=np.int64))
+            plan.append((segment, directory, seqs[done:end], directory.block_of(np.array(seqs[done:end], np.int64))))
+            done = end
+        for (segment, directory, segment_seqs, blocks), raw in zip(plan, self._blocks_for_few(plan)):
             reader, last = None, -1
-            for seq, block, block_base in zip(seqs[done:end], blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
+            for seq, block, block_base in zip(segment_seqs, blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
                 if block != last:  # seqs are sorted: a block's records come together
                     batch = directory.block_batches[block].item()
-                    reader, last = bf.BlockRecords(segment.read_block(block, directory), directory.topic_tables[batch],
+                    reader, last = bf.BlockRecords(raw(block), directory.topic_tables[batch],
                                                    segment.path, directory.positions[batch].item()), block
                 found.append(reader.record(seq - block_base))
-            done = end
         return found
+
+    def _blocks_for_few(self, plan: list) -> Iterator[Callable[[int], bytes]]:
+        """Per planned segment, a function from a block number to its decompressed bytes. Here
+        each block is read when asked (a pread is cheap); a log whose reads are requests
+        (object stores) fetches every planned block up front, together."""
+        for segment, directory, _seqs, _blocks in plan:
+            yield lambda block, segment=segment, directory=directory: segment.read_block(block, directory)
 
     def gather(self, seqs: np.ndarray) -> bf.DecodedRows:
         """The records of sorted unique `seqs`, in that order (see ``chunks``)."""

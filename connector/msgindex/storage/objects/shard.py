@@ -1,0 +1,678 @@
+"""One shard on an object store: its writers (append, compaction, retention, collection) and its
+readers, over the versions of ``versions.py`` and the chunks of ``chunk_format.py``.
+
+```
+<root>/broker=<name>/_commits/<20-digit number>.json   the shard's versions (put-if-absent)
+<root>/broker=<name>/chunks/<ms>-<unique>.chunk        chunk objects (immutable)
+<root>/_shards/<name>                                  marks that the shard has committed
+```
+
+**Writing without locks.** Any number of writers of a shard (the tasks of a micro-batch, their
+retries and speculative copies, a second job, ``msgindex compact``) append concurrently. An append
+drops the rows whose source offsets the newest version it knows already holds, writes a chunk of
+the rest, then creates the next version. A writer that loses that version to another reads the
+newest one and tries again: if the winner committed none of its rows, the same chunk is committed
+at the next number (its seqs are relative: the version gives the base); if it committed some, the
+chunk is written again without them (the first one is deleted at once, never having been
+listed). So every row is committed exactly once, by source offsets, as in a local shard.
+
+**Compaction** keeps the chunk count, and with it the requests of a lookup, small however many
+appends there were: after a commit, at most once per ``compaction_interval_s`` (or at once past
+``max_chunks``), a writer merges the newest chunks while the next older one is at most ``ratio``
+times their size (RocksDB's universal compaction rule: sizes grow geometrically from newest to
+oldest, so a shard holds O(log(records / append)) chunks and a record is rewritten O(log) times),
+up to ``max_merged_records``, within ``max_work_bytes`` a run. The merged chunk replaces its
+inputs in one version; an input another writer removed meanwhile abandons the merge.
+
+**Deleting.** Nothing a version lists is deleted. A replaced chunk is recorded in the version that
+removed it (``removed``) and deleted only after ``grace_s``, longer than any reader keeps a
+version (Delta's vacuum rule); objects no version names (a writer died before its commit) are
+deleted once older than ``grace_s``; version objects beyond the newest ``keep_versions``.
+
+**Reading.** A reader holds one version: it never sees a torn or missing committed row while
+writers and compaction run. Its lookups read, per chunk that may hold a key (bloom filter of the
+cached footer), the pages of hash items of the wanted hashes (one request per chunk, ranges
+coalesced), then the log blocks of the candidates (one request per chunk), all chunks in parallel,
+and verify every candidate against the log (``verified_reads``), as a local shard does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Self, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from msgindex.errors import CommitConflictError, CorruptFileError, InvalidAppendError, InvalidArgumentError
+from msgindex.storage.append_columns import AppendColumns
+from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.log.metadata_log import LogReads
+from msgindex.storage.log.segment import BatchDirectory, BatchReads
+from msgindex.storage.message import MessageRecord, stored_window
+from msgindex.storage.objects.chunk_format import (
+    MAX_CHUNK_RECORDS,
+    ChunkFooter,
+    decode_footer,
+    encode_chunk,
+    merge_chunks,
+)
+from msgindex.storage.objects.client import ObjectClient, ObjectMissingError
+from msgindex.storage.objects.versions import CHUNK_SUFFIX, CHUNKS_DIR, ChunkRef, Removed, ShardVersion, ShardVersions
+from msgindex.storage.query import KeysArg, Query, as_query, empty_rows
+from msgindex.storage.result_order import in_result_order
+from msgindex.storage.retention import RetentionReport
+from msgindex.storage.shard import (
+    FEW_CANDIDATES,
+    SCAN_BATCH_ROWS,
+    AppendResult,
+    own_coordinates,
+    refuse_out_of_range_timestamps,
+)
+from msgindex.storage.source_ranges import SourceRows
+from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
+
+logger = logging.getLogger(__name__)
+
+SHARDS_DIR = "_shards"
+MAX_COMMIT_ATTEMPTS = 64
+IO_THREADS = 16
+FOOTER_CACHE_BYTES = 256 * 1024 * 1024
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ObjectTuning:
+    """How object-store shards compact and delete (see the module docstring); the defaults suit
+    S3's request prices and latencies, tests shorten the times."""
+
+    compaction_interval_s: float = 10.0
+    max_chunks: int = 16  # more chunks than this: compact at once, whatever the interval
+    ratio: float = 4.0
+    max_merged_records: int = 16 * 1024 * 1024
+    max_work_bytes: int = 512 * 1024 * 1024
+    grace_s: float = 3600.0
+    collect_interval_s: float = 300.0
+    keep_versions: int = 100
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_merged_records <= MAX_CHUNK_RECORDS or self.ratio <= 0 or self.grace_s < 0:
+            raise InvalidArgumentError(f"impossible object-store tuning {self}")
+
+
+# --- shared by every shard of the process: footers (immutable) and the I/O threads --------------
+class _FooterCache:
+    """Footers of chunks by object URL, least recently used dropped past FOOTER_CACHE_BYTES."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._held = 0
+        self._footers: OrderedDict[str, ChunkFooter] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, url: str, load: Callable[[], ChunkFooter]) -> ChunkFooter:
+        with self._lock:
+            footer = self._footers.get(url)
+            if footer is not None:
+                self._footers.move_to_end(url)
+                return footer
+        footer = load()
+        with self._lock:
+            if url not in self._footers:
+                self._footers[url] = footer
+                self._held += footer.nbytes()
+                while self._held > self._capacity and len(self._footers) > 1:
+                    _, dropped = self._footers.popitem(last=False)
+                    self._held -= dropped.nbytes()
+        return footer
+
+
+_FOOTERS = _FooterCache(FOOTER_CACHE_BYTES)
+_IO_POOL: ThreadPoolExecutor | None = None
+_IO_POOL_LOCK = threading.Lock()
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """Threads that wait on requests (obstore releases the GIL while it waits). Work submitted
+    here never submits more work here, so the pool cannot deadlock on itself."""
+    global _IO_POOL
+    with _IO_POOL_LOCK:
+        if _IO_POOL is None:
+            _IO_POOL = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="msgindex-objects")
+        return _IO_POOL
+
+
+def in_parallel(work: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """work(item) for every item, on the I/O threads when there are several; results in order."""
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    futures: list[Future] = [io_pool().submit(work, item) for item in items]
+    return [future.result() for future in futures]
+
+
+# --- reading -------------------------------------------------------------------------------------
+class ObjectChunk(BatchReads):
+    """A chunk object as a run of record batches (``BatchReads``): seqs from its version's base,
+    bytes by ranged GETs, its footer from the process-wide cache."""
+
+    def __init__(self, client: ObjectClient, shard_prefix: str, ref: ChunkRef) -> None:
+        self.client = client
+        self.ref = ref
+        self.key = f"{shard_prefix}/{ref.name}"
+        self.path = f"{client.location.url.rstrip('/')}/{self.key}"
+        self.base_seq, self.next_seq = ref.base_seq, ref.next_seq
+        self.min_timestamp, self.max_timestamp = ref.info.min_timestamp, ref.info.max_timestamp
+        self.read_gap_bytes = client.gap_bytes
+        self._directory: BatchDirectory | None = None
+
+    def footer(self) -> ChunkFooter:
+        return _FOOTERS.get(self.path, self._load_footer)
+
+    def _load_footer(self) -> ChunkFooter:
+        info = self.ref.info
+        data = self._ranges([info.footer_offset], [info.footer_length])[0]
+        footer = decode_footer(data, info.footer_crc, self.path)
+        if (footer.records, footer.hash_entries, footer.min_timestamp, footer.max_timestamp) != (
+                info.records, info.hash_entries, info.min_timestamp, info.max_timestamp):
+            raise CorruptFileError(f"{self.path}: chunk footer does not match what its shard version records")
+        return footer
+
+    def batches(self) -> BatchDirectory:
+        if self._directory is None:
+            relative = self.footer().directory
+            self._directory = dataclasses.replace(relative, base_seqs=relative.base_seqs + self.base_seq,
+                                                  block_base_seqs=relative.block_base_seqs + self.base_seq)
+        return self._directory
+
+    def read_bytes(self, position: int, length: int) -> bytes:
+        return bytes(self._ranges([position], [length])[0])
+
+    def read_runs(self, buffer: memoryview, placed: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> None:
+        for at, piece in zip(placed.tolist(), self._ranges(starts.tolist(), sizes.tolist())):
+            buffer[at : at + len(piece)] = piece
+
+    def _ranges(self, starts: list[int], lengths: list[int]) -> list[memoryview]:
+        try:
+            return self.client.get_ranges(self.key, starts, lengths)
+        except ObjectMissingError:
+            raise CorruptFileError(f"{self.path}: chunk object listed by the shard version is missing") from None
+
+    def hash_candidates(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seqs, key hashes) of the chunk's items of `key_hashes` (distinct, uint32): the pages
+        that may hold them read in one request, checked, filtered."""
+        footer = self.footer()
+        hashes = key_hashes[footer.may_hold(key_hashes)]
+        if not len(hashes):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        spans = sorted({footer.page_span(int(h)) for h in hashes.tolist()})
+        merged: list[list[int]] = []
+        for first, last in spans:
+            if first > last:
+                continue
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        if not merged:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ranges = [footer.page_range(first, last) for first, last in merged]
+        pieces = self._ranges([r[0] for r in ranges], [r[1] for r in ranges])
+        items = np.concatenate([footer.checked_items(piece, first, self.path)
+                                for piece, (first, _) in zip(pieces, merged)])
+        hit = np.isin(items["key_hash"], hashes)
+        return items["rel_seq"][hit].astype(np.int64) + self.base_seq, items["key_hash"][hit].astype(np.int64)
+
+
+class ObjectLog(LogReads):
+    """The log of an object-store shard version: its chunks, read by ranged GETs in parallel."""
+
+    def __init__(self, chunks: list[ObjectChunk], start_seq: int, next_seq: int, name: str) -> None:
+        self._segments = chunks
+        self._start_seq, self._next_seq = start_seq, next_seq
+        self.directory = name
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def start_seq(self) -> int:
+        return self._start_seq
+
+    def chunk_objects(self) -> list[ObjectChunk]:
+        return list(self._segments)
+
+    def load_footers(self, chunks: Iterable[ObjectChunk] | None = None) -> None:
+        """Fetch the footers not cached yet, all at once (a fresh reader's first request per chunk)."""
+        in_parallel(lambda chunk: chunk.footer(), list(self._segments if chunks is None else chunks))
+
+    def _in_order(self, work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
+        self.load_footers({task[0] for task in tasks})  # type: ignore[index]
+        yield from in_parallel(work, tasks)
+
+    def _blocks_for_few(self, plan: list) -> Iterator[Callable[[int], bytes]]:
+        def fetch(item):
+            segment, directory, _seqs, blocks = item
+            distinct = np.unique(blocks)
+            data, raw_lengths = segment.read_blocks(distinct, directory)
+            ends = np.cumsum(raw_lengths)
+            starts = ends - raw_lengths
+            where = dict(zip(distinct.tolist(), zip(starts.tolist(), ends.tolist())))
+            view = memoryview(data)
+            return lambda block: bytes(view[where[block][0] : where[block][1]])
+
+        yield from in_parallel(fetch, plan)
+
+    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None, **kwargs) -> list[tuple[int, int]]:
+        self.load_footers([c for c in self._segments if _overlaps(c, begin_ms, end_ms)])
+        return super().scan_ranges(begin_ms, end_ms, **kwargs)
+
+
+def _overlaps(chunk: ObjectChunk, begin_ms: int | None, end_ms: int | None) -> bool:
+    return (begin_ms is None or chunk.max_timestamp >= begin_ms) and (end_ms is None or chunk.min_timestamp <= end_ms)
+
+
+class ObjectShardReader(VerifiedReads):
+    """A consistent read-only view of one version of an object-store shard (module docstring)."""
+
+    def __init__(self, client: ObjectClient, shard_prefix: str, broker: str, version: ShardVersion) -> None:
+        self.broker = broker
+        self.client = client
+        self.version = version
+        self.url = f"{client.location.url.rstrip('/')}/{shard_prefix}"
+        chunks = [ObjectChunk(client, shard_prefix, ref) for ref in version.chunks]
+        self._log = ObjectLog(chunks, version.log_start_seq, version.record_count, self.url) if chunks else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: a reader holds no files, only its version."""
+
+    @property
+    def record_count(self) -> int:
+        return self.version.record_count - self.version.log_start_seq
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return self.version.topics
+
+    @property
+    def log(self) -> ObjectLog | None:
+        return self._log
+
+    @property
+    def committed_ranges(self):
+        return self.version.source_ranges
+
+    def lookup(self, keys: KeysArg | Query, *, topic: str | None = None, begin_ms: int | None = None,
+               end_ms: int | None = None, max_results: int | None = None,
+               partitions: Iterable[int] | None = None) -> pa.Table:
+        """As ``ShardReader.lookup``: verified rows in ROW_SCHEMA and result order."""
+        query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+                         partitions=partitions)
+        if query.keys is None:
+            raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
+        topics = query.topics_among(self.version.topics)
+        window = query.stored_window()
+        if self._log is None or not query.keys or not topics or window is None:
+            return empty_rows()
+        begin, end = window
+        wanted = WantedKeys.of(topics, list(query.keys))
+        seqs, who = self._candidates(wanted, begin, end)
+        if len(seqs) <= FEW_CANDIDATES:
+            return self._verified_few(seqs, who, wanted, begin, end, query.partitions, query.max_results)
+        found = self._verified(seqs, who, wanted, begin, end, query.partitions)
+        if not found:
+            return empty_rows()
+        found.sort(key=lambda part: (int(part.order.timestamp_ms[0]), int(part.order.seqs[0])))
+        return in_result_order(found, query.max_results)
+
+    def _candidates(self, wanted: WantedKeys, begin_ms: int | None, end_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(seq, wanted pair) of every hash item of a wanted hash in the chunks the window meets."""
+        chunks = [c for c in self._log.chunk_objects() if _overlaps(c, begin_ms, end_ms)]
+        self._log.load_footers(chunks)
+        distinct = np.unique(wanted.hashes).astype(np.uint32)
+        found = in_parallel(lambda chunk: chunk.hash_candidates(distinct), chunks)
+        seqs = np.concatenate([s for s, _ in found]) if found else np.zeros(0, np.int64)
+        hashes = np.concatenate([h for _, h in found]) if found else np.zeros(0, np.int64)
+        if not len(seqs):
+            return seqs, hashes
+        # each item stands for every wanted (topic, key) pair of its hash (usually one)
+        order = np.argsort(wanted.hashes, kind="stable")
+        sorted_hashes = wanted.hashes[order]
+        low = np.searchsorted(sorted_hashes, hashes, side="left")
+        count = np.searchsorted(sorted_hashes, hashes, side="right") - low
+        item = np.repeat(np.arange(len(seqs)), count)
+        pair = order[np.repeat(low, count) + (np.arange(len(item)) - np.repeat(np.cumsum(count) - count, count))]
+        return seqs[item], pair.astype(np.int64)
+
+    def _file_pointing_at(self, key_hash: int, seq: int) -> str:
+        for chunk in self._log.chunk_objects() if self._log is not None else ():
+            if chunk.base_seq <= seq < chunk.next_seq:
+                return chunk.path
+        return self.url
+
+    def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
+        window = stored_window(begin_ms, end_ms)
+        if self._log is None or window is None:
+            return []
+        return self._log.scan_ranges(*window)
+
+    def scan_range(self, start_seq: int, end_seq: int, query: Query | None = None, *, begin_ms: int | None = None,
+                   end_ms: int | None = None, topics: Iterable[str] | None = None,
+                   partitions: Iterable[int] | None = None) -> Iterator[pa.RecordBatch]:
+        query = as_query(query, begin_ms=begin_ms, end_ms=end_ms, topics=topics, partitions=partitions)
+        window = query.stored_window()
+        if self._log is None or window is None:
+            return
+        start, end = max(start_seq, self.version.log_start_seq), min(end_seq, self.version.record_count)
+        if start >= end:
+            return
+        self._log.load_footers([c for c in self._log.chunk_objects()
+                                if c.next_seq > start and c.base_seq < end and _overlaps(c, *window)])
+        yield from self._log.scan_range(start, end, self.broker, window[0], window[1], SCAN_BATCH_ROWS,
+                                        topics=query.topics, partitions=query.partitions)
+
+
+# --- writing -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _WrittenChunk:
+    """A chunk this writer put but has not seen committed yet, and the input rows it holds."""
+
+    name: str
+    rows: np.ndarray
+    info: object
+    topics: frozenset[str]
+
+
+class ObjectShardWriter:
+    """A writer of one object-store shard (module docstring): no lock, commits settle races.
+    ``locked(timeout)`` exists for the pipeline's sake (a local shard's writer needs it) and
+    only refreshes the writer's view."""
+
+    def __init__(self, client: ObjectClient, shard_prefix: str, broker: str, *,
+                 tuning: ObjectTuning | None = None, now_ms: Callable[[], int] | None = None) -> None:
+        self.client = client
+        self.broker = broker
+        self.prefix = shard_prefix.rstrip("/")
+        self.tuning = tuning or ObjectTuning()
+        self.versions = ShardVersions(client, self.prefix)
+        self._now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self._state: ShardVersion | None = None
+        self._registered = False
+        self._collected_at = 0.0
+        self.last_revalidation = ""
+
+    @property
+    def url(self) -> str:
+        return f"{self.client.location.url.rstrip('/')}/{self.prefix}"
+
+    # --- the version this writer knows ----------------------------------------------------------
+    def refresh(self) -> ShardVersion:
+        """The newest version (one LIST; one GET when there is a newer one)."""
+        self._state = self.versions.latest(self._state)
+        return self._state
+
+    @property
+    def state(self) -> ShardVersion:
+        return self._state if self._state is not None else self.refresh()
+
+    @property
+    def committed_ranges(self):
+        return self.state.source_ranges
+
+    @contextmanager
+    def locked(self, timeout_s: float) -> Iterator[Self]:
+        yield self
+
+    def close(self) -> None:
+        """Forget the view (nothing is held)."""
+        self._state = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- appending ------------------------------------------------------------------------------
+    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None) -> AppendResult:
+        """Commit the rows whose source offsets the shard does not hold yet (exactly once, as
+        ``ShardWriter.append``), retrying on lost versions. Returns what was appended by THIS
+        call and what was found committed before."""
+        if not isinstance(records, (pa.Table, pa.RecordBatch)):
+            records = list(records)
+        if sources is None:
+            sources = own_coordinates(records)
+        elif len(sources) != len(records):
+            raise InvalidAppendError(f"shard {self.broker!r}: {len(sources)} source coordinates for {len(records)} records")
+        first = sources.first_occurrences()
+        state = self.state
+        written: _WrittenChunk | None = None
+        try:
+            for _attempt in range(MAX_COMMIT_ATTEMPTS):
+                committed = state.source_ranges
+                fresh = first[~committed.covered(sources.take(first))] if len(first) else first
+                ranges = committed.union(sources.ranges())
+                if written is not None and not np.array_equal(written.rows, fresh):
+                    self._discard(written)  # the winner committed some of its rows: write the rest again
+                    written = None
+                if not len(fresh):
+                    if ranges == committed:
+                        return AppendResult(0, len(records), 0)
+                    candidate = state.successor(source_ranges=ranges, **self._stamps(state))
+                else:
+                    if written is None:
+                        written = self._write_chunk(records, fresh)
+                    candidate = state.successor(
+                        chunks=(*state.chunks, ChunkRef(written.name, state.record_count, written.info)),
+                        record_count=state.record_count + len(fresh),
+                        topics=tuple(sorted(set(state.topics) | written.topics)),
+                        source_ranges=ranges, **self._stamps(state))
+                self._register(state)
+                if self.versions.try_commit(candidate):
+                    self._state = candidate
+                    self._after_commit(candidate)
+                    appended = len(fresh)
+                    written = None
+                    return AppendResult(appended, len(records) - appended,
+                                        candidate.chunks[-1].info.hash_entries if appended else 0)
+                state = self._state = self.versions.latest(state)
+            raise CommitConflictError(f"{self.url}: no version won in {MAX_COMMIT_ATTEMPTS} attempts (other writers "
+                                      f"commit faster than this one can); nothing of this append is committed")
+        finally:
+            if written is not None:
+                self._discard(written)
+
+    def _write_chunk(self, records, rows: np.ndarray) -> _WrittenChunk:
+        taken = records.take(pa.array(rows)) if isinstance(records, (pa.Table, pa.RecordBatch)) \
+            else [records[i] for i in rows.tolist()]
+        try:
+            columns = LogColumns.of(taken)
+            refuse_out_of_range_timestamps(columns)
+        except InvalidAppendError as bad:
+            raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
+        encoded = encode_chunk(columns)
+        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
+        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        return _WrittenChunk(name, rows, encoded.info, frozenset(AppendColumns.from_log_columns(columns).topics()))
+
+    def _discard(self, written: _WrittenChunk) -> None:
+        """Delete a chunk no version lists (best effort: collection finds it otherwise)."""
+        try:
+            self.client.delete([f"{self.prefix}/{written.name}"])
+        except Exception as error:  # noqa: BLE001 - an orphan is collected later
+            logger.warning("%s: could not delete the uncommitted chunk %s (%s); collection will", self.url,
+                           written.name, error)
+
+    def _stamps(self, state: ShardVersion, **extra: int) -> dict:
+        """The fields every successor sets: its commit time and the removals still in grace."""
+        now = self._now_ms()
+        keep_after = now - int(2 * self.tuning.grace_s * 1000)
+        stamps = {"committed_at_ms": now, "removed": tuple(r for r in state.removed if r.at_ms >= keep_after), **extra}
+        if not state.compacted_at_ms:  # a new shard: its first compaction is an interval after its first commit
+            stamps.setdefault("compacted_at_ms", now)
+        return stamps
+
+    def _register(self, state: ShardVersion) -> None:
+        """Mark the shard in the store before its first version (store.py says why)."""
+        if not state.number and not self._registered:
+            self.client.put_if_absent(f"{SHARDS_DIR}/{self.broker}", b"")
+        self._registered = True
+
+    def _after_commit(self, committed: ShardVersion) -> None:
+        if committed.record_count and self._compaction_due(committed):
+            try:
+                self.compact()
+            except Exception as error:  # noqa: BLE001 - compaction is upkeep: the append is committed
+                logger.warning("%s: compaction failed (%s); lookups stay right, with more requests", self.url, error)
+
+    # --- compaction -----------------------------------------------------------------------------
+    def _compaction_due(self, state: ShardVersion) -> bool:
+        if len(self._plan(state.chunks)) == 0:
+            return False
+        overdue = self._now_ms() - state.compacted_at_ms >= self.tuning.compaction_interval_s * 1000
+        return overdue or len(state.chunks) > self.tuning.max_chunks
+
+    def _plan(self, chunks: Sequence[ChunkRef], *, everything: bool = False) -> list[tuple[int, int]]:
+        """[start, end) runs of consecutive chunks to merge. The rule: the newest chunks, joined
+        by each next older one while it is at most ``ratio`` times their total (``compact``
+        applies it again to its result); with `everything`, every run of chunks (newest first)
+        whose total fits in one merged chunk."""
+        cap, runs, end = self.tuning.max_merged_records, [], len(chunks)
+        while end > 1:
+            start, total = end - 1, chunks[end - 1].info.records
+            while start > 0:
+                older = chunks[start - 1].info.records
+                if total + older > cap or (not everything and older > self.tuning.ratio * total):
+                    break
+                start, total = start - 1, total + older
+            if end - start >= 2:
+                runs.append((start, end))
+            if not everything:
+                break
+            end = start
+        return runs
+
+    def compact(self, *, everything: bool = False, max_work_bytes: int | None = None) -> int:
+        """Merge chunks by the compaction rule (or, with `everything`, as many as fit together),
+        within `max_work_bytes` read (default the tuning's). Returns how many chunks were merged
+        away. Runs concurrently with appends and other compactions (module docstring)."""
+        budget = self.tuning.max_work_bytes if max_work_bytes is None else max_work_bytes
+        merged_away = 0
+        state = self.refresh()
+        while budget > 0:
+            runs = self._plan(state.chunks, everything=everything)
+            if not runs:
+                break
+            start, end = runs[0]
+            group = state.chunks[start:end]
+            size = sum(c.info.size for c in group)
+            if size > budget and merged_away:
+                break
+            budget -= size
+            result = self._merge(group)
+            if result is None:
+                break
+            state = result
+            merged_away += len(group) - 1
+        self._maybe_collect()
+        return merged_away
+
+    def _merge(self, group: tuple[ChunkRef, ...]) -> ShardVersion | None:
+        """Merge `group` (consecutive chunks of the newest version) and commit the result in
+        their place; None when another writer removed one of them first."""
+        chunks = [ObjectChunk(self.client, self.prefix, ref) for ref in group]
+        datas = in_parallel(lambda c: self.client.get(c.key), chunks)
+        if any(d is None for d in datas):
+            return None  # collected: a newer version no longer lists it
+        encoded = merge_chunks([(data, chunk.footer()) for data, chunk in zip(datas, chunks)])
+        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
+        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        names = [ref.name for ref in group]
+        state = self.state
+        for _attempt in range(MAX_COMMIT_ATTEMPTS):
+            positions = [i for i, ref in enumerate(state.chunks) if ref.name in names]
+            if len(positions) != len(names) or positions != list(range(positions[0], positions[0] + len(names))):
+                self.client.delete([f"{self.prefix}/{name}"])
+                return None
+            first = positions[0]
+            now = self._now_ms()
+            replaced = ChunkRef(name, state.chunks[first].base_seq, encoded.info)
+            stamps = self._stamps(state)
+            stamps["removed"] = (*stamps["removed"], *(Removed(n, now) for n in names))
+            candidate = state.successor(chunks=(*state.chunks[:first], replaced, *state.chunks[first + len(names):]),
+                                        compacted_at_ms=now, **stamps)
+            if self.versions.try_commit(candidate):
+                self._state = candidate
+                return candidate
+            state = self._state = self.versions.latest(state)
+        self.client.delete([f"{self.prefix}/{name}"])
+        return None
+
+    # --- retention and collection ---------------------------------------------------------------
+    def apply_retention(self, *, max_age_ms: int | None = None, max_bytes: int | None = None,
+                        now_ms: int | None = None, dry_run: bool = False) -> RetentionReport:
+        """Drop the oldest whole chunks (never the newest) whose newest record is older than
+        now_ms - max_age_ms, or while the shard is over max_bytes; committed by a version, the
+        objects deleted after the grace period."""
+        now = self._now_ms() if now_ms is None else now_ms
+        state = self.refresh()
+        for _attempt in range(MAX_COMMIT_ATTEMPTS):
+            chunks = state.chunks
+            drop = 0
+            if max_age_ms is not None:
+                while drop < len(chunks) - 1 and chunks[drop].info.max_timestamp < now - max_age_ms:
+                    drop += 1
+            if max_bytes is not None:
+                total = sum(c.info.size for c in chunks)
+                while drop < len(chunks) - 1 and total - sum(c.info.size for c in chunks[:drop]) > max_bytes:
+                    drop += 1
+            report = RetentionReport(deleted_segments=tuple(f"{self.url}/{c.name}" for c in chunks[:drop]),
+                                     bytes_freed=sum(c.info.size for c in chunks[:drop]))
+            if not drop or dry_run:
+                return report
+            stamps = self._stamps(state)
+            stamps["removed"] = (*stamps["removed"], *(Removed(c.name, now) for c in chunks[:drop]))
+            candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq, retained_at_ms=now,
+                                        **stamps)
+            if self.versions.try_commit(candidate):
+                self._state = candidate
+                return report
+            state = self._state = self.versions.latest(state)
+        raise CommitConflictError(f"{self.url}: retention lost {MAX_COMMIT_ATTEMPTS} versions in a row")
+
+    def _maybe_collect(self) -> None:
+        if time.monotonic() - self._collected_at >= self.tuning.collect_interval_s:
+            self.collect()
+
+    def collect(self, now_ms: int | None = None) -> int:
+        """Delete what no reader can need any more: chunks removed more than the grace period
+        ago, chunks no version names that are older than it (a writer died before committing),
+        and versions beyond the newest ``keep_versions``. Returns the objects deleted."""
+        self._collected_at = time.monotonic()
+        now = self._now_ms() if now_ms is None else now_ms
+        grace_ms = int(self.tuning.grace_s * 1000)
+        state = self.refresh()
+        keep = {ref.name for ref in state.chunks} | {r.name for r in state.removed if r.at_ms > now - grace_ms}
+        doomed = [info.key for info in self.client.list(f"{self.prefix}/{CHUNKS_DIR}/")
+                  if info.key[len(self.prefix) + 1 :] not in keep and info.last_modified_ms < now - grace_ms]
+        if doomed:
+            self.client.delete(doomed)
+        if state.number > self.tuning.keep_versions:
+            self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1)
+        return len(doomed)
