@@ -46,6 +46,10 @@ from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import validate_broker_name
 
 SHARD_THREADS = 8
+# A store lists its shards' marks at most this often: a lookup loop would otherwise pay a LIST per
+# lookup for something that changes when a broker joins (a new shard's records then show within
+# this time; every known shard is read at its newest version on every lookup).
+SHARDS_TTL_S = 2.0
 _SHARD_POOL: ThreadPoolExecutor | None = None
 _SHARD_POOL_LOCK = threading.Lock()
 
@@ -98,12 +102,20 @@ class ObjectStore:
         self.client = client
         self.tuning = tuning or ObjectTuning()
         self._readers: dict[str, ObjectShardReader] = {}
+        self._brokers: tuple[float, list[str]] | None = None  # (when listed, the shards' names)
         self._lock = threading.Lock()
 
     # --- shards -------------------------------------------------------------------------------
     def brokers(self) -> list[str]:
-        """Names of the store's shards (their marks: one LIST), sorted."""
-        return sorted(info.key.rsplit("/", 1)[-1] for info in self.client.list(f"{SHARDS_DIR}/"))
+        """Names of the store's shards (their marks: one LIST, at most every SHARDS_TTL_S), sorted."""
+        now = time.monotonic()
+        with self._lock:
+            if self._brokers is not None and now - self._brokers[0] < SHARDS_TTL_S:
+                return list(self._brokers[1])
+        names = sorted(info.key.rsplit("/", 1)[-1] for info in self.client.list(f"{SHARDS_DIR}/"))
+        with self._lock:
+            self._brokers = (now, names)
+        return list(names)
 
     def missing_shards(self) -> list[str]:
         """Marked shards that have no version, marked longer than the grace period ago."""
