@@ -91,8 +91,8 @@ def ground_truth(bootstrap: str, topics: list[str], keep=None) -> Truth:
 SAMPLED_SINGLE_LOOKUPS = 60
 
 
-def assert_index_equals(index_path: Path, truth: Truth, *, topics: list[str], always_single: set[str] = frozenset(),
-                        with_broker: bool = False) -> None:
+def assert_index_equals(index_path: Path | str, truth: Truth, *, topics: list[str], always_single: set[str] = frozenset(),
+                        with_broker: bool = False, storage_options: dict[str, str] | None = None) -> None:
     """Every key's lookup equals the truth (nothing missing, nothing extra), and the index holds
     every message exactly once with exactly its keys.
 
@@ -106,7 +106,7 @@ def assert_index_equals(index_path: Path, truth: Truth, *, topics: list[str], al
     import msgindex
     from msgindex.storage.message import arrow_text
 
-    with msgindex.open(index_path) as store:
+    with msgindex.open(index_path, storage_options=storage_options) as store:
         logged = [row for batch in store.scan(topics=topics) for row in batch.to_pylist()]
         positions = [((row["broker"],) if with_broker else ()) + (row["topic"], row["partition"], row["offset"])
                      for row in logged]

@@ -19,11 +19,14 @@ import sys
 from pathlib import Path
 
 from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
+from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
+from msgindex.storage.location import StoreLocation, parse_location
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
+HADOOP_SCHEMES = {"s3": "s3a", "az": "abfss", "azure": "abfss"}  # msgindex's URL scheme -> Hadoop's
 SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segment_bytes": "segment_bytes",
                 "index_interval_bytes": "index_interval_bytes"}
 _TRIGGER_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|millisecond|milliseconds|s|second|seconds|min|minute|minutes)$")
@@ -78,8 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--fail-on-data-loss", choices=("true", "false"), default="true",
                         help="Spark's failOnDataLoss: stop when offsets vanished (retention) (default true)")
     sink = parser.add_argument_group("index")
-    sink.add_argument("--path", required=True, help="index root (created when missing)")
-    sink.add_argument("--checkpoint", help="Spark checkpoint directory (default: <path>/_checkpoint)")
+    sink.add_argument("--path", required=True,
+                      help="index root (created when missing): a local directory shared by the driver and every "
+                           "executor, or s3://bucket/prefix, gs://..., az://... (no shared disk needed)")
+    add_storage_options(sink)
+    sink.add_argument("--checkpoint", help="Spark checkpoint directory (default: <path>/_checkpoint; on an object "
+                                           "store through Hadoop's connector, s3a:// for s3://)")
     sink.add_argument("--input", choices=("records", "metadata"), default="records",
                       help="records: index the topics' own records (key + KEYS/UNIQ_KEY headers); metadata: "
                            "the records are JSON message-metadata events (default records)")
@@ -122,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
     """Check flags that argparse cannot (values, combinations) -> InvalidOptionError naming them."""
-    path = Path(args.path).expanduser()
+    storage = storage_options(args) or {}
+    location = parse_location(args.path, storage)
+    path = str(Path(location.local_path).expanduser().resolve()) if location.is_local else location.url
     subscribe = None
     if args.subscribe is not None:
         subscribe = [t.strip() for t in args.subscribe.split(",") if t.strip()]
@@ -171,7 +180,7 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         if args.master is not None or spark_conf:
             raise InvalidOptionError("--remote runs the job on a Spark Connect server, whose master and settings are "
                                      "the server's: drop --master and --conf")
-        if not path.is_absolute():
+        if location.is_local and not Path(args.path).expanduser().is_absolute():
             raise InvalidOptionError(f"--path {args.path!r}: with --remote give the index's absolute path on the server")
     kafka_options = {}
     for item in args.kafka_option:
@@ -185,16 +194,40 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
     sizing = {setting: getattr(args, flag) for flag, setting in SIZING_FLAGS.items() if getattr(args, flag) is not None}
     return IndexJobOptions(
         bootstrap_servers=args.bootstrap_servers, path=path,
-        checkpoint=str(Path(args.checkpoint).expanduser()) if args.checkpoint else str(path / "_checkpoint"),
-        input_kind=args.input, quarantine=Path(args.quarantine).expanduser() if args.quarantine else path / "_quarantine",
+        checkpoint=_checkpoint(args.checkpoint, location, path),
+        input_kind=args.input, quarantine=_beside(args.quarantine, path, "_quarantine", storage),
         subscribe=subscribe, subscribe_pattern=args.subscribe_pattern, starting_offsets=offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger, kafka_options=kafka_options,
         fail_on_data_loss=args.fail_on_data_loss, sizing=sizing, lock_timeout_s=args.lock_timeout,
         trigger_interval=args.trigger_interval, available_now=args.available_now, master=args.master,
         query_name=args.query_name, spark_progress=not args.quiet_spark, min_partitions=args.min_partitions,
         spark_conf=spark_conf, retention_ms=retention_ms, retention_bytes=retention_bytes,
-        retention_interval_s=args.retention_interval, remote=args.remote,
+        retention_interval_s=args.retention_interval, remote=args.remote, storage_options=storage,
     )
+
+
+def _checkpoint(given: str | None, location: StoreLocation, path: str) -> str:
+    """The Spark checkpoint: as given (a local path expanded), else ``<path>/_checkpoint``; on an
+    object store through Hadoop's connector for it (``s3a://`` for ``s3://``)."""
+    if given:
+        return given if "://" in given else str(Path(given).expanduser().resolve())
+    if location.is_local:
+        return str(Path(path) / "_checkpoint")
+    return f"{hadoop_url(location.url)}/_checkpoint"
+
+
+def hadoop_url(url: str) -> str:
+    """The same location as Hadoop's file systems name it (S3A for s3://; gs:// and abfss:// as they are)."""
+    scheme, rest = url.split("://", 1)
+    return f"{HADOOP_SCHEMES.get(scheme, scheme)}://{rest}"
+
+
+def _beside(given: str | None, path: str, name: str, storage: dict[str, str]) -> str:
+    """A directory the job keeps: as given, else ``<path>/<name>`` (a URL stays a URL)."""
+    if given:
+        location = parse_location(given, storage if "://" in given else None)
+        return str(Path(location.local_path).expanduser().resolve()) if location.is_local else location.url
+    return f"{path.rstrip('/')}/{name}"
 
 
 def build_parser() -> argparse.ArgumentParser:

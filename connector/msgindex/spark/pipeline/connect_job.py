@@ -64,11 +64,11 @@ def _prepare(options: IndexJobOptions):
         for _ in batches:
             pass
         start = check_and_plan(options)
-        root = options.path.resolve()
+        root = options.path
         with open_index(options) as store:
-            require_free(root)
+            require_free(root, options.storage_options or None)
             upgraded = upgrade_legacy_shards(store, options.input_kind)
-        found = {"root": str(root), "quarantine": str(options.quarantine.resolve()), "upgraded": upgraded,
+        found = {"root": str(root), "quarantine": str(options.quarantine), "upgraded": upgraded,
                  "retention": dataclasses.asdict(start.retention),
                  "retention_line": start.retention_line}
         yield pa.RecordBatch.from_pydict({"prepared": [json.dumps(found)]})
@@ -106,7 +106,7 @@ def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None
                                       .option("checkpointLocation", options.checkpoint)
                                       .queryName(options.query_name), options)
     history: list[BatchStats] = []
-    progress = _RemoteProgress(spark, root, job_id, options.spark_progress)
+    progress = _RemoteProgress(spark, root, job_id, options.spark_progress, options.storage_options or None)
     started = time.perf_counter()
     stopped = False
     with _StopOnSignal(stop) as stop_request:
@@ -135,9 +135,7 @@ def index_remotely(options: IndexJobOptions, stop: threading.Event | None = None
 
 def _with_resolved_paths(options: IndexJobOptions, root: str, quarantine: str) -> IndexJobOptions:
     """The options with --path and --quarantine as the server resolved them."""
-    from pathlib import Path
-
-    return dataclasses.replace(options, path=Path(root), quarantine=Path(quarantine))
+    return dataclasses.replace(options, path=root, quarantine=quarantine)
 
 
 def _server_parallelism(spark: SparkSession) -> int | None:
@@ -152,9 +150,11 @@ def _server_parallelism(spark: SparkSession) -> int | None:
 class _RemoteProgress:
     """Prints the remote query's progress: Spark's line per trigger and msgindex's per batch."""
 
-    def __init__(self, spark: SparkSession, root: str, job_id: str, spark_lines: bool) -> None:
+    def __init__(self, spark: SparkSession, root: str, job_id: str, spark_lines: bool,
+                 storage_options: dict[str, str] | None = None) -> None:
         self.spark = spark
         self.root = root
+        self.storage_options = storage_options
         self.job_id = job_id
         self.spark_lines = spark_lines
         self.seen_progress = -1  # the last Spark batch id whose progress was handled
@@ -180,7 +180,8 @@ class _RemoteProgress:
 
         try:
             rows = (self.spark.range(1, numPartitions=1)
-                    .mapInArrow(_read_batch_log(self.root, self.job_id, self.shown), _LOG_ENTRY).collect())
+                    .mapInArrow(_read_batch_log(self.root, self.job_id, self.shown, self.storage_options),
+                                _LOG_ENTRY).collect())
         except Exception as error:
             raise MsgIndexError(f"{self.root}/{BATCH_LOG_FILE}: cannot read the job's batch log through Spark "
                                 f"Connect: {str(error).strip().splitlines()[0]}") from None
@@ -194,7 +195,7 @@ class _RemoteProgress:
         return printed
 
 
-def _read_batch_log(root: str, job_id: str, after: int):
+def _read_batch_log(root: str, job_id: str, after: int, storage_options: dict[str, str] | None = None):
     """A one-task mapInArrow function: the entries of job `job_id` after batch `after` in the
     index's batch log, as JSON text. Read by a task, not with ``spark.read.json``: Spark's file
     listing skips names that start with ``_`` (its own metadata files), and the client may not see
@@ -207,7 +208,7 @@ def _read_batch_log(root: str, job_id: str, after: int):
 
         for _ in batches:
             pass
-        entries = [entry for entry in read_batch_log(root)
+        entries = [entry for entry in read_batch_log(root, storage_options)
                    if entry.get("job_id") == job_id and entry.get("batch_id", -1) > after]
         yield pa.RecordBatch.from_pydict({"entry": pa.array([json.dumps(e) for e in entries], pa.string())})
 

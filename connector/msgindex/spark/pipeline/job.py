@@ -30,6 +30,7 @@ from msgindex.spark.pipeline.shard_owner import (
     RetentionPolicy,
     longest_retention,
 )
+from msgindex.storage.location import parse_location
 
 DEFAULT_QUERY_NAME = "msgindex-index"
 __all__ = ["KAFKA_OPTION_PREFIX", "IndexJobOptions", "index_kafka"]
@@ -40,10 +41,10 @@ class IndexJobOptions:
     """Validated job settings."""
 
     bootstrap_servers: str
-    path: Path
+    path: str  # a local directory (absolute) or an object-store URL (storage/location.py)
     checkpoint: str
     input_kind: str
-    quarantine: Path
+    quarantine: str
     subscribe: list[str] | None = None
     subscribe_pattern: str | None = None
     starting_offsets: str = "earliest"
@@ -63,6 +64,11 @@ class IndexJobOptions:
     retention_bytes: int | None = None  # per shard
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
     remote: str | None = None  # sc://HOST:PORT: run on a Spark Connect server
+    storage_options: dict[str, str] = field(default_factory=dict)  # --storage-option K=V (object stores)
+
+    @property
+    def on_object_store(self) -> bool:
+        return not parse_location(self.path, self.storage_options or None).is_local
 
     def kafka_source(self) -> KafkaSource:
         """The Kafka source these options describe."""
@@ -85,6 +91,8 @@ def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
     from msgindex.errors import LegacyCheckpointError
     from msgindex.storage.shard import read_committed, shard_directory
 
+    if not isinstance(store.root, Path):  # an object store: always exactly once by offsets
+        return []
     upgraded = []
     for broker in store.brokers():
         checkpoint = read_committed(shard_directory(store.root, broker), broker)  # unreadable: says `msgindex repair`
@@ -108,7 +116,7 @@ def open_index(options: IndexJobOptions):
     from msgindex.storage.store import StoreSettings, open_store
 
     settings = StoreSettings(**options.sizing)
-    store = open_store(options.path, create=True, settings=settings)
+    store = open_store(options.path, create=True, settings=settings, storage_options=options.storage_options or None)
     conflicts = {k: (v, getattr(store.settings, k)) for k, v in options.sizing.items() if getattr(store.settings, k) != v}
     if conflicts:
         detail = ", ".join(f"{k}={v} (store has {have})" for k, (v, have) in conflicts.items())
@@ -207,8 +215,9 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
 
     start = check_and_plan(options)
     store = open_index(options)
-    root = options.path.resolve()
-    with IndexClaim(root, JobIdentity.current(options.query_name, options.checkpoint)), store:
+    root = options.path
+    identity = JobIdentity.current(options.query_name, options.checkpoint)
+    with IndexClaim(root, identity, options.storage_options or None), store:
         for broker in upgrade_legacy_shards(store, options.input_kind):
             say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
         say(start.retention_line)
@@ -216,7 +225,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         ship_code(spark)
         master = spark.sparkContext.master
         if not is_local_master(master):
-            check_executors_see_index(spark, root)
+            check_executors_see_index(spark, root, options.storage_options or None)
         config = sink_config(options, root, start.retention)
         writer = BatchWriter(config, source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism,
                              checkpoint=options.checkpoint, job_id=uuid.uuid4().hex)
@@ -245,12 +254,13 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     return sink.history
 
 
-def sink_config(options: IndexJobOptions, root: Path, retention: RetentionPolicy):
+def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy):
     """What the tasks need (sink.SinkConfig)."""
     from msgindex.spark.pipeline.sink import SinkConfig
 
-    return SinkConfig(root=str(root), input_kind=options.input_kind, quarantine_dir=str(options.quarantine.resolve()),
-                      lock_timeout_s=options.lock_timeout_s, retention=retention)
+    return SinkConfig(root=str(root), input_kind=options.input_kind, quarantine_dir=str(options.quarantine),
+                      lock_timeout_s=options.lock_timeout_s, retention=retention,
+                      storage_options=tuple(sorted(options.storage_options.items())))
 
 
 def configure_trigger(stream_writer, options: IndexJobOptions):

@@ -9,6 +9,12 @@ process ends, however it ends) and writes who it is to ``pipeline-owner.json``; 
 driver fails at once with a message naming the holder. It works whatever the checkpoint
 location is (a local path or any URI): the lock lives with the index, on the shared filesystem
 the index requires anyway (flock works on NFS v4, EFS, CephFS).
+
+On an object store there is no lock to hold (a lease would need a clock every job trusts), and
+none is needed: shards commit without locks, exactly once by Kafka offsets, and the partition ->
+shard map is recorded put-if-absent, so two jobs writing one index at once are both exact (each
+record indexed once; their progress lines count what each found already committed). The claim
+only records who runs (``_jobs/<host>-<pid>-<start>.json``), for people looking at the bucket.
 """
 
 from __future__ import annotations
@@ -16,17 +22,21 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from msgindex.errors import CorruptFileError, IndexInUseError
 from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
 from msgindex.storage.file_lock import try_lock, unlock
+from msgindex.storage.location import parse_location
+from msgindex.storage.root_files import root_files
 
 LOCK_FILE = "pipeline.lock"
 FILE_NAME = "pipeline-owner.json"
 FORMAT = "msgindex-pipeline-owner"
 FORMAT_VERSION = 2  # 1 recorded a Spark query id that other queries were refused for
+JOBS_DIR = "_jobs"  # object stores: who ran jobs on the index
 
 
 @dataclass(frozen=True)
@@ -51,12 +61,19 @@ class JobIdentity:
 class IndexClaim:
     """The driver's hold on an index for the life of its query (a context manager)."""
 
-    def __init__(self, root: str | os.PathLike[str], identity: JobIdentity) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str], identity: JobIdentity,
+                 storage_options: Mapping[str, str] | None = None) -> None:
+        self.location = parse_location(root, storage_options)
+        self.root = Path(root) if self.location.is_local else None
         self.identity = identity
         self._fd: int | None = None
 
     def __enter__(self) -> IndexClaim:
+        if self.root is None:  # an object store: recorded, not locked (module docstring)
+            i = self.identity
+            root_files(self.location).replace(f"{JOBS_DIR}/{i.host}-{i.pid}-{i.started_ms}.json",
+                                              versioned_json(FORMAT, FORMAT_VERSION, vars(i)))
+            return self
         fd = try_lock(self.root / LOCK_FILE)
         if fd is None:
             raise _in_use(self.root)
@@ -70,9 +87,11 @@ class IndexClaim:
             self._fd = None
 
 
-def require_free(root: str | os.PathLike[str]) -> None:
+def require_free(root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> None:
     """IndexInUseError naming the holder when a job holds the index right now (a check only:
-    the job that goes on takes an IndexClaim)."""
+    the job that goes on takes an IndexClaim). Always free on an object store."""
+    if not parse_location(root, storage_options).is_local:
+        return
     fd = try_lock(Path(root) / LOCK_FILE)
     if fd is None:
         raise _in_use(Path(root))

@@ -6,18 +6,29 @@ must write every message to the same shard it went to the first time: shards ski
 offsets THEY hold, so a record sent to another shard on replay would be indexed twice. So the
 first answer is recorded here, by the driver, before any write of the batch that needs it, and an
 entry is never changed or removed: the file only grows.
+
+On an object store there is no file to replace under a lock: the map is kept as numbered
+versions (``partition-brokers/<20 digits>.json``, each the whole map), each created only if
+absent. A driver adding partitions reads the newest, adds what is new, and creates the next; if
+another job created it first, the first answer for each partition is the one already recorded
+(the other job's) and the driver merges and tries again. Two jobs on one index so agree on every
+partition's shard, and both are exact.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
-from msgindex.errors import CorruptFileError
-from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
+from msgindex.errors import CorruptFileError, MsgIndexError
+from msgindex.storage.durable import parse_versioned_json, versioned_json
+from msgindex.storage.location import parse_location
+from msgindex.storage.root_files import RootFiles, root_files
 
 FILE_NAME = "partition-brokers.json"
+VERSIONS_DIR = "partition-brokers"  # object stores: the map's numbered versions
+VERSION_DIGITS = 20
+MAX_ATTEMPTS = 32
 FORMAT = "msgindex-partition-brokers"
 FORMAT_VERSION = 1
 
@@ -25,15 +36,29 @@ FORMAT_VERSION = 1
 class PartitionBrokerMap:
     """The recorded (topic, partition) -> broker name assignments of one index root."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.path = Path(root) / FILE_NAME
+    def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> None:
+        self.files: RootFiles = root_files(parse_location(root, storage_options))
+        self.path = self.files.url(FILE_NAME)
+        self._versioned = not self.files.location.is_local
+        self._version = 0
         self._brokers: dict[tuple[str, int], str] = self._load()
 
     def _load(self) -> dict[tuple[str, int], str]:
-        if not self.path.exists():
+        if self._versioned:
+            numbers = [int(name[:VERSION_DIGITS]) for name in self.files.names(VERSIONS_DIR)
+                       if name[:VERSION_DIGITS].isdigit() and name.endswith(".json")]
+            if not numbers:
+                return {}
+            self._version = max(numbers)
+            return self._parse(self.files.read(self._version_name(self._version)), self._version_name(self._version))
+        return self._parse(self.files.read(FILE_NAME), FILE_NAME)
+
+    def _parse(self, raw: bytes | None, name: str) -> dict[tuple[str, int], str]:
+        if raw is None:
             return {}
+        source = self.files.url(name)
         _, document = parse_versioned_json(
-            self.path.read_bytes(), source=self.path, what="partition -> broker map", format_name=FORMAT,
+            raw, source=source, what="partition -> broker map", format_name=FORMAT,
             versions=(FORMAT_VERSION,), legacy_version_field="format_version",
         )
         try:
@@ -43,7 +68,11 @@ class PartitionBrokerMap:
                 for partition, broker in partitions.items()
             }
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptFileError(f"{self.path}: not a valid partition -> broker map ({error})") from error
+            raise CorruptFileError(f"{source}: not a valid partition -> broker map ({error})") from error
+
+    @staticmethod
+    def _version_name(number: int) -> str:
+        return f"{VERSIONS_DIR}/{number:0{VERSION_DIGITS}d}.json"
 
     def as_dict(self) -> dict[tuple[str, int], str]:
         """A copy of every recorded assignment."""
@@ -55,16 +84,27 @@ class PartitionBrokerMap:
 
     def extend(self, leaders: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], str]:
         """Record the leaders of partitions not seen before (known ones keep their first broker)
-        and persist atomically; returns the assignments that were added."""
-        added = {tp: str(b) for tp, b in leaders.items() if tp not in self._brokers}
-        if added:
-            self._brokers.update(added)
-            self._save()
-        return added
+        and persist atomically; returns the assignments this call added."""
+        for _ in range(MAX_ATTEMPTS):
+            added = {tp: str(b) for tp, b in leaders.items() if tp not in self._brokers}
+            if not added:
+                return {}
+            mapping = {**self._brokers, **added}
+            if not self._versioned:
+                self.files.replace(FILE_NAME, self._encode(mapping))
+            elif not self.files.create(self._version_name(self._version + 1), self._encode(mapping)):
+                self._brokers = self._load()  # another job recorded first: its answers stand
+                continue
+            else:
+                self._version += 1
+            self._brokers = mapping
+            return added
+        raise MsgIndexError(f"{self.path}: could not record new partitions' shards in {MAX_ATTEMPTS} attempts "
+                            f"(other jobs keep adding partitions at the same time)")
 
-    def _save(self) -> None:
+    @staticmethod
+    def _encode(mapping: dict[tuple[str, int], str]) -> bytes:
         topics: dict[str, dict[str, str]] = {}
-        for (topic, partition), broker in sorted(self._brokers.items()):
+        for (topic, partition), broker in sorted(mapping.items()):
             topics.setdefault(topic, {})[str(partition)] = broker
-        write_atomically(self.path, versioned_json(FORMAT, FORMAT_VERSION, {"topics": topics}))
-
+        return versioned_json(FORMAT, FORMAT_VERSION, {"topics": topics})

@@ -4,6 +4,8 @@
   says: records, new, already committed, keys, quarantined, shards, seconds), appended by the
   batch function itself, so that a client that does not see the driver's output (Spark Connect)
   reads the counts with ``read_batch_log`` or ``spark.read.json``. Informational: not fsynced.
+  On an object store (which cannot append) each batch is an object of its own,
+  ``<index root>/_batches/<20-digit batch id>-<job id>.json``.
 * ``SparkProgressListener``: one line per Spark progress event: how long each phase of the
   trigger took and the input/processing rates (the sink prints msgindex's own line per batch).
 """
@@ -14,12 +16,16 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from msgindex.storage.location import parse_location
+from msgindex.storage.root_files import root_files
+
 BATCH_LOG_FILE = "_batches.jsonl"
+BATCH_LOG_DIR = "_batches"  # object stores: one object per batch
 
 
 def say(line: str) -> None:
@@ -27,17 +33,28 @@ def say(line: str) -> None:
     print(f"[msgindex {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def append_batch_log(root: str | os.PathLike[str], entry: dict) -> None:
+def append_batch_log(root: str | os.PathLike[str], entry: dict, storage_options: Mapping[str, str] | None = None) -> None:
     """Append one batch's counts (with the wall-clock time) to the index's batch log."""
-    line = json.dumps({"time_ms": int(time.time() * 1000), **entry}, separators=(",", ":")) + "\n"
-    with open(Path(root) / BATCH_LOG_FILE, "a", encoding="utf-8") as log:
+    record = {"time_ms": int(time.time() * 1000), **entry}
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    location = parse_location(root, storage_options)
+    if not location.is_local:
+        name = f"{BATCH_LOG_DIR}/{int(entry.get('batch_id', 0)):020d}-{entry.get('job_id') or 'job'}.json"
+        root_files(location).replace(name, line.encode("utf-8"))
+        return
+    with open(Path(location.local_path) / BATCH_LOG_FILE, "a", encoding="utf-8") as log:
         log.write(line)  # one write of a short line: concurrent appenders do not interleave
 
 
-def read_batch_log(root: str | os.PathLike[str]) -> list[dict]:
+def read_batch_log(root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> list[dict]:
     """Every batch entry the index's batch log holds, oldest first."""
+    location = parse_location(root, storage_options)
+    if not location.is_local:
+        files = root_files(location)
+        entries = [json.loads(files.read(f"{BATCH_LOG_DIR}/{name}") or b"{}") for name in files.names(BATCH_LOG_DIR)]
+        return sorted((e for e in entries if e), key=lambda e: (e.get("time_ms", 0), e.get("batch_id", 0)))
     try:
-        with open(Path(root) / BATCH_LOG_FILE, encoding="utf-8") as log:
+        with open(Path(location.local_path) / BATCH_LOG_FILE, encoding="utf-8") as log:
             return [json.loads(line) for line in log if line.endswith("\n")]
     except FileNotFoundError:
         return []

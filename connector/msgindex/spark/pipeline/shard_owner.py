@@ -22,6 +22,7 @@ import dataclasses
 import errno
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,29 +104,34 @@ class ShardAppend:
     retention: RetentionReport
 
 
-def _writer(root: str, broker: str) -> ShardWriter:
+def _writer(root: str, broker: str, storage_options: Mapping[str, str] | None = None) -> ShardWriter:
     from msgindex.storage.store import open_store
 
     writer = _WRITERS.get((root, broker))
     if writer is None:
         store = _STORES.get(root)
         if store is None:
-            store = _STORES[root] = open_store(root)
+            store = _STORES[root] = open_store(root, storage_options=storage_options)
         writer = _WRITERS[(root, broker)] = store.writer(broker, hold_lock=False)
     return writer
 
 
 def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: SourceRows, *,
                     lock_timeout_s: float, adopt_legacy_offsets: bool,
-                    retention: RetentionPolicy = RetentionPolicy()) -> ShardAppend:
+                    retention: RetentionPolicy = RetentionPolicy(),
+                    storage_options: Mapping[str, str] | None = None) -> ShardAppend:
     """Append `records` (with their source coordinates) to `broker`'s shard of the index at
     `root` under the shard lock; rows whose source offsets the shard holds are skipped. Then,
     when due, apply `retention` under the same lock.
 
     `adopt_legacy_offsets`: a version-1 shard (batch-id checkpoint) is upgraded from its log's own
     offsets first; only right when the log's topic/partition/offset are the source's (--input
-    records)."""
-    writer = _writer(root, broker)
+    records).
+
+    On an object store the writer takes no lock (``locked`` only brings its view up to date:
+    commits settle races, ``storage/objects/shard.py``) and compacts the shard by itself after
+    its commits."""
+    writer = _writer(root, broker, storage_options)
     try:
         with writer.locked(lock_timeout_s):
             if writer.committed_ranges is None and adopt_legacy_offsets:
@@ -138,7 +144,7 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
         # Whatever went wrong, the next task here starts from a cold writer (full recovery).
         _WRITERS.pop((root, broker), None)
         writer.close()
-        full = disk_full(error, f"shard {broker!r}", writer.directory)
+        full = disk_full(error, f"shard {broker!r}", getattr(writer, "directory", root))
         if full is not None:
             raise full from None
         raise
@@ -152,6 +158,8 @@ def _retention_pass(root: str, broker: str, writer: ShardWriter, policy: Retenti
     if last is not None and now - last < policy.interval_s:
         return RetentionReport()
     _RETENTION_RUNS[(root, broker)] = now
+    if hasattr(writer, "apply_retention"):  # an object-store shard: whole chunks, by a version
+        return writer.apply_retention(max_age_ms=policy.max_age_ms, max_bytes=policy.max_bytes)
     return apply_shard_retention(writer, max_age_ms=policy.max_age_ms, max_bytes=policy.max_bytes)
 
 

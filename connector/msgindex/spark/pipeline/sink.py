@@ -190,7 +190,7 @@ class BatchWriter:
     @property
     def partition_brokers(self) -> PartitionBrokerMap:
         if self._partition_brokers is None:
-            self._partition_brokers = PartitionBrokerMap(self.config.root)
+            self._partition_brokers = PartitionBrokerMap(self.config.root, self.config.options)
         return self._partition_brokers
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchStats:
@@ -209,7 +209,7 @@ class BatchWriter:
                     quarantine_dir=self.config.quarantine_dir, input_kind=self.config.input_kind,
                     lock_timeout_s=self.config.lock_timeout_s, run=lambda frame: self._run(self.plan(frame), batch_id))
             stats = BatchStats.from_commits(batch_id, commits, time.perf_counter() - started)
-            append_batch_log(self.config.root, {"job_id": self.job_id, **stats.to_json()})
+            append_batch_log(self.config.root, {"job_id": self.job_id, **stats.to_json()}, self.config.options)
         except OSError as error:  # driver-side files: the batch log, the partition -> broker map
             full = disk_full(error, f"the index {self.config.root}", self.config.root)
             if full is not None:
@@ -225,7 +225,7 @@ class BatchWriter:
         """With `claim`: hold the index (ownership.py) from the first batch until this process
         ends; a second job fails its first batch naming the first one."""
         if self.claim is not None and self._claimed is None:
-            self._claimed = IndexClaim(self.config.root, self.claim).__enter__()
+            self._claimed = IndexClaim(self.config.root, self.claim, self.config.options).__enter__()
 
     def plan(self, df: DataFrame) -> DataFrame:
         """The batch's rows as the columns the tasks take (shard and slice columns included),

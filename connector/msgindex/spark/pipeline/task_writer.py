@@ -60,6 +60,12 @@ class SinkConfig:
     quarantine_dir: str
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     retention: RetentionPolicy = RetentionPolicy()
+    storage_options: tuple[tuple[str, str], ...] = ()  # object stores: the client options beyond AWS_* etc.
+
+    @property
+    def options(self) -> dict[str, str] | None:
+        """`storage_options` as msgindex.open takes them."""
+        return dict(self.storage_options) or None
 
 
 def task_function(config: SinkConfig, batch_id: int):
@@ -150,7 +156,8 @@ def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
     else:
         records, unkeyed = records_to_append(part)
     done = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
-                           adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention)
+                           adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention,
+                           storage_options=config.options)
     result, retention = done.result, done.retention
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,
@@ -174,7 +181,7 @@ def _quarantine(config: SinkConfig, batch_id: int, table: pa.Table) -> TaskCommi
     slices = rows.column(SLICE).to_numpy(zero_copy_only=False).astype(np.int64)
     try:
         result = write_quarantine(config.quarantine_dir, batch_id, rows, rows.column(REASON).to_pylist(), slices,
-                                  lock_timeout_s=config.lock_timeout_s)
+                                  lock_timeout_s=config.lock_timeout_s, storage_options=config.options)
     except OSError as error:
         full = disk_full(error, "the quarantine", config.quarantine_dir)
         if full is not None:

@@ -31,7 +31,7 @@ From SQL, register the result as a temporary view (see the README, "Bulk lookups
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -66,6 +66,7 @@ class BulkLookup:
     begin_ms: int | None = None
     end_ms: int | None = None
     brokers: tuple[str, ...] | None = None
+    storage_options: tuple[tuple[str, str], ...] = ()  # an object store's client options
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         keys = _distinct_keys(batches)
@@ -74,7 +75,7 @@ class BulkLookup:
         from msgindex.storage.store import open_store
 
         try:
-            store = open_store(self.path)
+            store = open_store(self.path, storage_options=dict(self.storage_options) or None)
         except StoreNotFoundError as missing:
             raise StoreNotFoundError(f"lookup_keys: path {self.path!r}: {missing}") from None
         with store:
@@ -109,6 +110,7 @@ def lookup_keys(
     end: int | str | datetime | None = None,
     brokers: str | Iterable[str] | None = None,
     num_partitions: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
     DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
@@ -116,7 +118,8 @@ def lookup_keys(
     `topic`: only messages of this topic (the index hashes ``topic#key``); `begin`/`end`: an
     inclusive time window, as epoch milliseconds, ISO-8601 with a zone or an aware datetime;
     `brokers`: only these shards; `num_partitions`: the number of lookup tasks (default: Spark's
-    adaptive choice). Bad arguments raise InvalidOptionError naming the argument and value;
+    adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s).
+    Bad arguments raise InvalidOptionError naming the argument and value;
     WorkerPythonError when Spark's local Python workers cannot import msgindex."""
     query = BulkLookup(
         path=_path(path),
@@ -124,6 +127,7 @@ def lookup_keys(
         begin_ms=_time_ms("begin", begin),
         end_ms=_time_ms("end", end),
         brokers=_brokers(brokers),
+        storage_options=tuple(sorted((storage_options or {}).items())),
     )
     if query.begin_ms is not None and query.end_ms is not None and query.begin_ms > query.end_ms:
         raise InvalidOptionError(f"lookup_keys: begin = {begin!r} is after end = {end!r}")

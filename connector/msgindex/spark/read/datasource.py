@@ -159,7 +159,7 @@ def _check_path(options: ReadOptions) -> None:
     from msgindex.storage.store import open_store
 
     try:
-        open_store(options.path).close()
+        open_store(options.path, storage_options=options.store_options).close()
     except StoreNotFoundError as missing:
         raise StoreNotFoundError(f"option 'path' = {options.path!r}: {missing}") from None
 
@@ -199,7 +199,7 @@ class MsgIndexReader(DataSourceReader):
             return []
         from msgindex.storage.store import open_store
 
-        with open_store(self.options.path) as store:
+        with open_store(self.options.path, storage_options=self.options.store_options) as store:
             brokers = self._brokers(store)
             if self.query.is_lookup:
                 return self._lookup_partitions(brokers)
@@ -235,7 +235,7 @@ class MsgIndexReader(DataSourceReader):
 
         if not isinstance(partition, (LogRange, KeyLookup)):
             return  # Spark's stand-in partition when partitions() found nothing to read
-        with open_store(self.options.path) as store:
+        with open_store(self.options.path, storage_options=self.options.store_options) as store:
             if isinstance(partition, LogRange):
                 batches = self._scan(store, partition)
             else:

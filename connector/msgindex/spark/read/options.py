@@ -31,6 +31,11 @@ Option reference (names are case-insensitive):
                               RocketMQ's defaults 5,000,000 / 20,000,000
 ``brokerName``                (rocketmq mode, store root) the rows' ``broker``; default: the
                               store directory's name
+``storage.<name>``            an object store client option for an ``s3://``, ``gs://`` or
+                              ``az://`` path (``storage.endpoint``, ``storage.allow_http``,
+                              ``storage.region``, ...; see msgindex.storage.location); the
+                              executors read the objects themselves with them (and with the
+                              AWS_* / GOOGLE_* / AZURE_* variables of their environment)
 ============================  ==========================================================
 
 ``key``/``keys`` options select messages *indexed under* a key, i.e. the key is among the
@@ -63,6 +68,7 @@ KNOWN_OPTIONS = frozenset({
     "fetchvalues", "kafka.bootstrap.servers", "hashslotnum", "indexnum", "brokername",
 })
 
+STORAGE_OPTION_PREFIX = "storage."
 _EPOCH_MS = re.compile(r"^-?\d+$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
@@ -168,6 +174,21 @@ def parse_name(option: str, value: str) -> str:
     return name
 
 
+def parse_storage_options(path: str, given: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The ``storage.<name>`` options (checked against the path: they are for object stores)."""
+    from msgindex.storage.location import parse_location
+
+    options = {name[len(STORAGE_OPTION_PREFIX):]: value for name, value in given.items()
+               if name.startswith(STORAGE_OPTION_PREFIX)}
+    if any(not name for name in options):
+        raise InvalidOptionError("option 'storage.' names no storage option (write storage.<name>, e.g. storage.endpoint)")
+    try:
+        parse_location(path, options or None)
+    except InvalidOptionError as bad:
+        raise InvalidOptionError(f"option 'path' = {path!r}: {bad}") from None
+    return tuple(sorted(options.items()))
+
+
 def parse_partitions(option: str, value: str) -> tuple[int, ...]:
     """A comma-separated list of Kafka partition numbers (>= 0)."""
     try:
@@ -200,6 +221,12 @@ class ReadOptions:
     index_num: int = ROCKETMQ_INDEX_NUM
     broker_name: str | None = None
     broker_store: bool = False  # rocketmq mode: the path is a broker's store root (not bare index files)
+    storage_options: tuple[tuple[str, str], ...] = ()  # object stores: storage.<name> options
+
+    @property
+    def store_options(self) -> dict[str, str] | None:
+        """The storage options as msgindex.open takes them (None: none given)."""
+        return dict(self.storage_options) or None
 
     @property
     def verified_rocketmq(self) -> bool:
@@ -210,7 +237,7 @@ class ReadOptions:
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
         """Validate Spark's (lower-cased, string) options."""
         given = {name.lower(): value for name, value in options.items()}
-        unknown = sorted(set(given) - KNOWN_OPTIONS)
+        unknown = sorted(name for name in set(given) - KNOWN_OPTIONS if not name.startswith(STORAGE_OPTION_PREFIX))
         if unknown:
             raise InvalidOptionError(
                 f"unknown option '{unknown[0]}' = {given[unknown[0]]!r}; msgindex knows: "
@@ -249,6 +276,7 @@ class ReadOptions:
             if "indexnum" in given else ROCKETMQ_INDEX_NUM,
             broker_name=parse_name("brokerName", given["brokername"]) if "brokername" in given else None,
             broker_store=mode == MODE_ROCKETMQ and is_broker_store(path),
+            storage_options=parse_storage_options(path, given),
         )
         parsed._check_combinations(given)
         return parsed

@@ -81,9 +81,40 @@ def _probe(path: str):
     return probe
 
 
-def check_executors_see_index(spark: SparkSession, root: str | Path) -> None:
-    """Fail with one line naming the first executor host that does not see `<root>/msgindex.json`."""
+def _object_probe(root: str, storage_options: dict[str, str] | None):
+    """An executor's answer for an object-store index: (host, address, the error opening it or "")."""
+
+    def probe(_):
+        import os
+        import socket
+
+        try:
+            import msgindex
+
+            msgindex.open(root, storage_options=storage_options).close()
+            error = ""
+        except Exception as failure:  # e.g. obstore not installed there, no credentials, endpoint unreachable
+            error = f"{type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
+        yield socket.gethostname(), os.environ.get("SPARK_LOCAL_IP", ""), error
+
+    return probe
+
+
+def check_executors_see_index(spark: SparkSession, root: str | Path,
+                              storage_options: dict[str, str] | None = None) -> None:
+    """Fail with one line naming the first executor host that does not see `<root>/msgindex.json`
+    (on an object store: that cannot open the store, with the reason)."""
     context = spark.sparkContext
+    if "://" in str(root):
+        tasks = max(context.defaultParallelism, 1) * PROBES_PER_CORE
+        answers = context.parallelize(range(tasks), tasks).mapPartitions(_object_probe(str(root), storage_options))
+        for host, address, error in answers.collect():
+            if error:
+                where = f"{host} ({address})" if address else host
+                raise IndexPathError(f"--path {root}: the executor on host {where} cannot open the index: {error} "
+                                     f"(executors need the obstore package and the store's endpoint and "
+                                     f"credentials: AWS_* variables in spark.executorEnv, or --storage-option)")
+        return
     tasks = max(context.defaultParallelism, 1) * PROBES_PER_CORE
     manifest = str(Path(root) / MANIFEST)
     answers = context.parallelize(range(tasks), tasks).mapPartitions(_probe(manifest)).collect()

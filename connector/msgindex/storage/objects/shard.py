@@ -437,6 +437,8 @@ class ObjectShardWriter:
 
     @contextmanager
     def locked(self, timeout_s: float) -> Iterator[Self]:
+        """No lock: brings the view up to date, so the append usually wins its version at once."""
+        self.refresh()
         yield self
 
     def close(self) -> None:
