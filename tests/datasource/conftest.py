@@ -87,9 +87,10 @@ def generate_records(seed: int = 5, count: int = 2400) -> list[tuple[str, Messag
     return rows
 
 
-def build_store(path: Path, rows: list[tuple[str, MessageRecord]], settings: StoreSettings = SETTINGS) -> None:
-    """Append `rows` shard by shard in batches, as the pipeline would."""
-    with open_store(path, create=True, settings=settings) as store:
+def build_store(path: Path | str, rows: list[tuple[str, MessageRecord]], settings: StoreSettings = SETTINGS,
+                storage_options: dict[str, str] | None = None) -> None:
+    """Append `rows` shard by shard in batches, as the pipeline would (`path` may be an s3:// URL)."""
+    with open_store(path, create=True, settings=settings, storage_options=storage_options) as store:
         for broker in BROKERS:
             records = [r for b, r in rows if b == broker]
             with store.writer(broker) as writer:

@@ -44,6 +44,14 @@ def packaging_store(tmp_path_factory: pytest.TempPathFactory) -> Truth:
     return Truth(path, tuple(rows))
 
 
+@pytest.fixture(scope="session")
+def packaging_object_store(packaging_store: Truth, s3) -> Truth:
+    """The same records in an index on the session's S3 server (moto): ``path`` is its URL."""
+    url = s3.url("store")
+    build_store(url, list(packaging_store.rows), storage_options=s3.options)
+    return Truth(url, packaging_store.rows)
+
+
 def source_copy(target: Path) -> Path:
     """The repository's files (tracked and new, not ignored) copied to `target`: building a
     wheel writes build/ and *.egg-info into the source tree, which must not be this worktree."""

@@ -49,6 +49,15 @@ def test_editable_install_in_an_activated_venv(packaging_store, tmp_path):
     assert_reads_right(results, packaging_store, Path(__file__).resolve().parents[2] / "connector")
 
 
+def test_editable_install_reads_an_object_store_index(packaging_object_store, s3, tmp_path):
+    """The same reads of an s3:// index, the store's endpoint and credentials in the AWS_*
+    variables of the user's shell: Spark's workers read the objects themselves."""
+    env = {**user_environment(PROJECT_VENV_BIN), **s3.env}
+    results = run_plain_session(PROJECT_VENV_BIN / "python", env, packaging_object_store.path, tmp_path)
+    assert_reads_right(results, packaging_object_store, Path(__file__).resolve().parents[2] / "connector")
+    assert list(tmp_path.iterdir()) == [] or all(p.name.startswith("spark-") for p in tmp_path.iterdir())
+
+
 def test_editable_install_run_by_full_path_without_activation(packaging_store, tmp_path):
     """Spark then starts its workers with ``python3`` from PATH, which has no msgindex."""
     env = user_environment(None)
