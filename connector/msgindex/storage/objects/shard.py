@@ -99,8 +99,11 @@ class ObjectTuning:
     compaction_interval_s: float = 10.0
     max_chunks: int = 16  # more chunks than this: compact at once, whatever the interval
     ratio: float = 4.0
-    max_merged_records: int = 16 * 1024 * 1024
-    max_work_bytes: int = 512 * 1024 * 1024
+    # A merge runs inside an append (the pipeline's tasks): bounded so that a batch is never held
+    # up long (~50-60 MB chunks at most; a shard of 100M records keeps ~25 of them, each skipped
+    # by its bloom filter when it holds no wanted key).
+    max_merged_records: int = 4 * 1024 * 1024
+    max_work_bytes: int = 128 * 1024 * 1024
     grace_s: float = 3600.0
     collect_interval_s: float = 300.0
     keep_versions: int = 100
@@ -465,6 +468,7 @@ class ObjectShardWriter:
         first = sources.first_occurrences()
         state = self.state
         written: _WrittenChunk | None = None
+        outcome_known = True  # False once a commit's outcome could not be learnt: its chunk may be listed
         try:
             for _attempt in range(MAX_COMMIT_ATTEMPTS):
                 committed = state.source_ranges
@@ -486,7 +490,10 @@ class ObjectShardWriter:
                         topics=tuple(sorted(set(state.topics) | written.topics)),
                         source_ranges=ranges, **self._stamps(state))
                 self._register(state)
-                if self.versions.try_commit(candidate):
+                outcome_known = False
+                committed = self.versions.try_commit(candidate)
+                outcome_known = True
+                if committed:
                     self._state = candidate
                     self._after_commit(candidate)
                     appended = len(fresh)
@@ -497,7 +504,7 @@ class ObjectShardWriter:
             raise CommitConflictError(f"{self.url}: no version won in {MAX_COMMIT_ATTEMPTS} attempts (other writers "
                                       f"commit faster than this one can); nothing of this append is committed")
         finally:
-            if written is not None:
+            if written is not None and outcome_known:
                 self._discard(written)
 
     def _write_chunk(self, records, rows: np.ndarray) -> _WrittenChunk:

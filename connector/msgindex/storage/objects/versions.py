@@ -219,9 +219,11 @@ class ShardVersions:
         try:
             created = self.client.put_if_absent(self.key(version.number), version.encode())
         except Exception:
+            # the answer was lost: what the number holds now settles it (ours, another's, or
+            # nothing readable: then the outcome is unknown, and the caller must not act as if lost)
             existing = self._read_quietly(version.number)
-            if existing is not None and existing.commit_id == version.commit_id:
-                return True
+            if existing is not None:
+                return existing.commit_id == version.commit_id
             raise
         if created:
             return True
