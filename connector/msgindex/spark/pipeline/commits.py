@@ -32,6 +32,7 @@ class TaskCommit:
     deleted_segments: int = 0  # retention run by this task after its append (shard_owner.RetentionPolicy)
     deleted_index_files: int = 0
     deleted_bytes: int = 0
+    requests: int = 0  # object stores: requests this task's appends sent (compaction's included)
 
     def plus(self, other: TaskCommit) -> TaskCommit:
         """The counts of both (same shard; the attempt is set once per task, afterwards)."""

@@ -102,6 +102,7 @@ class ShardAppend:
 
     result: AppendResult
     retention: RetentionReport
+    requests: int = 0  # object stores: requests sent by the append and the retention pass
 
 
 def _writer(root: str, broker: str, storage_options: Mapping[str, str] | None = None) -> ShardWriter:
@@ -132,12 +133,15 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
     commits settle races, ``storage/objects/shard.py``) and compacts the shard by itself after
     its commits."""
     writer = _writer(root, broker, storage_options)
+    client = getattr(writer, "client", None)  # an object store's: its requests are counted
+    before = client.request_count() if client is not None else 0
     try:
         with writer.locked(lock_timeout_s):
             if writer.committed_ranges is None and adopt_legacy_offsets:
                 writer.adopt_log_offsets()
             result = writer.append(records, sources)
-            return ShardAppend(result, _retention_pass(root, broker, writer, retention))
+            report = _retention_pass(root, broker, writer, retention)
+            return ShardAppend(result, report, client.request_count() - before if client is not None else 0)
     except ShardLockedError as locked:
         raise ShardLockedError(f"{locked} (a stuck task of this job, or another job writing the same index?)") from None
     except BaseException as error:

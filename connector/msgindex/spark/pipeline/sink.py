@@ -90,6 +90,7 @@ class BatchStats:
     deleted_segments: int = 0  # retention run by the shards' lock holders during the batch
     deleted_index_files: int = 0
     deleted_bytes: int = 0
+    requests: int = 0  # object stores: requests the batch's appends sent
 
     @property
     def records(self) -> int:
@@ -116,6 +117,7 @@ class BatchStats:
             stats.deleted_segments += commit.deleted_segments
             stats.deleted_index_files += commit.deleted_index_files
             stats.deleted_bytes += commit.deleted_bytes
+            stats.requests += commit.requests
             if commit.broker is not None and commit.broker not in stats.brokers:
                 stats.brokers.append(commit.broker)
             stats.late_attempts += commit.attempt > 0
@@ -147,10 +149,11 @@ class BatchStats:
         if self.deleted_segments or self.deleted_index_files:
             retention = (f" | retention deleted {self.deleted_segments:,} segments, {self.deleted_index_files:,} index "
                          f"files ({self.deleted_bytes:,} bytes)")
+        requests = f" | {self.requests:,} requests" if self.requests else ""
         return (
             f"batch {self.batch_id}: {self.records:,} records ({new}) in {self.seconds:.2f} s ({rate:,.0f} rec/s) | "
             f"{self.keys_indexed:,} keys indexed | {len(self.brokers)} shards | "
-            f"{self.unkeyed:,} unkeyed | {quarantined}{retention} | lag {lag}"
+            f"{self.unkeyed:,} unkeyed | {quarantined}{retention}{requests} | lag {lag}"
         )
 
 

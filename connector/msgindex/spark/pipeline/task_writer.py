@@ -162,7 +162,8 @@ def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,
                       deleted_segments=len(retention.deleted_segments),
-                      deleted_index_files=len(retention.deleted_index_files), deleted_bytes=retention.bytes_freed)
+                      deleted_index_files=len(retention.deleted_index_files), deleted_bytes=retention.bytes_freed,
+                      requests=done.requests)
 
 
 def quarantine_rows(input_kind: str, table: pa.Table) -> pa.Table:
