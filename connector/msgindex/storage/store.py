@@ -62,18 +62,22 @@ __all__ = [
 
 
 def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None,
-               storage_options: Mapping[str, str] | None = None) -> Store | ObjectStore:
+               storage_options: Mapping[str, str] | None = None, max_staleness_s: float | None = None,
+               ) -> Store | ObjectStore:
     """Open the store at `root` (a local path or an object-store URL: ``location.py``); with
     create=True make it (and its parents) when missing.
 
     A missing path, or a directory without a manifest, raises StoreNotFoundError naming it
     (create=True refuses to turn a non-empty foreign directory into a store). `storage_options`
-    configure an object store's client (endpoint, credentials, ...: ``location.py``)."""
+    configure an object store's client (endpoint, credentials, ...: ``location.py``);
+    `max_staleness_s` how old a version an object store's lookups may answer from (default 1 s:
+    ``objects/store.py``; a local store always answers from its last commit)."""
     location = parse_location(root, storage_options)
     if not location.is_local:
-        from msgindex.storage.objects.store import open_object_store
+        from msgindex.storage.objects.store import DEFAULT_MAX_STALENESS_S, open_object_store
 
-        return open_object_store(location, create=create, settings=settings)
+        return open_object_store(location, create=create, settings=settings,
+                                 max_staleness_s=DEFAULT_MAX_STALENESS_S if max_staleness_s is None else max_staleness_s)
     root = location.local_path
     manifest = root / MANIFEST_FILE
     if manifest.exists():

@@ -408,7 +408,8 @@ class ObjectShardWriter:
     only refreshes the writer's view."""
 
     def __init__(self, client: ObjectClient, shard_prefix: str, broker: str, *,
-                 tuning: ObjectTuning | None = None, now_ms: Callable[[], int] | None = None) -> None:
+                 tuning: ObjectTuning | None = None, now_ms: Callable[[], int] | None = None,
+                 on_commit: Callable[[ShardVersion], None] | None = None) -> None:
         self.client = client
         self.broker = broker
         self.prefix = shard_prefix.rstrip("/")
@@ -416,6 +417,7 @@ class ObjectShardWriter:
         self.versions = ShardVersions(client, self.prefix)
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._state: ShardVersion | None = None
+        self._on_commit = on_commit
         self._registered = False
         self._collected_at = 0.0
         self.last_revalidation = ""
@@ -494,7 +496,7 @@ class ObjectShardWriter:
                 committed = self.versions.try_commit(candidate)
                 outcome_known = True
                 if committed:
-                    self._state = candidate
+                    self._adopt(candidate)
                     self._after_commit(candidate)
                     appended = len(fresh)
                     written = None
@@ -536,6 +538,12 @@ class ObjectShardWriter:
         if not state.compacted_at_ms:  # a new shard: its first compaction is an interval after its first commit
             stamps.setdefault("compacted_at_ms", now)
         return stamps
+
+    def _adopt(self, committed: ShardVersion) -> None:
+        """This writer committed `committed`: its view, and its store's lookups, move to it."""
+        self._state = committed
+        if self._on_commit is not None:
+            self._on_commit(committed)
 
     def _register(self, state: ShardVersion) -> None:
         """Mark the shard in the store before its first version (store.py says why)."""
@@ -627,7 +635,7 @@ class ObjectShardWriter:
             candidate = state.successor(chunks=(*state.chunks[:first], replaced, *state.chunks[first + len(names):]),
                                         compacted_at_ms=now, **stamps)
             if self.versions.try_commit(candidate):
-                self._state = candidate
+                self._adopt(candidate)
                 return candidate
             state = self._state = self.versions.latest(state)
         self.client.delete([f"{self.prefix}/{name}"])
@@ -660,7 +668,7 @@ class ObjectShardWriter:
             candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq, retained_at_ms=now,
                                         **stamps)
             if self.versions.try_commit(candidate):
-                self._state = candidate
+                self._adopt(candidate)
                 return report
             state = self._state = self.versions.latest(state)
         raise CommitConflictError(f"{self.url}: retention lost {MAX_COMMIT_ATTEMPTS} versions in a row")

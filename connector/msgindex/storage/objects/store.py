@@ -14,9 +14,11 @@ shard whose versions are gone (and whose mark is older than the grace period, so
 about to commit its first version) is damage, an error naming it, never a store that quietly
 answers without it.
 
-A reader caches per shard the version it read and the chunks' footers; each lookup asks whether
-a newer version exists (one LIST per shard), so it always answers from the newest commit. The
-shards of a lookup are read in parallel.
+A store object caches per shard the version it read and the chunks' footers. A lookup answers
+from a version at most ``max_staleness_s`` old (default 1 s; 0: ask for a newer one, one LIST per
+shard, on every lookup): asking before every lookup would add a request and a round trip to each,
+while commits arrive at most once per micro-batch. Commits made through this store object's own
+writers are seen at once. The shards of a lookup are read in parallel.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ SHARD_THREADS = 8
 # lookup for something that changes when a broker joins (a new shard's records then show within
 # this time; every known shard is read at its newest version on every lookup).
 SHARDS_TTL_S = 2.0
+DEFAULT_MAX_STALENESS_S = 1.0
 _SHARD_POOL: ThreadPoolExecutor | None = None
 _SHARD_POOL_LOCK = threading.Lock()
 
@@ -64,7 +67,8 @@ def _shard_pool() -> ThreadPoolExecutor:
 
 
 def open_object_store(location: StoreLocation, *, create: bool = False, settings: StoreSettings | None = None,
-                      tuning: ObjectTuning | None = None, client: ObjectClient | None = None) -> ObjectStore:
+                      tuning: ObjectTuning | None = None, client: ObjectClient | None = None,
+                      max_staleness_s: float = DEFAULT_MAX_STALENESS_S) -> ObjectStore:
     """Open the store at `location` (an object-store URL); with create=True make it when missing.
     A missing manifest is StoreNotFoundError naming the URL; a missing bucket, wrong credentials
     or an endpoint that does not answer are ObjectStoreError lines."""
@@ -83,25 +87,26 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
         if not client.put_if_absent(key, encode_manifest(settings, None)):
             raw = client.get(key)  # another process created it first: open what it made
         else:
-            return ObjectStore(location, settings, client, tuning)
+            return ObjectStore(location, settings, client, tuning, max_staleness_s=max_staleness_s)
     manifest = decode_manifest(raw, source=f"{location.url.rstrip('/')}/{MANIFEST_FILE}")
     if manifest.version != STORE_FORMAT_VERSION:
         raise UpgradeRequiredError(f"{location.url}: store format {manifest.version}; this msgindex reads format "
                                    f"{STORE_FORMAT_VERSION}")
-    return ObjectStore(location, manifest.settings, client, tuning)
+    return ObjectStore(location, manifest.settings, client, tuning, max_staleness_s=max_staleness_s)
 
 
 class ObjectStore:
     """A msgindex store on an object store (module docstring); ``Store``'s API."""
 
     def __init__(self, location: StoreLocation, settings: StoreSettings, client: ObjectClient,
-                 tuning: ObjectTuning | None = None) -> None:
+                 tuning: ObjectTuning | None = None, *, max_staleness_s: float = DEFAULT_MAX_STALENESS_S) -> None:
         self.location = location
         self.root = location.url
         self.settings = settings
         self.client = client
         self.tuning = tuning or ObjectTuning()
-        self._readers: dict[str, ObjectShardReader] = {}
+        self.max_staleness_s = max_staleness_s
+        self._readers: dict[str, tuple[float, ObjectShardReader]] = {}  # broker -> (when checked, reader)
         self._brokers: tuple[float, list[str]] | None = None  # (when listed, the shards' names)
         self._lock = threading.Lock()
 
@@ -136,8 +141,19 @@ class ObjectStore:
         return ShardVersions(self.client, self.shard_prefix(broker))
 
     def writer(self, broker: str, *, hold_lock: bool = True) -> ObjectShardWriter:
-        """The writer of `broker`'s shard (no lock is taken: commits settle races)."""
-        return ObjectShardWriter(self.client, self.shard_prefix(broker), broker, tuning=self.tuning)
+        """The writer of `broker`'s shard (no lock is taken: commits settle races). Its commits
+        are seen by this store's lookups at once."""
+        return ObjectShardWriter(self.client, self.shard_prefix(broker), broker, tuning=self.tuning,
+                                 on_commit=lambda version: self._committed(broker, version))
+
+    def _committed(self, broker: str, version: ShardVersion) -> None:
+        with self._lock:
+            cached = self._readers.get(broker)
+            if cached is None or cached[1].version.number < version.number:
+                self._readers[broker] = (time.monotonic(), ObjectShardReader(
+                    self.client, self.shard_prefix(broker), broker, version))
+            if self._brokers is not None and broker not in self._brokers[1]:
+                self._brokers = None
 
     def reader(self, broker: str, version: ShardVersion | None = None) -> ObjectShardReader:
         """A reader on the newest version of `broker`'s shard (or on `version`)."""
@@ -221,14 +237,17 @@ class ObjectStore:
         return self.brokers() if brokers is None else sorted(brokers)
 
     def _cached_reader(self, broker: str) -> ObjectShardReader:
+        now = time.monotonic()
         with self._lock:
             cached = self._readers.get(broker)
+        if cached is not None and now - cached[0] < self.max_staleness_s:
+            return cached[1]
         if cached is None:
             reader = self.reader(broker)
         else:
-            newest = self._versions(broker).latest(cached.version)
-            reader = cached if newest is cached.version else ObjectShardReader(
+            newest = self._versions(broker).latest(cached[1].version)
+            reader = cached[1] if newest is cached[1].version else ObjectShardReader(
                 self.client, self.shard_prefix(broker), broker, newest)
         with self._lock:
-            self._readers[broker] = reader
+            self._readers[broker] = (now, reader)
         return reader
