@@ -315,8 +315,10 @@ def test_repair_collects_orphans_only_when_asked_and_puts_back_marks(s3, shell):
 
 
 def test_repair_refuses_damage_and_rolls_back_a_damaged_version_only_when_asked(s3, shell):
-    store = _store(s3, ("a", "b", "c"), appends=3)
+    store = _store(s3, ("a", "b", "c", "d"), appends=3)
     bucket = Bucket(s3, store)
+    old_version = ShardVersions(store.client, "broker=d").key(1)
+    bucket.put(old_version, bucket.get(old_version).replace(b'"number":1', b'"number":7'))
     damaged, _, footer = bucket.chunk("a", 1)
     bucket.flip(damaged, int(footer.directory.block_positions[0]))
     version = ShardVersions(store.client, "broker=b").key(3)
@@ -340,8 +342,12 @@ def test_repair_refuses_damage_and_rolls_back_a_damaged_version_only_when_asked(
     assert dry.returncode == 0 and "would roll back to version 2" in dry.stdout, dry.stdout
     assert bucket.keys() == before  # refusals and dry runs change nothing
 
-    rolled, forgot = _run_all([["repair", store.root, "--broker", "b", "--roll-back"],
-                               ["repair", store.root, "--broker", "c", "--forget-missing", "--min-age", "0"]], *shell)
+    rolled, forgot, older = _run_all([["repair", store.root, "--broker", "b", "--roll-back"],
+                                      ["repair", store.root, "--broker", "c", "--forget-missing", "--min-age", "0"],
+                                      ["repair", store.root, "--broker", "d"]], *shell)
+    assert older.returncode == 0 and "broker=d: deleted damaged older version(s) 1 (no reader reads them)" in \
+        older.stdout, older.stdout
+    assert old_version not in bucket.keys() and ShardVersions(store.client, "broker=d").latest().number == 3
     assert rolled.returncode == 0, rolled.stderr
     assert "broker=b: rolled back to version 2: damaged version(s) 3 deleted" in rolled.stdout
     assert "the shard holds the source offsets orders-1 [[1, 15], [16, 30]]; payments-1 [[0, 13], [15, 28]]: index " \

@@ -240,6 +240,7 @@ class ShardInspection:
         self.numbers: list[int] = []
         self.newest: ShardVersion | None = None  # the newest version that decodes
         self.undecodable_newest: list[int] = []  # versions above it that do not decode
+        self.undecodable_older: list[int] = []  # versions below it that do not decode (read with `verify`)
         self.mark: ObjectInfo | None = None
         self.unlisted = Unlisted((), ())
 
@@ -326,9 +327,11 @@ class ShardInspection:
                 return first_line(error)
             return None
 
-        for line in in_parallel(read, numbers):
-            if line is not None:  # an older version: no reader reads it (a pinned one may)
-                self.problems.append(f"{line} [an older version: readers read the newest]")
+        for number, line in zip(numbers, in_parallel(read, numbers)):
+            if line is not None:  # no reader reads it: readers and writers read the newest
+                self.undecodable_older.append(number)
+                self.problems.append(f"{line} [an older version: readers read the newest; `msgindex repair "
+                                     f"{self.store.root}` deletes it]")
 
     def _check_listed(self, version: ShardVersion, listing: list[ObjectInfo]) -> None:
         """Every chunk `version` lists exists at the size it records (the listing was taken

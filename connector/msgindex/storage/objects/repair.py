@@ -8,6 +8,8 @@ then:
 
 * **a shard mark missing** for a shard that has versions (lookups skip the shard): put back
   (put-if-absent of an empty object: always safe);
+* **an older version damaged**: deleted (readers and writers read only the newest; collection
+  deletes old versions anyway);
 * **garbage** (orphans no version lists, objects a version removed): left to collection, which
   deletes them after the grace period, unless ``collect_now``: then deleted at once, except what
   became garbage less than ``min_age_ms`` ago (a writer between its chunk and its commit, a reader
@@ -95,6 +97,12 @@ class _ShardRepair:
             return ShardRepair(self.broker, f"refused: {shard.damage[0]} (a chunk cannot be rebuilt from the store: "
                                             f"restore the object, or re-index from Kafka into a new store)",
                                tuple(shard.damage[1:]), refused=True)
+        if shard.undecodable_older:
+            if not self.dry_run:
+                self.store.client.delete([shard.versions.key(n) for n in shard.undecodable_older])
+            numbers = ", ".join(map(str, shard.undecodable_older))
+            self._did(f"deleted damaged older version(s) {numbers} (no reader reads them)",
+                      f"would delete damaged older version(s) {numbers} (no reader reads them)")
         if shard.numbers and shard.mark is None:
             if not self.dry_run:
                 self.store.client.put_if_absent(f"{SHARDS_DIR}/{self.broker}", b"")
