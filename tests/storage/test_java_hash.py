@@ -154,3 +154,18 @@ def test_scalar_path_is_safe_under_the_lowest_int_digit_limit() -> None:
             assert java_string_hash(key) == reference_hash(key)
     finally:
         sys.set_int_max_str_digits(old)
+
+
+def test_threads_hashing_while_the_power_tables_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The power tables are shared by the process and grown on demand: threads hashing at once
+    (an object store's shards are looked up, and its chunks verified, in parallel) must each get
+    whole tables, never one being filled or a pair of different sizes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [[f"t#{'k' * (5 + 97 * n + m)}" for m in range(20)] for n in range(12)]
+    wanted = [[java_hash.index_hash(k) for k in group] for group in keys]
+    for _ in range(30):
+        monkeypatch.setattr(java_hash, "_tables", (np.ones(1, np.uint32), np.ones(1, np.uint32)))
+        with ThreadPoolExecutor(len(keys)) as pool:
+            got = list(pool.map(lambda group: java_hash.index_hashes(group).tolist(), keys))
+        assert got == wanted

@@ -16,7 +16,7 @@ import traceback
 from msgindex.errors import MsgIndexError
 
 # module names in this package, in the order `msgindex --help` lists them
-SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "repair", "retention", "upgrade", "kafka"]
+SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "repair", "retention", "compact", "upgrade", "kafka"]
 
 
 def build_parser() -> argparse.ArgumentParser:

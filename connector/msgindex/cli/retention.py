@@ -5,7 +5,9 @@ only point into them, now (the indexing job does the same between appends when g
     msgindex retention PATH --max-age 7d [--max-bytes 50GiB] [--dry-run]
 
 Never the active segment or index file of a shard, and never an index file that a retained
-record needs (every record a scan returns stays findable by its keys).
+record needs (every record a scan returns stays findable by its keys). On an object store
+(s3://, gs://, az://) the oldest whole chunks of each shard leave its newest version (never the
+newest chunk); their objects are deleted after the grace period, when no reader needs them.
 """
 
 from __future__ import annotations
@@ -59,12 +61,21 @@ def parse_size_bytes(option: str, text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Apply (or with --dry-run, plan) retention and print what went; exit code 0."""
+    from msgindex.storage.store import Store
+
     if args.max_age is None and args.max_bytes is None:
         raise InvalidOptionError("give --max-age and/or --max-bytes (nothing to do otherwise)")
     max_age = None if args.max_age is None else parse_duration_ms("--max-age", args.max_age)
     max_bytes = None if args.max_bytes is None else parse_size_bytes("--max-bytes", args.max_bytes)
     with open_store_of(args) as store:
         report = store.apply_retention(max_age_ms=max_age, max_bytes=max_bytes, dry_run=args.dry_run)
+    if not isinstance(store, Store):  # on an object store: whole chunks leave the newest versions
+        verb = "would remove" if args.dry_run else "removed"
+        for path in report.deleted_segments:
+            print(f"{verb} {path}")
+        print(f"{verb} {len(report.deleted_segments)} chunk(s), {report.bytes_freed:,} bytes, from the shards' newest "
+              f"versions; their objects are deleted after the grace period ({store.tuning.grace_s:g} s)")
+        return 0
     verb = "would delete" if args.dry_run else "deleted"
     for path in (*report.deleted_segments, *report.deleted_index_files):
         print(f"{verb} {path}")

@@ -11,6 +11,17 @@ from msgindex.errors import InvalidOptionError
 PATH_HELP = "the store: a local directory, or s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"
 
 
+def store_subcommand(subparsers: argparse._SubParsersAction, name: str, summary: str,
+                     description: str) -> argparse.ArgumentParser:
+    """A subcommand's parser taking a store (PATH, ``--storage-option``) and ``--broker`` (repeatable)."""
+    parser = subparsers.add_parser(name, help=summary, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
+    add_storage_options(parser)
+    parser.add_argument("--broker", action="append", metavar="B", help="only this shard (repeatable)")
+    return parser
+
+
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--storage-option K=V`` to `parser`."""
     parser.add_argument("--storage-option", action="append", metavar="K=V", default=[],

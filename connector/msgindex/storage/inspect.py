@@ -7,7 +7,8 @@ directory or one holding a checkpoint), a shard's checkpoint, lock and interrupt
 leftovers, its ``log/`` and ``index/`` directories, a metadata-log segment (``.log``; its
 ``.index`` / ``.timeindex`` / ``.summary`` lead to it), a hash index file and its hash runs, and
 the indexing job's own files; any other file outside a store is read as a RocketMQ index file. It
-returns a JSON-able dict; `format_report` renders it for people.
+returns a JSON-able dict; `format_report` renders it for people. An object-store URL (s3://, gs://,
+az://) is inspected by ``objects/inspect.py`` (store, shard, version and chunk objects).
 
 Stores and shards (and files inside them) are verified as deeply as ``verify.verify_shard``
 goes, unless ``verify=False``: every problem found is listed under ``"problems"`` (the CLI prints
@@ -21,7 +22,7 @@ import dataclasses
 import json
 import math
 import os
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,16 @@ from msgindex.storage.index_file import (
     check_sizing,
     parse_index_file_name,
 )
+from msgindex.storage.location import is_object_store_url, parse_location
 from msgindex.storage.log.batch_format import BATCH_VERSION
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
 from msgindex.storage.message import arrow_text, decode_text
+from msgindex.storage.objects.inspect import inspect_url
+from msgindex.storage.reporting import first_line as _first_line
+from msgindex.storage.reporting import time_range as _time_range
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     INDEX_DIR,
@@ -102,9 +107,12 @@ LISTED_ENTRIES = 40  # sparse index entries shown per index of a segment
 
 
 def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, index_num: int | None = None,
-                 verify: bool = True) -> dict[str, Any]:
-    """A summary of whatever `path` is (see the module docstring), with its problems."""
-    path = Path(path)
+                 verify: bool = True, storage_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A summary of whatever `path` is (see the module docstring), with its problems; an
+    object-store URL (with its `storage_options`) is inspected by ``objects/inspect.py``."""
+    if is_object_store_url(path):
+        return inspect_url(str(path), storage_options, verify=verify)
+    path = parse_location(path, storage_options).local_path
     if not path.exists() and not path.is_symlink():
         raise InvalidOptionError(f"{path}: no such file or directory")
     name = path.name
@@ -291,11 +299,6 @@ def _registered(shard: Path) -> bool:
     except MsgIndexError:
         return False
     return shards is not None and _broker_of(shard) in shards
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # --- one RocketMQ index file ---------------------------------------------------------------------
@@ -541,19 +544,6 @@ def _tree_bytes(directory: Path) -> int:
     if not directory.is_dir():
         return 0
     return sum(entry.stat().st_size for entry in directory.iterdir() if entry.is_file())
-
-
-def _time_range(low_ms: int | None, high_ms: int | None) -> dict[str, Any] | None:
-    if low_ms is None or high_ms is None:
-        return None
-    return {"min_ms": low_ms, "max_ms": high_ms, "min": _iso(low_ms), "max": _iso(high_ms)}
-
-
-def _iso(ms: int) -> str:
-    try:
-        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return f"{ms} ms (out of calendar range)"
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ parses over the two byte planes of their UTF-16 encoding.
 from __future__ import annotations
 
 import sys
+import threading
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -58,8 +59,10 @@ _HIGH_DIGIT = bytes(_BASE31_DIGITS[b // _MULTIPLIER] for b in range(256))
 _UTF16_BE = "utf-16-be"
 _SIGN_BIT = 1 << 31
 
-_powers: np.ndarray = np.ones(1, dtype=np.uint32)
-_inverse_powers: np.ndarray = np.ones(1, dtype=np.uint32)
+# (31**k, 31**-k mod 2**32) for k < size, shared by the process's threads: replaced whole, by a
+# pair computed before it is published, so a thread never reads a table being filled.
+_tables: tuple[np.ndarray, np.ndarray] = (np.ones(1, dtype=np.uint32), np.ones(1, dtype=np.uint32))
+_tables_growing = threading.Lock()
 
 
 def utf16_units(text: str) -> np.ndarray:
@@ -185,16 +188,21 @@ def _bytes_and_offsets(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
     """31**k and 31**-k (mod 2**32) for k < n, cached and grown on demand."""
-    global _powers, _inverse_powers
-    if _powers.size < n:
-        size = max(n, 2 * _powers.size)
-        _powers = np.full(size, _MULTIPLIER, dtype=np.uint32)
-        _powers[0] = 1
-        np.cumprod(_powers, dtype=np.uint32, out=_powers)
-        _inverse_powers = np.full(size, _MULTIPLIER_INVERSE, dtype=np.uint32)
-        _inverse_powers[0] = 1
-        np.cumprod(_inverse_powers, dtype=np.uint32, out=_inverse_powers)
-    return _powers, _inverse_powers
+    global _tables
+    tables = _tables
+    if tables[0].size >= n:
+        return tables
+    with _tables_growing:
+        if _tables[0].size < n:
+            size = max(n, 2 * _tables[0].size)
+            powers = np.full(size, _MULTIPLIER, dtype=np.uint32)
+            powers[0] = 1
+            np.cumprod(powers, dtype=np.uint32, out=powers)
+            inverse = np.full(size, _MULTIPLIER_INVERSE, dtype=np.uint32)
+            inverse[0] = 1
+            np.cumprod(inverse, dtype=np.uint32, out=inverse)
+            _tables = (powers, inverse)
+        return _tables
 
 
 def _hash_flat(units: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

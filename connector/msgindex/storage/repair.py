@@ -54,6 +54,7 @@ from msgindex.storage.manifest import (
     shard_directories,
 )
 from msgindex.storage.message import decode_text
+from msgindex.storage.reporting import first_line as _first_line
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     INDEX_DIR,
@@ -216,7 +217,7 @@ def _rebuild(directory: Path, broker: str, settings: StoreSettings, dry_run: boo
         if candidate.record_count > candidate.log_start_seq else "no records committed",
         f"{len(candidate.index_files)} hash index file(s): "
         + (", ".join(f"{s.name} ({s.index_count - FIRST_INDEX} entries)" for s in candidate.index_files) or "-"),
-        f"source offsets: {_ranges_text(candidate.source_ranges)}",
+        f"source offsets: {ranges_text(candidate.source_ranges)}",
         *plan.notes,
     ]
     action = "checkpoint would be rebuilt (dry run)" if dry_run else "checkpoint rebuilt from the shard's files"
@@ -395,14 +396,10 @@ def _verify_candidate(directory: Path, broker: str, settings: StoreSettings, can
                                f"safely (nothing was written): {damage[0]}")
 
 
-def _ranges_text(ranges: SourceRanges | None) -> str:
+def ranges_text(ranges: SourceRanges | None) -> str:
+    """Source offset ranges for people: ``topic-partition [[first, end), ...]`` per partition."""
     if ranges is None or not ranges.ranges:
         return "none"
     parts = [f"{topic}-{partition} {list(map(list, intervals))}" for (topic, partition), intervals in
              sorted(ranges.ranges.items())]
     return "; ".join(parts[:6]) + (f"; ... ({len(parts) - 6} more partitions)" if len(parts) > 6 else "")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

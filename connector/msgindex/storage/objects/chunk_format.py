@@ -210,10 +210,11 @@ def hash_items(columns: LogColumns) -> np.ndarray:
     """The sorted hash items of a chunk's records (relative seqs from 0)."""
     keys, rel_seqs, _ = AppendColumns.from_log_columns(columns).index_entries(0)
     hashes = index_hashes(keys).astype(np.uint32) if len(rel_seqs) else np.zeros(0, np.uint32)
-    return _sorted_items(hashes, np.asarray(rel_seqs, dtype=np.uint32))
+    return sorted_items(hashes, np.asarray(rel_seqs, dtype=np.uint32))
 
 
-def _sorted_items(hashes: np.ndarray, rel_seqs: np.ndarray) -> np.ndarray:
+def sorted_items(hashes: np.ndarray, rel_seqs: np.ndarray) -> np.ndarray:
+    """Hash items of (key hash, relative seq) pairs, in the order a chunk stores them."""
     order = np.lexsort((rel_seqs, hashes))
     items = np.empty(len(order), dtype=HASH_ITEM_DTYPE)
     items["key_hash"] = hashes[order]
@@ -249,7 +250,7 @@ def merge_chunks(chunks: list[tuple[bytes | memoryview, ChunkFooter]]) -> Encode
         raise InvalidAppendError(f"merged chunk of {offset} records is over {MAX_CHUNK_RECORDS}")
     hashes = np.concatenate([h for h, _ in items]) if items else np.zeros(0, np.uint32)
     seqs = np.concatenate([s for _, s in items]).astype(np.uint32) if items else np.zeros(0, np.uint32)
-    return _assemble(batches, _sorted_items(hashes, seqs))
+    return _assemble(batches, sorted_items(hashes, seqs))
 
 
 def _assemble(batches: list[bytes], items: np.ndarray) -> EncodedChunk:

@@ -62,11 +62,12 @@ from msgindex.storage.message import MessageRecord, stored_window
 from msgindex.storage.objects.chunk_format import (
     MAX_CHUNK_RECORDS,
     ChunkFooter,
+    ChunkInfo,
     decode_footer,
     encode_chunk,
     merge_chunks,
 )
-from msgindex.storage.objects.client import ObjectClient, ObjectMissingError
+from msgindex.storage.objects.client import ObjectClient, ObjectInfo, ObjectMissingError
 from msgindex.storage.objects.versions import CHUNK_SUFFIX, CHUNKS_DIR, ChunkRef, Removed, ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, empty_rows
 from msgindex.storage.result_order import in_result_order
@@ -183,12 +184,7 @@ class ObjectChunk(BatchReads):
 
     def _load_footer(self) -> ChunkFooter:
         info = self.ref.info
-        data = self._ranges([info.footer_offset], [info.footer_length])[0]
-        footer = decode_footer(data, info.footer_crc, self.path)
-        if (footer.records, footer.hash_entries, footer.min_timestamp, footer.max_timestamp) != (
-                info.records, info.hash_entries, info.min_timestamp, info.max_timestamp):
-            raise CorruptFileError(f"{self.path}: chunk footer does not match what its shard version records")
-        return footer
+        return listed_footer(self._ranges([info.footer_offset], [info.footer_length])[0], info, self.path)
 
     def batches(self) -> BatchDirectory:
         if self._directory is None:
@@ -234,6 +230,16 @@ class ObjectChunk(BatchReads):
                                 for piece, (first, _) in zip(pieces, merged)])
         hit = np.isin(items["key_hash"], hashes)
         return items["rel_seq"][hit].astype(np.int64) + self.base_seq, items["key_hash"][hit].astype(np.int64)
+
+
+def listed_footer(data: bytes | memoryview, info: ChunkInfo, name: object) -> ChunkFooter:
+    """The footer whose bytes are `data`, checked by the checksum its shard version records and
+    against the facts it records (CorruptFileError naming `name`)."""
+    footer = decode_footer(data, info.footer_crc, name)
+    if (footer.records, footer.hash_entries, footer.min_timestamp, footer.max_timestamp) != (
+            info.records, info.hash_entries, info.min_timestamp, info.max_timestamp):
+        raise CorruptFileError(f"{name}: chunk footer does not match what its shard version records")
+    return footer
 
 
 class ObjectLog(LogReads):
@@ -560,12 +566,12 @@ class ObjectShardWriter:
 
     # --- compaction -----------------------------------------------------------------------------
     def _compaction_due(self, state: ShardVersion) -> bool:
-        if len(self._plan(state.chunks)) == 0:
+        if len(self.plan(state.chunks)) == 0:
             return False
         overdue = self._now_ms() - state.compacted_at_ms >= self.tuning.compaction_interval_s * 1000
         return overdue or len(state.chunks) > self.tuning.max_chunks
 
-    def _plan(self, chunks: Sequence[ChunkRef], *, everything: bool = False) -> list[tuple[int, int]]:
+    def plan(self, chunks: Sequence[ChunkRef], *, everything: bool = False) -> list[tuple[int, int]]:
         """[start, end) runs of consecutive chunks to merge. The rule: the newest chunks, joined
         by each next older one while it is at most ``ratio`` times their total (``compact``
         applies it again to its result); with `everything`, every run of chunks (newest first)
@@ -593,7 +599,7 @@ class ObjectShardWriter:
         merged_away = 0
         state = self.refresh()
         while budget > 0:
-            runs = self._plan(state.chunks, everything=everything)
+            runs = self.plan(state.chunks, everything=everything)
             if not runs:
                 break
             start, end = runs[0]
@@ -683,13 +689,46 @@ class ObjectShardWriter:
         and versions beyond the newest ``keep_versions``. Returns the objects deleted."""
         self._collected_at = time.monotonic()
         now = self._now_ms() if now_ms is None else now_ms
-        grace_ms = int(self.tuning.grace_s * 1000)
         state = self.refresh()
-        keep = {ref.name for ref in state.chunks} | {r.name for r in state.removed if r.at_ms > now - grace_ms}
-        doomed = [info.key for info in self.client.list(f"{self.prefix}/{CHUNKS_DIR}/")
-                  if info.key[len(self.prefix) + 1 :] not in keep and info.last_modified_ms < now - grace_ms]
+        doomed = self.unlisted(state).collectable(now, int(self.tuning.grace_s * 1000))
         if doomed:
-            self.client.delete(doomed)
+            self.client.delete([info.key for info in doomed])
         if state.number > self.tuning.keep_versions:
             self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1)
         return len(doomed)
+
+    def unlisted(self, state: ShardVersion, listing: list[ObjectInfo] | None = None) -> Unlisted:
+        """The chunk objects `state` does not list (one LIST, unless `listing` is given: list
+        before reading the version, and a chunk committed meanwhile is not taken for an orphan)."""
+        if listing is None:
+            listing = self.client.list(f"{self.prefix}/{CHUNKS_DIR}/")
+        listed = {ref.name for ref in state.chunks}
+        removed_at = {r.name: r.at_ms for r in state.removed}
+        removed, orphans = [], []
+        for info in listing:
+            name = info.key[len(self.prefix) + 1 :]
+            if name in listed:
+                continue
+            if name in removed_at:
+                removed.append((info, removed_at[name]))
+            else:
+                orphans.append(info)
+        return Unlisted(tuple(removed), tuple(orphans))
+
+
+@dataclass(frozen=True)
+class Unlisted:
+    """The chunk objects of a shard that its newest version does not list: those a version
+    removed (compaction, retention), with when, and orphans no version names (a writer died
+    between its chunk and its commit, or is between them now)."""
+
+    removed: tuple[tuple[ObjectInfo, int], ...]
+    orphans: tuple[ObjectInfo, ...]
+
+    def collectable(self, now_ms: int, grace_ms: int) -> list[ObjectInfo]:
+        """What may be deleted at `now_ms`: removed more than `grace_ms` ago (a reader of the
+        version before has finished), or an orphan written more than `grace_ms` ago (its writer
+        is not about to commit it)."""
+        cutoff = now_ms - grace_ms
+        return [info for info, at_ms in self.removed if at_ms <= cutoff and info.last_modified_ms < cutoff] + [
+            info for info in self.orphans if info.last_modified_ms < cutoff]

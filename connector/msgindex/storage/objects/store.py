@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -53,6 +54,19 @@ SHARD_THREADS = 8
 # this time; every known shard is read at its newest version on every lookup).
 SHARDS_TTL_S = 2.0
 DEFAULT_MAX_STALENESS_S = 1.0
+
+
+@dataclass(frozen=True)
+class ShardCompaction:
+    """What ``compact_shards`` did (or would do) to one shard: its chunk count before and after,
+    chunks merged away, bytes of chunks read to merge, objects collected after."""
+
+    broker: str
+    chunks_before: int
+    chunks_after: int
+    merged_away: int
+    bytes_merged: int
+    collected: int
 _SHARD_POOL: ThreadPoolExecutor | None = None
 _SHARD_POOL_LOCK = threading.Lock()
 
@@ -212,12 +226,31 @@ class ObjectStore:
     def compact(self, *, everything: bool = True) -> dict[str, int]:
         """Merge every shard's chunks (``msgindex compact``: as many as fit in one merged chunk
         each), then collect what is past the grace period. Returns chunks merged away per shard."""
-        merged = {}
-        for broker in self.brokers():
+        return {c.broker: c.merged_away for c in self.compact_shards(everything=everything)}
+
+    def compact_shards(self, brokers: Iterable[str] | None = None, *, everything: bool = True,
+                       dry_run: bool = False) -> list[ShardCompaction]:
+        """``compact`` of `brokers` (all: None), shard by shard, saying what each did; with
+        `dry_run` what each would merge (nothing is written or deleted)."""
+        selected = self.brokers() if brokers is None else sorted(set(brokers))
+        for broker in selected:
+            self.reader(broker)  # an unknown or lost shard is an error naming it, before any work
+        done = []
+        for broker in selected:
             writer = self.writer(broker)
-            merged[broker] = writer.compact(everything=everything)
-            writer.collect()
-        return merged
+            before = writer.refresh()
+            if dry_run:
+                runs = writer.plan(before.chunks, everything=everything)
+                done.append(ShardCompaction(broker, len(before.chunks), len(before.chunks) - sum(
+                    end - start - 1 for start, end in runs), sum(end - start - 1 for start, end in runs),
+                    sum(c.info.size for start, end in runs for c in before.chunks[start:end]), 0))
+                continue
+            merged = writer.compact(everything=everything)
+            after = writer.state
+            read = sum(c.info.size for c in before.chunks if after.chunk_named(c.name) is None)
+            collected = writer.collect()
+            done.append(ShardCompaction(broker, len(before.chunks), len(after.chunks), merged, read, collected))
+        return done
 
     def close(self) -> None:
         with self._lock:

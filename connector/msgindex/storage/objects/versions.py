@@ -186,12 +186,9 @@ class ShardVersions:
     def numbers(self, *, after: int | None = None) -> list[int]:
         """The version numbers present (after `after`), ascending: one LIST."""
         offset = self.key(after) if after is not None else None
-        found = []
-        for info in self.client.list(f"{self.prefix}/{COMMITS_DIR}/", after=offset):
-            match = _VERSION_NAME.match(info.key.rsplit("/", 1)[-1])
-            if match:
-                found.append(int(match.group(1)))
-        return sorted(found)
+        found = (version_number(info.key.rsplit("/", 1)[-1])
+                 for info in self.client.list(f"{self.prefix}/{COMMITS_DIR}/", after=offset))
+        return sorted(number for number in found if number is not None)
 
     def read(self, number: int) -> ShardVersion | None:
         """Version `number`, or None when there is none."""
@@ -241,6 +238,12 @@ class ShardVersions:
         doomed = [self.key(n) for n in self.numbers() if n < number]
         if doomed:
             self.client.delete(doomed)
+
+
+def version_number(name: str) -> int | None:
+    """The number of the version object called `name` (``<20 digits>.json``), else None."""
+    match = _VERSION_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def _int(value: Any) -> int:
