@@ -89,9 +89,9 @@ def _object_probe(root: str, storage_options: dict[str, str] | None):
         import socket
 
         try:
-            import msgindex
+            from msgindex.storage.store import open_store
 
-            msgindex.open(root, storage_options=storage_options).close()
+            open_store(root, storage_options=storage_options).close()
             error = ""
         except Exception as failure:  # e.g. obstore not installed there, no credentials, endpoint unreachable
             error = f"{type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
