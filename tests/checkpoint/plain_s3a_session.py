@@ -1,9 +1,10 @@
-"""Run by ``tests/checkpoint`` in a Python of its own, the way a user sets up their own job: a
-plain ``SparkSession.builder`` with ``spark.jars`` from the staged lists and the settings of
-``object_store_conf`` (from the ``AWS_*`` variables of its environment), never msgindex's
-builder. Prints one JSON object on its last line.
+"""Run by ``tests/checkpoint`` in a Python of its own. ``plain``: the way a user sets up their own
+job, a plain ``SparkSession.builder`` with ``spark.jars`` from the staged lists and the settings
+of ``object_store_conf`` (from the ``AWS_*`` variables of its environment); ``msgindex``: the
+session the indexing job runs in (``build_spark_session(hadoop_urls=[CHECKPOINT, ...])``).
+Prints one JSON object on its last line.
 
-    python plain_s3a_session.py BOOTSTRAP TOPIC CHECKPOINT [NAME=URL ...]
+    python plain_s3a_session.py plain|msgindex BOOTSTRAP TOPIC CHECKPOINT [NAME=URL ...]
 
 Spark's Kafka source, Trigger.AvailableNow, checkpoint at CHECKPOINT: each micro-batch's id and
 the (partition, offset) of every record it got. Then, in the same session, for each bad URL:
@@ -18,7 +19,11 @@ import sys
 import time
 
 
-def session(checkpoints: list[str], extra: dict[str, str]):
+def session(way: str, checkpoints: list[str], extra: dict[str, str]):
+    if way == "msgindex":
+        from msgindex.spark.runtime.session import build_spark_session
+
+        return build_spark_session("msgindex-s3a", "local[2]", extra, hadoop_urls=checkpoints)
     from pyspark.sql import SparkSession
 
     from msgindex.spark.runtime.session import kafka_connector_jars, object_store_conf, object_store_jars
@@ -32,11 +37,11 @@ def session(checkpoints: list[str], extra: dict[str, str]):
     return builder.getOrCreate()
 
 
-def run(bootstrap: str, topic: str, checkpoint: str, cases: dict[str, str]) -> dict:
+def run(way: str, bootstrap: str, topic: str, checkpoint: str, cases: dict[str, str]) -> dict:
     extra = {f"spark.hadoop.fs.s3a.bucket.{name[len('endpoint-'):]}.endpoint": url
              for name, url in cases.items() if name.startswith("endpoint-")}
     bad = {name: url for name, url in cases.items() if not name.startswith("endpoint-")}
-    spark = session([checkpoint, *bad.values()], extra)
+    spark = session(way, [checkpoint, *bad.values()], extra)
     batches: list = []
 
     def keep(frame, batch_id):
@@ -49,7 +54,8 @@ def run(bootstrap: str, topic: str, checkpoint: str, cases: dict[str, str]) -> d
              .trigger(availableNow=True).start())
     query.awaitTermination(600)
     conf = {key: value for key, value in spark.sparkContext.getConf().getAll()
-            if key.startswith(("spark.hadoop.fs.s3a.", "spark.executorEnv.AWS_"))}
+            if key.startswith(("spark.hadoop.fs.s3a.", "spark.executorEnv.AWS_", "spark.jars",
+                               "spark.driver.extraClassPath"))}
     out = {"batches": batches, "conf": conf, "error": str(query.exception()) if query.exception() else None,
            "bad": {name: try_bad(spark, name, url) for name, url in bad.items()}}
     spark.stop()
@@ -80,7 +86,7 @@ def try_bad(spark, name: str, url: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    print(json.dumps(run(*argv[:3], dict(arg.split("=", 1) for arg in argv[3:]))))
+    print(json.dumps(run(*argv[:4], dict(arg.split("=", 1) for arg in argv[4:]))))
     return 0
 
 

@@ -3,7 +3,8 @@
 The connector jars are the ones ``msgindex kafka jars --object-store s3a`` prints (hadoop-aws at
 pyspark's Hadoop version, the AWS SDK bundle its pom pins), the settings those of
 ``object_store_conf`` (the ``AWS_*`` variables), the S3 server moto's: a streaming query in a
-plain ``SparkSession`` keeps its checkpoint in a bucket and restarts from it; a missing bucket,
+plain ``SparkSession`` keeps its checkpoint in a bucket and restarts from it in msgindex's own
+session (``build_spark_session(hadoop_urls=...)``, as the job runs); a missing bucket,
 refused credentials and endpoints that do not resolve or answer are one line each; so is a
 checkpoint the CLI's Spark cannot open.
 
@@ -207,7 +208,7 @@ def test_a_streaming_checkpoint_on_s3a_restarts_where_it_stopped_and_bad_stores_
     first = produce(kafka_bootstrap, topic, [OutgoingRecord(key=f"a{i}", value="v") for i in range(40)])
     bucket = s3.bucket("checkpoint")
     checkpoint = f"s3a://{bucket}/jobs/orders"
-    before = _plain_session(s3, kafka_bootstrap, topic, checkpoint)
+    before = _plain_session(s3, "plain", kafka_bootstrap, topic, checkpoint)
     assert before["error"] is None and _offsets(before) == sorted(first)
     written = _keys(s3, bucket)
     last = max(batch for batch, _ in before["batches"])
@@ -222,8 +223,8 @@ def test_a_streaming_checkpoint_on_s3a_restarts_where_it_stopped_and_bad_stores_
     try:
         refusing = checked.bucket("refusing")  # the one request before it checks keys
         missing = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
-        after = _plain_session(
-            s3, kafka_bootstrap, topic, checkpoint,
+        after = _plain_session(  # restarted in msgindex's own session, as `msgindex index` runs it
+            s3, "msgindex", kafka_bootstrap, topic, checkpoint,
             f"missing=s3a://{missing}/cp",
             f"endpoint-{refusing}={checked.endpoint}", f"credentials=s3a://{refusing}/cp",
             "endpoint-unresolvable=http://no-such-host.invalid:9000", "unresolvable=s3a://unresolvable/cp",
@@ -233,6 +234,9 @@ def test_a_streaming_checkpoint_on_s3a_restarts_where_it_stopped_and_bad_stores_
     # restarted from the checkpoint in the bucket: exactly the records sent since, in later batches
     assert after["error"] is None and _offsets(after) == sorted(second)
     assert min(batch for batch, _ in after["batches"]) > last
+    # msgindex's session (local master): the connector on the driver's class path, not copied by spark.jars
+    assert "hadoop-aws-" in after["conf"]["spark.driver.extraClassPath"] and "hadoop-aws" not in after["conf"]["spark.jars"]
+    assert after["conf"][S3A + "endpoint"] == s3.endpoint
 
     bad = after["bad"]
     expected = {
