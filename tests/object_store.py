@@ -62,12 +62,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_s3_server(log_path: str) -> tuple[subprocess.Popen, S3Server]:
-    """moto's server in a new process; waits until it answers."""
+def start_s3_server(log_path: str, *, requests_before_auth: int | None = None) -> tuple[subprocess.Popen, S3Server]:
+    """moto's server in a new process; waits until it answers. moto checks no credentials unless
+    told to: with `requests_before_auth`, it answers that many requests (e.g. creating a bucket)
+    and then checks every request's key and signature against its own IAM, where no key exists:
+    every later request is refused with 403 InvalidAccessKeyId, as a real store refuses wrong keys."""
     port = _free_port()
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the process
+    env = dict(os.environ)
+    if requests_before_auth is not None:
+        env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(requests_before_auth)
     process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -72,6 +72,11 @@ class ToolMissingError(MsgIndexError):
     """An external tool (java, mvn) that an operation needs is not installed."""
 
 
+class ConnectorJarsError(MsgIndexError):
+    """Jars Spark needs for a path or source (a Hadoop object-store connector such as hadoop-aws
+    for an ``s3a://`` checkpoint) could not be staged from Maven Central or are not on its classpath."""
+
+
 class BrokerError(MsgIndexError):
     """The local Kafka broker could not be started, reached or stopped."""
 

@@ -52,12 +52,13 @@ def _pom(name: str, artifacts: list[str], exclusions: tuple[str, ...] = ()) -> s
     deps = []
     for coordinate in artifacts:
         parts = coordinate.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"artifact {coordinate!r} is not group:artifact:version")
-        group, artifact, version = (escape(p) for p in parts)
+        if len(parts) not in (3, 4):
+            raise ValueError(f"artifact {coordinate!r} is not group:artifact:version[:classifier]")
+        group, artifact, version = (escape(p) for p in parts[:3])
+        classifier = f"<classifier>{escape(parts[3])}</classifier>" if len(parts) == 4 else ""
         deps.append(
             f"    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-            f"<version>{version}</version>"
+            f"<version>{version}</version>{classifier}"
             + (f"<exclusions>{excluded}</exclusions>" if excluded else "")
             + "</dependency>"
         )
@@ -85,8 +86,10 @@ def stage_jars(name: str, artifacts: list[str], *, exclusions: tuple[str, ...] =
     """The runtime classpath (jar paths) of `artifacts`, resolved with Maven into
     ``<home>/jars/<name>/lib`` on first use. Safe to call from several processes at once.
 
-    `exclusions` ("group:artifact") are cut from every artifact's transitive dependencies: for a
-    dependency that is provided another way, or one whose pinned version a registry lacks."""
+    `artifacts` are "group:artifact:version" or "group:artifact:version:classifier" (a shaded jar);
+    `exclusions` ("group:artifact", "*:*" for all) are cut from every artifact's transitive
+    dependencies: for a dependency that is provided another way (or bundled in a shaded jar), or
+    one whose pinned version a registry lacks."""
     folder = msgindex_home() / "jars" / name
     recipe = [*artifacts, *(["exclude", *exclusions] if exclusions else [])]
     wanted = hashlib.sha256("\n".join(recipe).encode()).hexdigest()

@@ -6,7 +6,10 @@ Py4J / pyspark exception whose text is the remote Python traceback plus Spark's 
 matters: msgindex's own error when one is inside (``msgindex.errors.<Class>: <message>``, the last
 one: the innermost), else the innermost Java cause (``Caused by: ...``), else the exception's first
 line. The whole text goes to a log file whose path the line names (and to stderr with
-``--verbose``).
+``--verbose``). Errors of Hadoop's object-store connectors (Spark's checkpoint on ``s3a://``,
+``gs://``, ``abfss://``) get a line of their own that names the path and what to fix: the
+connector missing from Spark's classpath, a bucket that does not exist, credentials the store
+refuses, an endpoint that does not resolve or answer (``msgindex.spark.runtime.hadoop_paths``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def explain(error: BaseException) -> Failure:
     found = list(_MSGINDEX_LINE.finditer(text))
     if found:
         return Failure(_SPARK_NOISE.sub("", found[-1].group("message")), True)
+    from msgindex.spark.runtime.hadoop_paths import hadoop_error_line
+
+    line = hadoop_error_line(text)
+    if line:
+        return Failure(line, True)
     causes = list(_JAVA_CAUSE.finditer(text))
     if causes:
         innermost = causes[-1]

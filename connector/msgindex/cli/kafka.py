@@ -1,5 +1,6 @@
 """`msgindex kafka start|stop|status|jars`: the local single-node KRaft broker, and the jars of
-Spark's Kafka connector.
+Spark's Kafka connector (with ``--object-store s3a``, also of Hadoop's connector for a checkpoint
+on that store).
 
 Exit codes: 0 success (for `status`: running), 1 `status` says not running, 2 an error (port
 taken, java/mvn missing, ...), printed on stderr by the console script.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from msgindex.errors import InvalidOptionError
 from msgindex.kafka.broker import (
     CONTROLLER_PORT_ENV,
     DATA_DIR_ENV,
@@ -41,7 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action.set_defaults(handler=handler)
     jars = actions.add_parser(
         "jars", help="stage the broker's and Spark's Kafka connector jars; print the connector's "
-                     "jars comma-separated (for spark-submit --jars)")
+                     "jars comma-separated (for spark-submit --jars)",
+        description="Stage the local broker's jars and Spark's Kafka connector from Maven Central; print the "
+                    "connector's jars comma-separated, for spark-submit --jars. With --object-store, also "
+                    "Hadoop's connector for a checkpoint on that store.")
+    jars.add_argument("--object-store", action="append", default=[], metavar="SCHEME",
+                      help="also Hadoop's connector for Spark paths (the checkpoint) with this scheme: s3a "
+                           "(hadoop-aws + the AWS SDK bundle), gs, abfss; a URL names its scheme; repeatable")
     jars.set_defaults(handler=_jars)
 
 
@@ -82,9 +90,16 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _jars(args: argparse.Namespace) -> int:
-    from msgindex.spark.runtime.session import kafka_connector_jars
+    from msgindex.spark.runtime.session import HADOOP_CONNECTORS, hadoop_connector, kafka_connector_jars, object_store_jars
 
+    urls = [store if "://" in store else f"{store.strip().lower()}://" for store in args.object_store]
+    for given, url in zip(args.object_store, urls):
+        if hadoop_connector(url) is None:
+            known = ", ".join(scheme for connector in HADOOP_CONNECTORS for scheme in connector.schemes)
+            raise InvalidOptionError(f"--object-store {given!r}: Spark's Hadoop needs no extra connector for it, or "
+                                     f"none is known (connectors: {known}; write s3:// checkpoints as s3a://)")
     broker_jars()
-    print(",".join(str(jar) for jar in kafka_connector_jars()))
+    jars = [*kafka_connector_jars(), *object_store_jars(urls)]
+    print(",".join(str(jar) for jar in jars))
     sys.stdout.flush()
     return 0

@@ -2,7 +2,10 @@
 
 It puts Spark's Kafka connector (not shipped in the pyspark wheel) on ``spark.jars`` as local
 files staged once with Maven, so no Ivy download happens at run time, and it fixes the settings
-msgindex relies on (UTC session time zone, Arrow, Python data source filter pushdown). Cluster
+msgindex relies on (UTC session time zone, Arrow, Python data source filter pushdown). For
+object-store URLs it adds Hadoop's connector for the paths Spark opens itself (an ``s3a://``
+checkpoint: hadoop-aws and the AWS SDK bundle) and the ``AWS_*`` variables as Spark settings
+(``object_store_conf``). Cluster
 settings are the user's, as a Spark user expects: ``spark.master`` only when nothing else
 (spark-submit, ``--master``, spark-defaults.conf) set one, loopback binding and this interpreter
 for the workers only for ``local`` masters, and never over the user's PYSPARK_PYTHON /
@@ -15,11 +18,14 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
-from msgindex.errors import MsgIndexError
+from msgindex.errors import ConnectorJarsError, MsgIndexError
 from msgindex.jvm import msgindex_home, stage_jars
 from msgindex.storage.durable import write_atomically
 
@@ -106,8 +112,183 @@ def kafka_connector_jars() -> list[Path]:
     For ``spark-submit --jars`` users: ``",".join(map(str, kafka_connector_jars()))``."""
     import pyspark
 
-    shipped = {_artifact_of(jar) for jar in _pyspark_jars_dir().glob("*.jar")}
+    shipped = _shipped_artifacts()
     return [jar for jar in _stage_for(pyspark.__version__) if _artifact_of(jar) not in shipped]
+
+
+def _shipped_artifacts() -> set[str]:
+    return {_artifact_of(jar) for jar in _pyspark_jars_dir().glob("*.jar")}
+
+
+# --- object stores: Hadoop's connectors for the paths Spark opens itself (its checkpoint) ---------
+
+_HADOOP_CLIENT_JAR = re.compile(r"^hadoop-client-(?:api|runtime)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
+
+
+@dataclass(frozen=True)
+class HadoopConnector:
+    """A Hadoop filesystem for object-store URLs that pyspark's ``jars/`` lacks, and the Maven
+    artifact that brings it (with its runtime dependencies)."""
+
+    name: str
+    schemes: tuple[str, ...]
+    filesystem_class: str  # what Hadoop loads for these schemes (its ClassNotFoundException names it)
+    artifact: str  # "group:artifact" released with Hadoop (taken at pyspark's Hadoop version), or a full coordinate
+    exclusions: tuple[str, ...] = ()
+
+    def coordinate(self, hadoop: str) -> str:
+        return self.artifact if self.artifact.count(":") >= 2 else f"{self.artifact}:{hadoop}"
+
+
+HADOOP_CONNECTORS = (
+    # hadoop-aws's pom pins the AWS SDK v2 `bundle` it was built with (shaded; ~690 MB for 3.5.0)
+    HadoopConnector("Hadoop's S3A connector", ("s3a",), "org.apache.hadoop.fs.s3a.S3AFileSystem",
+                    "org.apache.hadoop:hadoop-aws"),
+    HadoopConnector("Hadoop's ABFS connector", ("abfs", "abfss"), "org.apache.hadoop.fs.azurebfs.AzureBlobFileSystem",
+                    "org.apache.hadoop:hadoop-azure"),
+    # Google releases its connector on its own schedule; 4.0.0 is built against Hadoop 3.4.2 and is
+    # the newest 4.x whose shaded jar (its dependencies relocated inside) Maven Central serves.
+    HadoopConnector("Google's Cloud Storage connector", ("gs",), "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
+                    "com.google.cloud.bigdataoss:gcs-connector:4.0.0:shaded", exclusions=("*:*",)),
+)
+S3_SCHEMES = ("s3", "s3a")  # msgindex's own client takes both; Spark's Hadoop only s3a
+# What msgindex's object-store client reads on the executors, handed over as spark.executorEnv.*
+AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST")
+S3A = "spark.hadoop.fs.s3a."
+# reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN in each JVM: no secret in Spark's conf
+ENVIRONMENT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+_S3A_CREDENTIALS = ("access.key", "secret.key", "session.token", "aws.credentials.provider")
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of `url`, lower case ('' for a plain path)."""
+    text = str(url)
+    if "://" not in text:
+        return ""
+    return urlsplit(text).scheme.lower()
+
+
+def hadoop_url(url: str) -> str:
+    """The URL by which Spark's Hadoop filesystems reach `url`: ``s3://`` (msgindex's and most
+    tools' spelling) becomes ``s3a://`` (Hadoop's S3A connector; Hadoop has no ``s3://``
+    filesystem outside EMR); anything else is returned as is."""
+    text = str(url)
+    return "s3a://" + text[len("s3://"):] if url_scheme(text) == "s3" else text
+
+
+def hadoop_version() -> str:
+    """The Hadoop release pyspark's own jars carry (``jars/hadoop-client-api-<version>.jar``):
+    Hadoop's connectors must be of exactly this release."""
+    versions = {match.group("version") for jar in _pyspark_jars_dir().glob("hadoop-client-*.jar")
+                if (match := _HADOOP_CLIENT_JAR.match(jar.name))}
+    if len(versions) != 1:
+        raise ConnectorJarsError(f"{_pyspark_jars_dir()}: expected one hadoop-client-api-<version>.jar, found "
+                                 f"versions {sorted(versions) or 'none'}: cannot tell which Hadoop connectors match")
+    return versions.pop()
+
+
+def hadoop_connector(url: str) -> HadoopConnector | None:
+    """The connector Spark needs to open `url` through Hadoop, None when pyspark's jars suffice."""
+    scheme = url_scheme(url)
+    return next((c for c in HADOOP_CONNECTORS if scheme in c.schemes), None)
+
+
+def _maven_reason(failure: MsgIndexError) -> str:
+    """The line that says why staging failed: Maven's first error, else the error's first line
+    (e.g. that mvn is not installed)."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(failure)).splitlines() if line.strip()]
+    errors = [line.removeprefix("[ERROR]").strip() for line in lines if line.startswith("[ERROR]")]
+    found = next((line for line in errors if line), lines[0] if lines else "unknown")
+    return found.removesuffix("-> [Help 1]").strip()[:400]
+
+
+def object_store_jars(urls: Iterable[str]) -> list[Path]:
+    """Local jar files of the Hadoop connectors Spark needs to open `urls` itself (its
+    checkpoint): for ``s3a://`` hadoop-aws at pyspark's Hadoop version and the AWS SDK bundle its
+    pom pins, for ``abfs[s]://`` hadoop-azure, for ``gs://`` Google's shaded gcs-connector; none
+    for other URLs. Staged with Maven on first use (as `kafka_connector_jars`), minus every
+    artifact pyspark's own ``jars/`` already ships. ConnectorJarsError names the URL when a
+    connector cannot be staged.
+
+    For ``spark-submit --jars`` users: ``msgindex kafka jars --object-store s3a``."""
+    shipped, jars, done = _shipped_artifacts(), [], set()
+    for url in urls:
+        connector = hadoop_connector(url)
+        if connector is None or connector in done:
+            continue
+        done.add(connector)
+        coordinate = connector.coordinate(hadoop_version())
+        try:
+            staged = stage_jars(coordinate.split(":", 1)[1].replace(":", "-"), [coordinate],
+                                exclusions=connector.exclusions)
+        except MsgIndexError as failed:
+            raise ConnectorJarsError(
+                f"{url}: Spark opens {url_scheme(url)}:// paths with {connector.name} ({coordinate}), which could "
+                f"not be staged from Maven Central: {_maven_reason(failed)}") from failed
+        jars += [jar for jar in staged if _artifact_of(jar) not in shipped and jar not in jars]
+    return jars
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def object_store_conf(urls: Sequence[str], user_conf: Mapping[str, str],
+                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for a job whose paths include the object-store `urls` (Spark's checkpoint,
+    the index), from the ``AWS_*`` variables of `environ` (default: this process's), leaving out
+    every key `user_conf` already sets (``--conf``, spark-defaults.conf, core-site.xml win):
+
+    * any ``s3://`` or ``s3a://`` URL: ``spark.executorEnv.AWS_*`` (endpoint, keys, session token,
+      region, allow-http), because msgindex's own object-store client on the executors reads
+      them (Spark redacts the secret key and token in its UI; the key id is an identifier);
+    * an ``s3a://`` URL (Spark's Hadoop opens it): ``AWS_ENDPOINT_URL`` -> ``fs.s3a.endpoint``
+      with path-style access (as msgindex's client and S3-compatible servers do; not with
+      ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true``) and, for an ``http://`` endpoint, SSL off;
+      ``AWS_REGION``/``AWS_DEFAULT_REGION`` -> ``fs.s3a.endpoint.region``; with
+      ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` set, the SDK's environment credentials
+      provider (it also reads ``AWS_SESSION_TOKEN``), unless the user configured S3A credentials.
+
+    Each ``fs.s3a.*`` key as ``spark.hadoop.fs.s3a.*``. Nothing for other URLs."""
+    env = os.environ if environ is None else environ
+    user = {key: str(value) for key, value in user_conf.items()}
+    schemes = {url_scheme(url) for url in urls}
+    conf: dict[str, str] = {}
+    if schemes & set(S3_SCHEMES):
+        conf.update({f"spark.executorEnv.{name}": env[name] for name in AWS_VARIABLES if env.get(name)})
+    if "s3a" in schemes:
+        endpoint = env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+        if endpoint and S3A + "endpoint" not in user:  # the endpoint's settings go together
+            conf[S3A + "endpoint"] = endpoint
+            conf[S3A + "path.style.access"] = str(not _is_true(env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))).lower()
+            if endpoint.strip().lower().startswith("http://"):
+                conf[S3A + "connection.ssl.enabled"] = "false"
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if region:
+            conf[S3A + "endpoint.region"] = region
+        if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY") \
+                and not any(S3A + key in user for key in _S3A_CREDENTIALS):
+            conf[S3A + "aws.credentials.provider"] = ENVIRONMENT_CREDENTIALS
+    return {key: value for key, value in conf.items() if key not in user}
+
+
+def _hadoop_site_conf() -> dict[str, str]:
+    """Settings in the core-site.xml Spark loads (``$HADOOP_CONF_DIR``, Spark's conf directory),
+    spelled as ``spark.hadoop.*``: the user's, which msgindex never overrides."""
+    conf: dict[str, str] = {}
+    for directory in (os.environ.get("HADOOP_CONF_DIR"), str(_spark_conf_dir())):
+        if not directory:
+            continue
+        try:
+            root = ElementTree.parse(Path(directory) / "core-site.xml").getroot()
+        except (OSError, ElementTree.ParseError):
+            continue
+        for item in root.iter("property"):
+            name, value = item.findtext("name"), item.findtext("value")
+            if name and value is not None:
+                conf.setdefault(f"spark.hadoop.{name.strip()}", value.strip())
+    return conf
 
 
 def _log_config() -> Path:
@@ -168,16 +349,19 @@ def _properties_file(path: Path) -> dict[str, str]:
     return conf
 
 
-def _spark_defaults() -> dict[str, str]:
-    """spark-defaults.conf where spark-submit looks for it: $SPARK_CONF_DIR, else $SPARK_HOME/conf
+def _spark_conf_dir() -> Path:
+    """Where spark-submit looks for its configuration: $SPARK_CONF_DIR, else $SPARK_HOME/conf
     (pyspark's package directory is SPARK_HOME for a pip install)."""
     if os.environ.get("SPARK_CONF_DIR"):
-        directory = Path(os.environ["SPARK_CONF_DIR"])
-    elif os.environ.get("SPARK_HOME"):
-        directory = Path(os.environ["SPARK_HOME"]) / "conf"
-    else:
-        directory = _pyspark_jars_dir().parent / "conf"
-    return _properties_file(directory / "spark-defaults.conf")
+        return Path(os.environ["SPARK_CONF_DIR"])
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"]) / "conf"
+    return _pyspark_jars_dir().parent / "conf"
+
+
+def _spark_defaults() -> dict[str, str]:
+    """spark-defaults.conf where spark-submit looks for it (`_spark_conf_dir`)."""
+    return _properties_file(_spark_conf_dir() / "spark-defaults.conf")
 
 
 _SUBMIT_FLAGS = {"--master": "spark.master", "--jars": "spark.jars", "--driver-memory": "spark.driver.memory",
@@ -230,16 +414,23 @@ def is_local_master(master: str) -> bool:
 
 def session_conf(app_name: str = "msgindex", master: str | None = None,
                  extra_conf: Mapping[str, str] | None = None,
-                 user_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+                 user_conf: Mapping[str, str] | None = None, *,
+                 hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = ()) -> dict[str, str]:
     """The configuration `build_spark_session` applies, in this order of precedence:
 
     1. `extra_conf` and `master` (the caller's explicit settings: ``--conf``, ``--master``);
     2. `user_conf` (default: ``user_spark_conf()``: spark-submit, spark-defaults.conf, ...), never
        overridden by msgindex's defaults -- those keys are simply not set here;
     3. msgindex's defaults: ``spark.master`` local[2], loopback driver binding for local masters
-       only, this interpreter for the Python workers of local masters only, quiet logs, no UI;
+       only, this interpreter for the Python workers of local masters only, quiet logs, no UI,
+       and for object stores the ``AWS_*`` variables as settings (`object_store_conf`, for
+       `hadoop_urls` -- paths Spark opens itself through Hadoop: its checkpoint -- and
+       `store_urls` -- paths msgindex's own client opens: the index);
     and always: UTC session time zone, Arrow, Python data source filter pushdown (msgindex
-    relies on them), and the Kafka connector's jars joined to any others (``spark.jars``)."""
+    relies on them), and the Kafka connector's jars joined to any others (``spark.jars``), with
+    the Hadoop connectors `hadoop_urls` need (`object_store_jars`): on ``spark.jars`` too, or for
+    ``local``/``local[N]`` masters on the driver's class path (one JVM runs everything; Spark
+    would copy ``spark.jars`` into its local directory, 690 MB for the AWS SDK bundle)."""
     user = dict(user_spark_conf() if user_conf is None else user_conf)
     explicit = {key: str(value) for key, value in (extra_conf or {}).items()}
     if master is not None:
@@ -259,10 +450,19 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
         defaults.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
         if not os.environ.get("PYSPARK_PYTHON"):
             defaults.update({"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable})
+    defaults.update(object_store_conf([*hadoop_urls, *store_urls], {**_hadoop_site_conf(), **user, **explicit}))
     conf = {key: value for key, value in defaults.items() if key not in user and key not in explicit}
     conf.update(REQUIRED_CONF)
     conf.update(explicit)
     jars = [str(jar) for jar in kafka_connector_jars()]
+    connectors = [str(jar) for jar in object_store_jars(hadoop_urls)]
+    one_jvm = chosen_master == "local" or chosen_master.startswith("local[")
+    if one_jvm and connectors:
+        key = "spark.driver.extraClassPath"
+        conf[key] = os.pathsep.join([*(entry for entry in (explicit.get(key) or user.get(key) or "").split(os.pathsep)
+                                       if entry), *connectors])
+    else:
+        jars += connectors
     for given in (user.get("spark.jars"), explicit.get("spark.jars")):
         jars += [jar for jar in (given or "").split(",") if jar and jar not in jars]
     conf["spark.jars"] = ",".join(jars)
@@ -270,15 +470,19 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
 
 
 def build_spark_session(app_name: str = "msgindex", master: str | None = None,
-                        extra_conf: Mapping[str, str] | None = None) -> SparkSession:
-    """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath; see
-    `session_conf` for which settings it makes and which it leaves to the user.
+                        extra_conf: Mapping[str, str] | None = None, *,
+                        hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = ()) -> SparkSession:
+    """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath and, for
+    object-store `hadoop_urls` (Spark's checkpoint on ``s3a://``, ``gs://``, ``abfss://``), the
+    Hadoop connector that opens them; see `session_conf` for which settings it makes and which it
+    leaves to the user. `store_urls` are object-store paths msgindex's own client opens (the
+    index): its executors get the same ``AWS_*`` variables.
 
     When a session already runs in this process it is returned as is (jars and JVM options only
     take effect on the first session), with the SQL settings re-applied."""
     from pyspark.sql import SparkSession
 
-    conf = session_conf(app_name, master, extra_conf)
+    conf = session_conf(app_name, master, extra_conf, hadoop_urls=hadoop_urls, store_urls=store_urls)
     # A plain `python` driver's Python workers run PYSPARK_PYTHON (spark.pyspark.python is read
     # by spark-submit only): do what spark-submit does with it, never override the user's choice.
     if conf.get("spark.pyspark.python"):
