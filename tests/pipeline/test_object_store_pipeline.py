@@ -50,3 +50,35 @@ def test_the_job_indexes_into_an_object_store_exactly_once(kafka_bootstrap, kafk
     assert_index_equals(url, truth, topics=topics, storage_options=s3.options)
     with msgindex.open(url, storage_options=s3.options) as store:
         assert sorted(store.brokers()) == sorted({b for s in history for b in s.brokers})
+
+
+@pytest.mark.slow
+def test_the_cli_job_keeps_everything_in_the_bucket_checkpoint_included(kafka_bootstrap, kafka_topic, s3, tmp_path):
+    """`msgindex index --path s3://...` as a user runs it (endpoint and credentials in AWS_*): Spark's
+    checkpoint defaults to s3a://.../_checkpoint through Hadoop's S3A, nothing is written to a
+    local path, and a second run resumes from that checkpoint (nothing new: no batch)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    topic = kafka_topic(partitions=2, prefix="bucketed")
+    produce(kafka_bootstrap, keyed_records([topic], 3_000, key_pool=300, seed=22))
+    truth = ground_truth(kafka_bootstrap, [topic])
+    url = s3.url("index")
+    cli = str(Path(sys.executable).parent / "msgindex")
+    env = {**os.environ, **s3.env}
+    work = tmp_path / "cwd"
+    work.mkdir()
+    args = [cli, "index", "--bootstrap-servers", kafka_bootstrap, "--subscribe", topic, "--path", url,
+            "--available-now", "--quiet-spark"]
+    first = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "3,000 records (3,000 new)" in first.stdout, first.stdout[-2000:]
+    assert_index_equals(url, truth, topics=[topic], storage_options=s3.options)
+    with msgindex.open(url, storage_options=s3.options) as store:
+        assert store.client.list("_checkpoint/offsets/"), "Spark's checkpoint is in the bucket"
+    second = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "done: 0 batches" in second.stdout, second.stdout[-2000:]
+    assert [p.name for p in work.iterdir() if not p.name.startswith("spark-")] == []

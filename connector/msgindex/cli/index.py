@@ -22,11 +22,11 @@ from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
 from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
+from msgindex.spark.runtime.session import hadoop_url
 from msgindex.storage.location import StoreLocation, parse_location
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
-HADOOP_SCHEMES = {"s3": "s3a", "az": "abfss", "azure": "abfss"}  # msgindex's URL scheme -> Hadoop's
 SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segment_bytes": "segment_bytes",
                 "index_interval_bytes": "index_interval_bytes"}
 _TRIGGER_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|millisecond|milliseconds|s|second|seconds|min|minute|minutes)$")
@@ -210,16 +210,10 @@ def _checkpoint(given: str | None, location: StoreLocation, path: str) -> str:
     """The Spark checkpoint: as given (a local path expanded), else ``<path>/_checkpoint``; on an
     object store through Hadoop's connector for it (``s3a://`` for ``s3://``)."""
     if given:
-        return given if "://" in given else str(Path(given).expanduser().resolve())
+        return hadoop_url(given) if "://" in given else str(Path(given).expanduser().resolve())
     if location.is_local:
         return str(Path(path) / "_checkpoint")
     return f"{hadoop_url(location.url)}/_checkpoint"
-
-
-def hadoop_url(url: str) -> str:
-    """The same location as Hadoop's file systems name it (S3A for s3://; gs:// and abfss:// as they are)."""
-    scheme, rest = url.split("://", 1)
-    return f"{HADOOP_SCHEMES.get(scheme, scheme)}://{rest}"
 
 
 def _beside(given: str | None, path: str, name: str, storage: dict[str, str]) -> str:

@@ -210,6 +210,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
     from msgindex.spark.pipeline.progress import SparkProgressListener
     from msgindex.spark.pipeline.sink import BatchWriter, IndexSink
+    from msgindex.spark.runtime.hadoop_paths import check_hadoop_path
     from msgindex.spark.runtime.session import build_spark_session, is_local_master
     from msgindex.spark.runtime.shipping import check_executors_see_index, ship_code
 
@@ -221,7 +222,10 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         for broker in upgrade_legacy_shards(store, options.input_kind):
             say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
         say(start.retention_line)
-        spark = build_spark_session(app_name=options.query_name, master=options.master, extra_conf=options.spark_conf)
+        spark = build_spark_session(app_name=options.query_name, master=options.master, extra_conf=options.spark_conf,
+                                    hadoop_urls=[options.checkpoint],
+                                    store_urls=[options.path] if options.on_object_store else [])
+        check_hadoop_path(spark, options.checkpoint)
         ship_code(spark)
         master = spark.sparkContext.master
         if not is_local_master(master):
