@@ -40,7 +40,15 @@ from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LEGACY_LOG_FORMAT, LogPosition
 from msgindex.storage.log.segment import LOG_SUFFIX, parse_segment_name
 from msgindex.storage.settings import StoreSettings
-from msgindex.storage.shard import LOCK_FILE, LOG_DIR, SHARD_DIR_PREFIX, checkpoint_path, open_log
+from msgindex.storage.shard import (
+    LOCK_FILE,
+    LOG_DIR,
+    SHARD_DIR_PREFIX,
+    checkpoint_path,
+    has_data,
+    missing_checkpoint_error,
+    open_log,
+)
 from msgindex.storage.store import MANIFEST_FILE, STORE_FORMAT_VERSION, read_manifest, write_manifest
 
 NEW_LOG_DIR = "log.v2"
@@ -108,6 +116,8 @@ def upgrade_shard(directory: Path, settings: StoreSettings) -> ShardUpgrade:
             _finish(directory)
             return ShardUpgrade(broker, "finished an interrupted upgrade")
         checkpoint = read_checkpoint(checkpoint_path(directory))
+        if checkpoint is None and has_data(directory):
+            raise missing_checkpoint_error(directory, broker, registered=True)
         if checkpoint is None or checkpoint.log_position is None:
             return ShardUpgrade(broker, "nothing committed")
         position = checkpoint.log_position

@@ -14,36 +14,19 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from msgindex.errors import CorruptFileError
-from msgindex.storage.durable import parse_versioned_json, versioned_json, write_atomically
+from msgindex.storage.durable import write_atomically
+from msgindex.storage.partition_brokers import FILE_NAME, encode_partition_brokers, read_partition_brokers
 
-FILE_NAME = "partition-brokers.json"
-FORMAT = "msgindex-partition-brokers"
-FORMAT_VERSION = 1
+__all__ = ["FILE_NAME", "PartitionBrokerMap"]
 
 
 class PartitionBrokerMap:
-    """The recorded (topic, partition) -> broker name assignments of one index root."""
+    """The recorded (topic, partition) -> broker name assignments of one index root (the file's
+    format: ``msgindex.storage.partition_brokers``)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root) / FILE_NAME
-        self._brokers: dict[tuple[str, int], str] = self._load()
-
-    def _load(self) -> dict[tuple[str, int], str]:
-        if not self.path.exists():
-            return {}
-        _, document = parse_versioned_json(
-            self.path.read_bytes(), source=self.path, what="partition -> broker map", format_name=FORMAT,
-            versions=(FORMAT_VERSION,), legacy_version_field="format_version",
-        )
-        try:
-            return {
-                (topic, int(partition)): str(broker)
-                for topic, partitions in document["topics"].items()
-                for partition, broker in partitions.items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptFileError(f"{self.path}: not a valid partition -> broker map ({error})") from error
+        self._brokers: dict[tuple[str, int], str] = read_partition_brokers(self.path)
 
     def as_dict(self) -> dict[tuple[str, int], str]:
         """A copy of every recorded assignment."""
@@ -59,12 +42,5 @@ class PartitionBrokerMap:
         added = {tp: str(b) for tp, b in leaders.items() if tp not in self._brokers}
         if added:
             self._brokers.update(added)
-            self._save()
+            write_atomically(self.path, encode_partition_brokers(self._brokers))
         return added
-
-    def _save(self) -> None:
-        topics: dict[str, dict[str, str]] = {}
-        for (topic, partition), broker in sorted(self._brokers.items()):
-            topics.setdefault(topic, {})[str(partition)] = broker
-        write_atomically(self.path, versioned_json(FORMAT, FORMAT_VERSION, {"topics": topics}))
-
