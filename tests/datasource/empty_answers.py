@@ -106,6 +106,9 @@ def store_cases(path: str, rows) -> list[EmptyRead]:
         EmptyRead("store_collision_options", path, {"key": collision, "topic": other_topic},
                   cli=["--key", collision, "--topic", other_topic]),
         EmptyRead("store_collision_where", path, {}, where=f"key = '{collision}' AND topic = '{other_topic}'"),
+        # nothing to fetch: no broker is asked (this one would refuse the connection)
+        EmptyRead("store_absent_values_options", path, {"key": "no-such-key", "fetchValues": "true",
+                                                        "kafka.bootstrap.servers": "127.0.0.1:9"}),
     ]
     return cases + _window_cases("store", path, {}, key, record.topic, stamp, [])
 
@@ -128,6 +131,8 @@ def rocketmq_root_cases(dataset, hash_slot_num: int, index_num: int) -> list[Emp
         EmptyRead("rocketmq_collision_options", path, {**base, "key": collision, "topic": other_topic},
                   cli=[*cli_base, "--key", collision, "--topic", other_topic]),
         EmptyRead("rocketmq_collision_where", path, base, where=f"key = '{collision}' AND topic = '{other_topic}'"),
+        EmptyRead("rocketmq_collision_values_options", path, {**base, "key": collision, "topic": other_topic,
+                                                              "fetchValues": "true"}),
         EmptyRead("rocketmq_empty_scan_window", path, {**base, "begin": "1000", "end": "2000"},
                   cli=[*cli_base, "--scan", "--begin", "1000", "--end", "2000"]),
     ]

@@ -208,6 +208,12 @@ def _rebuild_index_files(directory: Path, settings: StoreSettings, checkpoint: C
     records retention deleted)."""
     if checkpoint.log_position is None:
         return []
+    index_dir = directory / INDEX_DIR
+    if not index_dir.is_dir() and (index_dir.exists() or index_dir.is_symlink()):
+        raise CorruptFileError(f"{index_dir}: is not a directory: the shard's hash index files belong there; move it "
+                               f"elsewhere, then repair rebuilds them from the log")
+    if not index_dir.exists() and not dry_run and checkpoint.index_files:
+        index_dir.mkdir()  # every hash index file is lost: each is rebuilt below
     log = open_log(directory, settings, writable=False, committed=checkpoint.log_position,
                    retained_from=checkpoint.log_start_seq)
     rebuilt: list[str] = []
@@ -258,6 +264,7 @@ def _rebuild_one(path: Path, state: IndexFileState, previous: IndexFileState | N
             right = entry_sums.build(on_disk, state.index_count, entry_sums.chunk_crcs(on_disk, 0, state.index_count))
             sums = entry_sums.sums_path(path)
             if not dry_run and (not sums.is_file() or sums.read_bytes() != right):
+                _remove_derived_directory(sums)
                 write_atomically(sums, right)  # its entries are the log's: vouched for
             return None
         why = "missing or of the wrong size" if on_disk is None else "its committed bytes differ from the log's"
@@ -273,9 +280,16 @@ def _rebuild_one(path: Path, state: IndexFileState, previous: IndexFileState | N
         shutil.rmtree(path)
     os.replace(temporary_path(path), path)
     fsync_directory(path.parent)
+    _remove_derived_directory(entry_sums.sums_path(path))
     with IndexFile.open(path, settings.hash_slot_num, settings.index_num, read_only=True) as rebuilt:
         entry_sums.write_all(rebuilt, state.index_count)
     return f"rebuilt ({why}): byte for byte what its writer wrote"
+
+
+def _remove_derived_directory(path: Path) -> None:
+    """A directory where a derived file belongs goes (as ``_clear_derived`` removes it)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
 
 
 def _open_if_sized(path: Path, settings: StoreSettings) -> IndexFile | None:
