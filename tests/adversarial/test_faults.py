@@ -453,3 +453,18 @@ def test_a_nan_lock_timeout_in_the_api(tmp_path):
     except InvalidArgumentError as error:
         result = "InvalidArgumentError" if "lock timeout" in str(error) else WRONG
     settle("api lock timeout nan", [Outcome("option api wait_for_lock(timeout_s=nan)", result)])
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("option", ["begin", "end", "maxNum", "partitions", "hashSlotNum", "indexNum"])
+def test_read_options_that_are_not_numbers(option, value):
+    """The data source's numeric options (none is a float): nan and inf are refused by name."""
+    from msgindex.errors import InvalidOptionError
+    from msgindex.spark.read.options import ReadOptions
+
+    try:
+        ReadOptions.parse({"path": "/data/index", "mode": "rocketmq", option: value})
+        result, detail = WRONG, "accepted"
+    except InvalidOptionError as error:
+        result, detail = ("InvalidOptionError" if f"'{option}' = {value!r}" in str(error) else WRONG), str(error)
+    settle(f"read option {option}", [Outcome(f"option read {option}={value}", result, detail)])
