@@ -352,7 +352,7 @@ def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeyp
     """Chunks commit [min, max + 1) of their rows per slice: a slice's row arriving behind an
     earlier chunk would be skipped as committed, so the task fails instead of losing it."""
     from msgindex.errors import MsgIndexError
-    from msgindex.spark.pipeline.job import task_writer
+    from msgindex.spark.pipeline import task_writer
 
     root = tmp_path / "ix"
     open_store(root, create=True, settings=SMALL).close()
