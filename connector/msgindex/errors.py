@@ -14,6 +14,12 @@ class CorruptFileError(MsgIndexError):
     """A file on disk is truncated, the wrong size, or holds bytes that fail validation."""
 
 
+class ForeignCheckpointError(CorruptFileError):
+    """A shard's checkpoint commits a log extent its log segments do not have at a batch boundary:
+    another shard's checkpoint, or an old copy. The error names the checkpoint; ``msgindex repair``
+    rebuilds it from the shard's files."""
+
+
 class StorageFullError(MsgIndexError, OSError):
     """The filesystem has no room for a file msgindex must allocate or grow (disk full, quota)."""
 

@@ -5,8 +5,10 @@ show as one attack's exit status, not as a dead pytest.
 
 One attack = one (file kind, damage) applied to a fresh copy of a small store, then each reader:
 ``msgindex.open(...).lookup`` / ``.scan`` / ``.scan`` of a time window, ``msgindex lookup`` /
-``lookup --scan`` / ``inspect STORE`` / ``inspect FILE`` through ``msgindex.cli.main``, and last a
-writer appending one more record. Each reader's outcome is one of:
+``lookup --scan`` / ``inspect STORE`` / ``inspect FILE`` / ``upgrade`` through ``msgindex.cli.main``,
+then ``msgindex repair`` (after which the store must answer right, or repair must refuse naming
+the file without sending the user back to repair), and last a writer appending one more record.
+Each reader's outcome is one of:
 
 * the right answer (the model's rows, exactly);
 * a clear error: a msgindex error class whose message names the damaged file (or the CLI's exit 2
@@ -19,11 +21,14 @@ Prints one JSON line per attack: ``{"attack": ..., "outcomes": [[reader, result,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
+import random
 import shutil
 import struct
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +38,10 @@ from pathlib import Path
 import msgindex
 from msgindex.cli import main
 from msgindex.errors import MsgIndexError
-from msgindex.storage import hash_run, hot_keys
+from msgindex.storage import entry_sums, hash_run, hot_keys
 from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.partition_brokers import FILE_NAME as PARTITION_BROKERS_FILE
+from msgindex.storage.partition_brokers import encode_partition_brokers
 from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows
@@ -47,18 +54,22 @@ from tests.storage.shard_model import model_lookup, model_scan, table_rows
 # that carries the same key). None is left; the set stays for the tally's sake.
 KNOWN_GAPS: set[str] = set()
 VICTIM_SHARD = "b1"
+# segments of 1,000 bytes: b1's log has three, so one is in the middle
+SETTINGS = dataclasses.replace(damage.SMALL, segment_bytes=1000)
 WINDOW = (damage.BASE_MS + 10_000, damage.BASE_MS + 30_000)
 EXTRA = damage.record(0, 100_000)  # what the writer appends after the damage
 
 
 # --- the store and its files ----------------------------------------------------------------------
 def build_pristine(root: Path) -> damage.SmallStore:
-    """The small store of tests/storage/damage.py, with a hash run on each sealed hash index file
-    (the writer seals runs only past 65,536 entries; a short min_chain makes this one have rows)."""
-    store = damage.build(root)
+    """The small store of tests/storage/damage.py (three log segments in b1), with a hash run on
+    each sealed hash index file (the writer seals runs only past 65,536 entries; a short min_chain
+    makes this one have rows), and the indexing job's partition -> shard map."""
+    store = damage.build(root, settings=SETTINGS)
+    (root / PARTITION_BROKERS_FILE).write_bytes(encode_partition_brokers({("orders", 1): "b1", ("orders", 2): "b2"}))
     for broker in store.models:
         for path in damage.index_files(store, broker)[:-1]:
-            with IndexFile.open(path, damage.SMALL.hash_slot_num, damage.SMALL.index_num, read_only=True) as index:
+            with IndexFile.open(path, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
                 assert hash_run.write(index, 1, index.index_count, min_chain=2), f"{path}: no hash run written"
     return store
 
@@ -72,6 +83,7 @@ class FileKind:
     derived: bool = False  # readers may recompute or ignore it: damage may give the right answer
     empty: bool = False  # a lock file: holds no bytes to truncate, zero or scribble
     directory: bool = False
+    optional: bool = False  # no reader needs it and a store may lack it: deleting it is no damage
 
 
 def _shard(store: damage.SmallStore) -> Path:
@@ -102,6 +114,7 @@ KINDS = [
     FileKind("checkpoint", lambda s: _shard(s) / "checkpoint"),
     FileKind("shard_lock", lambda s: _shard(s) / "lock", empty=True),
     FileKind("log_oldest", lambda s: damage.segments(s, VICTIM_SHARD)[0]),
+    FileKind("log_middle", lambda s: damage.segments(s, VICTIM_SHARD)[1]),
     FileKind("log_active", lambda s: damage.segments(s, VICTIM_SHARD)[-1]),
     FileKind("offset_index", lambda s: damage.segments(s, VICTIM_SHARD, ".index")[0], derived=True),
     FileKind("offset_index_active", lambda s: damage.segments(s, VICTIM_SHARD, ".index")[-1], derived=True),
@@ -111,6 +124,8 @@ KINDS = [
     FileKind("hash_index_sealed", lambda s: damage.index_files(s, VICTIM_SHARD)[0]),
     FileKind("hash_index_active", lambda s: damage.index_files(s, VICTIM_SHARD)[-1]),
     FileKind("hash_run", _runs, derived=True),
+    FileKind("entry_sums", lambda s: entry_sums.sums_path(damage.index_files(s, VICTIM_SHARD)[0]), derived=True),
+    FileKind("partition_brokers", lambda s: s.root / PARTITION_BROKERS_FILE, optional=True),
     FileKind("hot_key_copy", _hot_key_copy, derived=True),
     FileKind("shard_dir", _shard, directory=True),
     FileKind("log_dir", lambda s: _shard(s) / "log", directory=True),
@@ -135,13 +150,37 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
     # 12 records on: the same topic (offset % 3) and shared key (offset % 4); b1 holds 72 records
     "entry_same_key": lambda p: _move_entry(p, lambda phy: phy + 12 if phy + 12 < 72 else phy - 12),
     "directory": damage.replace_by_directory,
+    # random bytes over the middle of a hash index file's written entries (header and slots intact)
+    "scribble_entries": lambda p: _scribble_entries(p),
+    "foreign_checkpoint": lambda p: _foreign_checkpoint(p),
 }
+
+
+def _scribble_entries(path: Path) -> None:
+    with IndexFile.open(path, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+        written = index.entry_count
+    first = 1 + written // 4
+    count = max(1, min(100, written // 2))
+    at = HEADER_SIZE + SETTINGS.hash_slot_num * 4 + first * ENTRY_SIZE
+    raw = bytearray(path.read_bytes())
+    rng = random.Random(5)
+    raw[at : at + count * ENTRY_SIZE] = bytes(rng.randrange(256) for _ in range(count * ENTRY_SIZE))
+    path.write_bytes(bytes(raw))
+
+
+def _foreign_checkpoint(path: Path) -> None:
+    """The checkpoint of a shard of another store, of the same name but other records (its log
+    position falls inside a batch of this shard's log, its counts are not this shard's)."""
+    with tempfile.TemporaryDirectory() as other:
+        store = damage.build(Path(other) / "store", brokers=(VICTIM_SHARD,), appends=7, per_append=5,
+                             settings=SETTINGS)
+        path.write_bytes((damage.shard(store, VICTIM_SHARD) / "checkpoint").read_bytes())
 
 
 def _move_entry(path: Path, move: Callable[[int], int]) -> None:
     """Entry 2 of a hash index file (the shared key of its first record) pointed at another
     committed record: the one before (other keys), or one with the same topic and shared key."""
-    at = HEADER_SIZE + damage.SMALL.hash_slot_num * 4 + 2 * ENTRY_SIZE + 4
+    at = HEADER_SIZE + SETTINGS.hash_slot_num * 4 + 2 * ENTRY_SIZE + 4
     raw = bytearray(path.read_bytes())
     struct.pack_into(">q", raw, at, move(struct.unpack_from(">q", raw, at)[0]))
     path.write_bytes(bytes(raw))
@@ -166,8 +205,11 @@ def attack_ids() -> list[str]:
     for kind in KINDS:
         for name in DAMAGES:
             if (kind.empty or kind.directory) and name not in ("delete", "directory") or (
-                    name == "swap" and (kind.empty or kind.directory or kind.name.startswith("manifest"))) or (
-                    name.startswith("entry_") and not kind.name.startswith("hash_index")):
+                    name == "swap" and (kind.empty or kind.directory or kind.name.startswith("manifest")
+                                        or kind.name == "partition_brokers")) or (
+                    name in ("entry_other_record", "entry_same_key", "scribble_entries")
+                    and not kind.name.startswith("hash_index")) or (
+                    name == "foreign_checkpoint" and kind.name != "checkpoint"):
                 continue
             ids.append(f"{kind.name}:{name}")
     return ids
@@ -220,7 +262,8 @@ class Judge:
         said = err.getvalue().strip()
         if code == 0:
             if expected is None:
-                if self.kind.derived and self.damage_name == "delete" or self.kind.empty or self.unchanged:
+                if (self.kind.derived or self.kind.optional) and self.damage_name == "delete" or self.kind.empty \
+                        or self.unchanged:
                     self.outcomes.append((reader, RIGHT, ""))
                 else:  # a file of the store damaged, and inspect says all is well
                     self.outcomes.append((reader, WRONG, "inspect exit 0 on a damaged file"))
@@ -278,6 +321,7 @@ def run_attack(pristine: damage.SmallStore, workdir: Path, attack: str) -> list[
             hot_keys.MIN_ROWS = min_rows
         if _listing_without(store.root, victim) != before:
             judge.outcomes.append(("files", WRONG, "a reader changed or deleted files of the store"))
+        _repair(judge, store)
         _append(judge, store, victim, before)
         return judge.outcomes
     finally:
@@ -304,6 +348,49 @@ def _read_all(judge: Judge, store: damage.SmallStore, victim: Path) -> None:
                            "--end", str(WINDOW[1])], window)
     judge.cli("cli_inspect", ["inspect", str(root)], None)
     judge.cli("cli_inspect_file", ["inspect", str(victim)], None)
+    _upgrade(judge, store)
+
+
+def _run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue().strip()
+
+
+def _upgrade(judge: Judge, store: damage.SmallStore) -> None:
+    """`msgindex upgrade` of a current store changes nothing; it must not call a damaged shard that
+    holds records "nothing committed"."""
+    code, said, err = _run_cli(["upgrade", str(store.root)])
+    if code == 0:
+        claims_empty = f"broker={VICTIM_SHARD}: nothing committed" in said
+        judge.outcomes.append(("cli_upgrade", WRONG, f"exit 0 saying: {said[-300:]}") if claims_empty
+                              else ("cli_upgrade", RIGHT, ""))
+    elif code == 2 and len(err.splitlines()) == 1 and judge.names_victim(err):
+        judge.outcomes.append(("cli_upgrade", "exit 2", err))
+    else:
+        judge.outcomes.append(("cli_upgrade", WRONG, f"exit {code}: {err[-500:]}"))
+
+
+def _repair(judge: Judge, store: damage.SmallStore) -> None:
+    """`msgindex repair`: then the store answers right, or repair refuses in one line per shard
+    that names the damaged file and does not send the user to `msgindex repair` again."""
+    code, _said, err = _run_cli(["repair", str(store.root)])
+    if code == 0:
+        models, keys = list(store.models.values()), store.keys()
+        judge.api("cli_repair", lambda: _api(store.root, lambda s: table_rows(s.lookup(keys))),
+                  model_lookup(models, keys))
+    elif code != 2 or not err:
+        judge.outcomes.append(("cli_repair", WRONG, f"exit {code}: {err[-500:]}"))
+    elif not judge.names_victim(err):
+        judge.outcomes.append(("cli_repair", WRONG, f"exit 2 without naming the file: {err[-500:]}"))
+    elif "run `msgindex repair" in err:
+        judge.outcomes.append(("cli_repair", WRONG, f"repair tells the user to run repair: {err[-500:]}"))
+    else:
+        judge.outcomes.append(("cli_repair", "exit 2", err.splitlines()[0]))
 
 
 def _api(root: Path, read: Callable[[msgindex.Store], list]) -> list:

@@ -396,3 +396,75 @@ def test_a_full_disk_while_appending_and_reading(small_disk):
     code, _, err = cli(["inspect", str(root)])
     outcomes.append(Outcome("disk inspect", RIGHT if code == 0 else WRONG, err))
     settle("full disk", outcomes)
+
+
+# --- numbers that are not numbers ------------------------------------------------------------------
+NON_FINITE = ("nan", "inf", "-inf", "NaN", "Infinity")
+# every float option of every command (and a duration/size given as digits that overflow a float);
+# the index job's flags are checked before anything starts, so no Kafka or Spark is needed
+FLOAT_OPTIONS = [
+    (["index", "--bootstrap-servers", "127.0.0.1:1", "--subscribe", "t", "--path", "{root}", "--lock-timeout"],
+     "--lock-timeout"),
+    (["index", "--bootstrap-servers", "127.0.0.1:1", "--subscribe", "t", "--path", "{root}",
+      "--retention-interval"], "--retention-interval"),
+    (["kafka", "start", "--data-dir", "{root}/kafka", "--timeout"], "--timeout"),
+    (["kafka", "stop", "--data-dir", "{root}/kafka", "--timeout"], "--timeout"),
+]
+HUGE = "9" * 400  # float() of it is inf
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize(("argv", "option"), FLOAT_OPTIONS, ids=lambda v: v if isinstance(v, str) else " ".join(v[:2]))
+def test_non_finite_seconds_are_refused(tmp_path, argv, option, value):
+    """`--lock-timeout nan` was accepted and a task then waited for a shard lock forever."""
+    *head, flag = [part.format(root=tmp_path) for part in argv]
+    code, _out, err = cli([*head, f"{flag}={value}"])  # `=`: argparse takes "-inf" alone for an option
+    lines = err.strip().splitlines()
+    right = code == 2 and len(lines) == 1 and option in lines[0] and "finite number of seconds" in lines[0]
+    settle(f"option {option}={value}", [Outcome(f"option {' '.join(argv[:2])} {option}={value}",
+                                                "exit 2" if right else WRONG, err.strip()[-300:])])
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["retention", "{root}", "--max-age"], "--max-age"), (["retention", "{root}", "--max-bytes"], "--max-bytes"),
+    (["index", "--bootstrap-servers", "127.0.0.1:1", "--subscribe", "t", "--path", "{root}", "--retention-ms"],
+     "--retention-ms"),
+    (["index", "--bootstrap-servers", "127.0.0.1:1", "--subscribe", "t", "--path", "{root}", "--retention-bytes"],
+     "--retention-bytes"),
+])
+@pytest.mark.parametrize("value", [*NON_FINITE, HUGE, HUGE + "d"])
+def test_durations_and_sizes_that_are_not_numbers(tmp_path, argv, option, value):
+    *head, flag = [part.format(root=tmp_path) for part in argv]
+    code, _out, err = cli([*head, f"{flag}={value}"])
+    lines = err.strip().splitlines()
+    right = code == 2 and len(lines) == 1 and option in lines[0]
+    settle(f"option {option}", [Outcome(f"option {argv[0]} {option}={value[:12]}", "exit 2" if right else WRONG,
+                                        err.strip()[-300:])])
+
+
+def test_a_nan_lock_timeout_in_the_api(tmp_path):
+    """The storage layer refuses it too (the job's options and ShardWriter.locked end there)."""
+    from msgindex.errors import InvalidArgumentError
+    from msgindex.storage.file_lock import wait_for_lock
+
+    try:
+        wait_for_lock(tmp_path / "lock", float("nan"))
+        result = WRONG
+    except InvalidArgumentError as error:
+        result = "InvalidArgumentError" if "lock timeout" in str(error) else WRONG
+    settle("api lock timeout nan", [Outcome("option api wait_for_lock(timeout_s=nan)", result)])
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("option", ["begin", "end", "maxNum", "partitions", "hashSlotNum", "indexNum"])
+def test_read_options_that_are_not_numbers(option, value):
+    """The data source's numeric options (none is a float): nan and inf are refused by name."""
+    from msgindex.errors import InvalidOptionError
+    from msgindex.spark.read.options import ReadOptions
+
+    try:
+        ReadOptions.parse({"path": "/data/index", "mode": "rocketmq", option: value})
+        result, detail = WRONG, "accepted"
+    except InvalidOptionError as error:
+        result, detail = ("InvalidOptionError" if f"'{option}' = {value!r}" in str(error) else WRONG), str(error)
+    settle(f"read option {option}", [Outcome(f"option read {option}={value}", result, detail)])

@@ -21,6 +21,9 @@ from tests.adversarial.tally import TALLY, WRONG, Outcome
 
 REPO = Path(__file__).resolve().parents[2]
 ATTACKS = file_attacks.attack_ids()
+# A cap against a hung child, not a speed goal: an attack (a store copied, damaged, read by ten
+# readers, upgraded, repaired, appended to) takes ~1 s on a quiet machine, far more under load.
+ATTACK_TIMEOUT_S = 30
 
 
 def run_in_children(workdir: Path, attacks: list[str]) -> dict[str, list[tuple[str, str, str]]]:
@@ -30,7 +33,7 @@ def run_in_children(workdir: Path, attacks: list[str]) -> dict[str, list[tuple[s
     left = list(attacks)
     while left:
         child = subprocess.run([sys.executable, "-m", "tests.adversarial.file_attacks", str(workdir), *left],
-                               cwd=REPO, capture_output=True, text=True, timeout=600,
+                               cwd=REPO, capture_output=True, text=True, timeout=ATTACK_TIMEOUT_S * len(left),
                                env={**os.environ, "PYTHONPATH": str(REPO)})
         started = None
         for line in child.stdout.splitlines():

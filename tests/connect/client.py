@@ -81,6 +81,24 @@ def bulk(spark, store: str, keys: list[str | None]) -> dict[str, Any]:
     }
 
 
+def empty_answers(spark, cases: list[dict], lookup_keys_store: str, keys: list[str]) -> dict[str, Any]:
+    """Reads that must find nothing (tests/datasource/empty_answers.py), with pushdown on: rows
+    per case, or the error; and lookup_keys of keys that are in no message."""
+    from msgindex.spark import enable_pushdown, lookup_keys
+    from tests.datasource.empty_answers import count_rows
+
+    enable_pushdown(spark)
+    result: dict[str, Any] = {}
+    for case in cases:
+        try:
+            result[case["name"]] = count_rows(spark, case)
+        except Exception as error:  # reported, not raised: the test names every case that fails
+            result[case["name"]] = f"{type(error).__name__}: {str(error)[:300]}"
+    frame = spark.createDataFrame([(k,) for k in keys], "k string")
+    result["lookup_keys"] = lookup_keys(frame, lookup_keys_store, key_col="k").count()
+    return result
+
+
 def main(argv: list[str]) -> int:
     scenario, url, args = argv[1], argv[2], json.loads(argv[3])
     from pyspark.sql import SparkSession

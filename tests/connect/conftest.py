@@ -20,7 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.datasource.conftest import Truth, build_store, generate_records
+from tests.datasource.conftest import (
+    Truth,
+    build_store,
+    generate_records,
+    rocketmq_dir,  # noqa: F401  (the fixture: a bare directory of index files)
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_TIMEOUT_S = 600

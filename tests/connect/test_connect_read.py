@@ -39,3 +39,20 @@ def test_bulk_lookup_through_connect(connect_client, connect_truth):
     assert as_set(got["rows"]) == expected and len(got["rows"]) == len(expected)
     assert got["counts"] == {k: sum(1 for e in expected if e[0] == k) for k in ("Aa", "BB", "with,comma")}
     assert "key column 'order_id' is bigint" in got["bad_type"]
+
+
+def test_empty_answers_through_connect(connect_client, connect_truth, rocketmq_dataset, rocketmq_dir):
+    """The reads of tests/datasource/test_empty_answers.py, through Connect: no rows, no error."""
+    from tests.datasource import empty_answers
+    from tests.datasource.conftest import INDEX_DIR_ENTRIES, INDEX_DIR_SLOTS
+    from tests.rocketmq.harness import HASH_SLOT_NUM, INDEX_NUM
+
+    folder, puts = rocketmq_dir
+    cases = (empty_answers.store_cases(str(connect_truth.path), connect_truth.rows)
+             + empty_answers.rocketmq_root_cases(rocketmq_dataset, HASH_SLOT_NUM, INDEX_NUM)
+             + empty_answers.index_directory_cases(str(folder), INDEX_DIR_SLOTS, INDEX_DIR_ENTRIES, puts[0][4]))
+    collision = next(case for case in cases if case.name == "store_collision_options").options["key"]
+    got = connect_client("empty_answers", cases=[case.to_json() for case in cases],
+                         lookup_keys_store=str(connect_truth.path), keys=["no-such-key", collision])
+    assert got == dict.fromkeys(got, 0)
+

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from msgindex.storage.index_file import IndexFile, index_file_name
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
 
@@ -115,3 +116,36 @@ def truth(tmp_path_factory) -> Truth:
     path = tmp_path_factory.mktemp("datasource") / "store"
     build_store(path, rows)
     return Truth(path, tuple(rows))
+
+
+# a bare directory of RocketMQ index files (mode=rocketmq without a commit log)
+INDEX_DIR_SLOTS, INDEX_DIR_ENTRIES = 32, 60
+INDEX_DIR_T0 = 1_763_700_000_000
+
+
+@pytest.fixture(scope="session")
+def rocketmq_dir(tmp_path_factory):
+    """Two full-ish files as a broker would roll them; returns (dir, puts) where puts are
+    (file name, entry number, full key, phy offset, store timestamp)."""
+    folder = tmp_path_factory.mktemp("rocketmq") / "index"
+    folder.mkdir()
+    rng = random.Random(7)
+    keys = ["orders#Aa", "orders#BB", "payments#Aa"] + [f"orders#k{i}" for i in range(30)]
+    puts, phy, ts = [], 0, INDEX_DIR_T0
+    index, name = None, None
+    for _ in range(100):
+        if index is None or index.is_full:
+            end_phy, end_ts = (index.end_phy_offset, index.end_timestamp) if index else (0, 0)
+            if index:
+                index.close()
+            name = index_file_name(ts, utc=True)
+            index = IndexFile.create(folder / name, INDEX_DIR_SLOTS, INDEX_DIR_ENTRIES, end_phy, end_ts)
+        key = rng.choice(keys)
+        phy += rng.randrange(100, 500)
+        ts += rng.randrange(0, 4000)
+        entry = index.index_count
+        assert index.put_key(key, phy, ts)
+        puts.append((name, entry, key, phy, ts))
+    index.close()
+    (folder / "not-an-index.txt").write_text("ignored")
+    return folder, puts

@@ -6,46 +6,17 @@ unverified; on a real RocketMQ 5.3.3 broker's store root (the session fixture
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from msgindex.spark.read.datasource import PUSHDOWN_CONF
-from msgindex.storage.index_file import IndexFile, index_file_name
 from msgindex.storage.java_hash import index_hash
 from msgindex.storage.message import index_key
+from tests.datasource.conftest import INDEX_DIR_ENTRIES as ENTRIES
+from tests.datasource.conftest import INDEX_DIR_SLOTS as SLOTS
+from tests.datasource.conftest import INDEX_DIR_T0 as T0
 
 pytestmark = pytest.mark.spark
-SLOTS, ENTRIES = 32, 60
-T0 = 1_763_700_000_000
-
-
-@pytest.fixture(scope="module")
-def rocketmq_dir(tmp_path_factory):
-    """Two full-ish files as a broker would roll them; returns (dir, puts) where puts are
-    (file name, entry number, full key, phy offset, store timestamp)."""
-    folder = tmp_path_factory.mktemp("rocketmq") / "index"
-    folder.mkdir()
-    rng = random.Random(7)
-    keys = ["orders#Aa", "orders#BB", "payments#Aa"] + [f"orders#k{i}" for i in range(30)]
-    puts, phy, ts = [], 0, T0
-    index, name = None, None
-    for _ in range(100):
-        if index is None or index.is_full:
-            end_phy, end_ts = (index.end_phy_offset, index.end_timestamp) if index else (0, 0)
-            if index:
-                index.close()
-            name = index_file_name(ts, utc=True)
-            index = IndexFile.create(folder / name, SLOTS, ENTRIES, end_phy, end_ts)
-        key = rng.choice(keys)
-        phy += rng.randrange(100, 500)
-        ts += rng.randrange(0, 4000)
-        entry = index.index_count
-        assert index.put_key(key, phy, ts)
-        puts.append((name, entry, key, phy, ts))
-    index.close()
-    (folder / "not-an-index.txt").write_text("ignored")
-    return folder, puts
 
 
 def load(spark, folder, **options):

@@ -36,7 +36,10 @@ def test_partition_broker_map_only_grows_and_survives_reopen(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["{", "[]", '{"format_version": 1}', '{"format_version": 9, "topics": {}}',
-                                     '{"format_version": 1, "topics": {"t": {"x": "1"}}}'])
+                                     '{"format_version": 1, "topics": {"t": {"x": "1"}}}',
+                                     '{"format_version": 1, "topics": {"t": {"-1": "1"}}}',
+                                     '{"format_version": 1, "topics": {"t": {"0": "../b"}}}',
+                                     '{"format_version": 1, "topics": {"t": {"0": 7}}}', "\0" * 40])
 def test_partition_broker_map_corrupt_file_is_named(tmp_path, content):
     (tmp_path / FILE_NAME).write_text(content)
     with pytest.raises(CorruptFileError, match=FILE_NAME):

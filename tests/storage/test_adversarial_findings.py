@@ -10,7 +10,8 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.errors import CorruptFileError, StoreNotFoundError
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE
+from msgindex.storage import entry_sums
+from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.store import open_store
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows
@@ -90,15 +91,31 @@ def test_a_hash_entry_pointing_past_the_log_is_an_error_not_a_miss(small):
     victim = damage.index_files(small, "b1")[0]
     entries = HEADER_SIZE + damage.SMALL.hash_slot_num * 4
     raw = bytearray(victim.read_bytes())
-    key_hash = struct.unpack_from(">i", raw, entries + 5 * ENTRY_SIZE)[0]
+    key_hash, phy = struct.unpack_from(">iq", raw, entries + 5 * ENTRY_SIZE)
     struct.pack_into(">q", raw, entries + 5 * ENTRY_SIZE + 4, 1 << 32)  # phyOffset of entry 5
     victim.write_bytes(bytes(raw))
     assert key_hash  # entry 5 is a real one
-    with pytest.raises(CorruptFileError, match=f"{victim}: a committed hash entry points at seq {1 << 32}"):
+    with pytest.raises(CorruptFileError, match=f"{victim}: hash index entries 0..39 fail their checksum"):
         with open_store(small.root) as store:
-            # every key of b1: some lookup walks entry 5's chain (a key not in it would not notice)
             for key in small.keys():
-                store.lookup([key], brokers=["b1"])
+                store.lookup(key)
+    # without the entry checksums (entry_sums.py), the shape of the chunk gives it away
+    entry_sums.sums_path(victim).unlink()
+    with pytest.raises(CorruptFileError, match=f"{victim}: hash index entry 6 has a phyOffset below the entry before"):
+        with open_store(small.root) as store:
+            for key in small.keys():
+                store.lookup(key)
+    # and when the shape holds (the newest entry: nothing after it), the check at open
+    with open_store(small.root) as store:
+        last = store.reader("b1").index_files()[0][0].index_count - 1
+    raw = bytearray(victim.read_bytes())
+    struct.pack_into(">q", raw, entries + 5 * ENTRY_SIZE + 4, phy)
+    struct.pack_into(">q", raw, entries + last * ENTRY_SIZE + 4, 1 << 32)
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(CorruptFileError, match=f"{victim}: committed entry {last} points at seq {1 << 32}"):
+        with open_store(small.root) as store:
+            for key in small.keys():
+                store.lookup(key)
 
 
 def test_inspect_a_damaged_segment_names_what_its_damage_breaks(small, capsys):
@@ -217,9 +234,11 @@ def _move_entry_2(path, move) -> None:
 
 
 @pytest.mark.parametrize("keys", [["shared0"], None], ids=["few candidates", "many candidates"])
-def test_an_entry_moved_to_a_record_without_its_key_is_an_error(small, keys):
+def test_an_entry_moved_to_a_record_without_its_key_is_an_error(small, keys, monkeypatch):
     """Entry 2 (shared0 of record 0) pointed at record 1, which carries no key of its hash: the
-    lookup that follows it raised nothing and missed record 0. (Both verification paths.)"""
+    lookup that follows it raised nothing and missed record 0. (Both verification paths; the
+    lookup's own check, behind the entry checksums, which catch it first: test_entry_sums.py.)"""
+    monkeypatch.setattr(IndexFile, "guard_entries", lambda self: None)
     victim = damage.index_files(small, "b1")[0]
     _move_entry_2(victim, lambda phy: phy + 1)
     keys = keys or small.keys()[3::7] + [f"shared{n}" for n in range(4)]

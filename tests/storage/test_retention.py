@@ -70,7 +70,8 @@ def test_age_retention_deletes_old_files_only(tmp_path):
         with store.reader("b") as reader:
             log_start = reader.checkpoint.log_start_seq
             kept = reader.checkpoint.index_files
-        assert sorted(p.name for p in (shard / "index").iterdir()) == [state.name for state in kept]
+        listed = [state.name for state in kept]  # and their entry checksums: sidecars go with their files
+        assert sorted(p.name for p in (shard / "index").iterdir()) == sorted(listed + [f"{n}.entrysums" for n in listed])
         assert all(state.header.end_phy_offset >= log_start for state in kept[:-1])
         with store.writer("b") as writer:  # and the shard keeps working
             writer.append([MessageRecord("t", 0, 999, now, None, ("new",))])

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import traceback
 
-from msgindex.errors import MsgIndexError
+from msgindex.errors import InvalidOptionError, MsgIndexError
 
 # module names in this package, in the order `msgindex --help` lists them
 SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "repair", "retention", "compact", "upgrade", "kafka"]
+
+
+def checked_seconds(option: str, value: float) -> float:
+    """`value` of a seconds option (argparse ``type=float``), or InvalidOptionError naming the
+    option unless it is a finite number > 0: ``float`` also parses ``nan`` and ``inf``, and a wait
+    of nan seconds never ends (every comparison with it is false)."""
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidOptionError(f"{option} must be a finite number of seconds > 0, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

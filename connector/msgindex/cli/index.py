@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from msgindex.cli import checked_seconds
 from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
 from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
@@ -165,15 +166,13 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         spark_conf[key.strip()] = value
     if args.trigger_interval is not None and not _TRIGGER_INTERVAL.match(args.trigger_interval.strip()):
         raise InvalidOptionError(f"--trigger-interval {args.trigger_interval!r}: use e.g. '500 ms', '10 seconds', '1 minute'")
-    if args.lock_timeout <= 0:
-        raise InvalidOptionError(f"--lock-timeout must be > 0 seconds, got {args.lock_timeout}")
+    checked_seconds("--lock-timeout", args.lock_timeout)
     retention_ms = None
     if args.retention_ms is not None:
         retention_ms = KEEP_FOREVER_MS if args.retention_ms.strip() == str(KEEP_FOREVER_MS) \
             else parse_duration_ms("--retention-ms", args.retention_ms)
     retention_bytes = None if args.retention_bytes is None else parse_size_bytes("--retention-bytes", args.retention_bytes)
-    if args.retention_interval <= 0:
-        raise InvalidOptionError(f"--retention-interval must be > 0 seconds, got {args.retention_interval}")
+    checked_seconds("--retention-interval", args.retention_interval)
     if args.remote is not None:
         if not args.remote.startswith("sc://"):
             raise InvalidOptionError(f"--remote {args.remote!r}: a Spark Connect URL is sc://HOST:PORT")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from msgindex.cli import checked_seconds
 from msgindex.errors import InvalidOptionError
 from msgindex.kafka.broker import (
     CONTROLLER_PORT_ENV,
@@ -70,13 +71,14 @@ def _broker(args: argparse.Namespace) -> LocalBroker:
 
 def _start(args: argparse.Namespace) -> int:
     broker = _broker(args)
-    print(broker.start(timeout=args.timeout or 120.0), flush=True)
+    timeout = 120.0 if args.timeout is None else checked_seconds("--timeout", args.timeout)
+    print(broker.start(timeout=timeout), flush=True)
     return 0
 
 
 def _stop(args: argparse.Namespace) -> int:
     broker = _broker(args)
-    if broker.stop(timeout=args.timeout or 30.0):
+    if broker.stop(timeout=30.0 if args.timeout is None else checked_seconds("--timeout", args.timeout)):
         print(f"stopped the broker in {broker.data_dir}")
     else:
         print(f"no broker running in {broker.data_dir}")

@@ -46,7 +46,7 @@ def parse_duration_ms(option: str, text: str) -> int:
     match = _DURATION.match(text)
     if not match:
         raise InvalidOptionError(f"{option} {text!r} is not a duration: use e.g. 7d, 12h, 30m, 45s, 500ms")
-    return int(float(match.group(1)) * _DURATION_MS[match.group(2)])
+    return _bounded(option, text, float(match.group(1)) * _DURATION_MS[match.group(2)])
 
 
 def parse_size_bytes(option: str, text: str) -> int:
@@ -56,7 +56,15 @@ def parse_size_bytes(option: str, text: str) -> int:
     if not match:
         raise InvalidOptionError(f"{option} {text!r} is not a size: use e.g. 50GiB, 500MB, 10g or bytes")
     unit = (match.group(2) or "b").lower()[0]
-    return int(float(match.group(1)) * 1024 ** "bkmgt".index(unit))
+    return _bounded(option, text, float(match.group(1)) * 1024 ** "bkmgt".index(unit))
+
+
+def _bounded(option: str, text: str, value: float) -> int:
+    """`value` as an int, or InvalidOptionError naming the option when it is past a Java long
+    (a string of digits long enough becomes ``inf`` as a float)."""
+    if not value < 2**63:
+        raise InvalidOptionError(f"{option} {text!r} is too large")
+    return int(value)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from msgindex.errors import CorruptFileError
+from msgindex.errors import CorruptFileError, InvalidArgumentError
 
 POLL_FIRST_S = 0.01  # a waiter polls, backing off to
 POLL_MAX_S = 0.5
@@ -37,7 +37,10 @@ def try_lock(path: str | os.PathLike[str]) -> int | None:
 
 
 def wait_for_lock(path: str | os.PathLike[str], timeout_s: float) -> int | None:
-    """``try_lock`` until it succeeds or `timeout_s` passed (then None), backing off."""
+    """``try_lock`` until it succeeds or `timeout_s` passed (then None), backing off (``inf``:
+    no limit; nan is refused: it would wait forever while meaning no number)."""
+    if not timeout_s >= 0:
+        raise InvalidArgumentError(f"{path}: lock timeout must be a number of seconds >= 0, got {timeout_s!r}")
     deadline = time.monotonic() + timeout_s
     pause = POLL_FIRST_S
     while True:

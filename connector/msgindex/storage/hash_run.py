@@ -431,17 +431,17 @@ def _block_count(rows: int, block_rows: int) -> int:
     return -(-rows // block_rows)
 
 
-def fingerprint(index_file: IndexFile, start: int, end: int) -> int:
+def fingerprint(index_file: IndexFile, start: int, end: int, samples: int = FINGERPRINT_SAMPLES) -> int:
     """CRC32 of what identifies entries [start, end) of `index_file`: its sizing, beginTimestamp
-    and beginPhyOffset (fixed from the first put on) and FINGERPRINT_SAMPLES entry rows spread
-    over the range, its last one included. A run written for other bytes (a file re-created under
-    the same name, rolled back below the run) fails it."""
+    and beginPhyOffset (fixed from the first put on) and `samples` entry rows spread over the
+    range, its last one included. A run written for other bytes (a file re-created under the
+    same name, rolled back below the run) fails it."""
     header = index_file.header
     crc = zlib.crc32(struct.pack("<qqiiii", header.begin_timestamp, header.begin_phy_offset,
                                  index_file.hash_slot_num, index_file.index_num, start, end))
     if end > start:
-        samples = np.unique(np.linspace(start, end - 1, FINGERPRINT_SAMPLES).astype(np.int64))
-        crc = zlib.crc32(np.ascontiguousarray(index_file.entry_array()[samples]).tobytes(), crc)
+        rows = np.unique(np.linspace(start, end - 1, samples).astype(np.int64))
+        crc = zlib.crc32(np.ascontiguousarray(index_file.entry_array()[rows]).tobytes(), crc)
     return crc
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import hash_run
+from msgindex.storage import entry_sums, hash_run
 from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 from msgindex.storage.java_hash import index_hash, index_hashes
@@ -194,6 +194,7 @@ class IndexFile:
         self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
         self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
         self._runs: RunSet | None = None  # loaded at the first lookup
+        self._guard: entry_sums.EntryGuard | None = None  # see guard_entries
 
     # ----------------------------------------------------------------- creating and opening
     @staticmethod
@@ -322,13 +323,23 @@ class IndexFile:
                 f"put_keys: {len(keys)} keys, {offsets.size} phy_offsets and {stamps.size} "
                 f"store_timestamps; the three must have the same length"
             )
-        h = self.header
-        count = h.index_count
-        n = max(0, min(len(keys), self.index_num - count))
+        n = max(0, min(len(keys), self.index_num - self.index_count))
         if n == 0:
             return 0
-        hashes = index_hashes(keys[:n] if len(keys) != n else keys)
-        offsets, stamps = offsets[:n], stamps[:n]
+        return self.put_hashes(index_hashes(keys[:n] if len(keys) != n else keys), offsets[:n], stamps[:n])
+
+    def put_hashes(self, hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray) -> int:
+        """``put_keys`` of keys already hashed (``java_hash.index_hashes``: int32, >= 0), e.g.
+        the entries a shard's log calls for when ``msgindex repair`` rebuilds a file."""
+        self._require_writable()
+        h = self.header
+        count = h.index_count
+        n = max(0, min(len(hashes), self.index_num - count))
+        if n == 0:
+            return 0
+        hashes = np.asarray(hashes[:n], dtype=np.int32)
+        offsets = _int64_array("phy_offsets", phy_offsets)[:n]
+        stamps = _int64_array("store_timestamps", store_timestamps)[:n]
         slots = hashes % np.int32(self.hash_slot_num)  # hashes are >= 0
         prevs, chain_heads = self._resolve_prevs(slots, count)
         first = count <= FIRST_INDEX
@@ -414,6 +425,8 @@ class IndexFile:
             # runs over entries that are gone (they should only ever cover committed ones)
             self.forget_hash_runs()
             hash_run.remove_runs(self.path, ending_after=index_count)
+        if entry_sums.covered_count_of(self.path) > index_count:  # likewise (entry_sums)
+            entry_sums.remove(self.path)
         return changed
 
     def _written_end(self, start: int) -> int:
@@ -532,7 +545,10 @@ class IndexFile:
         slot = key_hash % self.hash_slot_num
         head = _SLOT_STRUCT.unpack_from(self._mm, self._slots_offset + slot * SLOT_SIZE)[0]
         found: list[tuple[int, int, int]] = []
-        for entries, phys, diffs in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot)):
+        touched = entry_sums.Touched()
+        pieces = self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot), touched)
+        self._check_touched(touched, limit)
+        for entries, phys, diffs in pieces:
             if isinstance(entries, list):
                 found += [(e, p, _stamp(begin_ts, d)) for e, p, d in zip(entries, phys, diffs)]
             else:
@@ -572,15 +588,29 @@ class IndexFile:
         begin_ts, limit, runs = self._lookup_setup(limit_index_count)
         pieces: list[tuple[int | np.ndarray, Sequence[int] | np.ndarray, Sequence[int] | np.ndarray,
                            Sequence[int] | np.ndarray]] = []
+        touched = entry_sums.Touched()
         if hashes.size < _VECTOR_MIN_KEYS:
             mm, slots_offset = self._mm, self._slots_offset
             for k, key_hash in enumerate(hashes.tolist()):
                 slot = key_hash % self.hash_slot_num
                 head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot))]
+                pieces += [(k, *piece)
+                           for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot), touched)]
         else:
-            self._walk_lock_step(hashes, limit, runs, pieces)
+            self._walk_lock_step(hashes, limit, runs, pieces, touched)
+        self._check_touched(touched, limit)
         return _assemble(pieces, begin_ts)
+
+    def guard_entries(self) -> None:
+        """From now on, lookups check every chunk of entries they touch, once (``entry_sums``):
+        damage they depend on is a CorruptFileError naming the file, not a silent miss. A shard's
+        readers call it (again when the file changed under them: its chunks are checked anew); a
+        RocketMQ broker's own files have no checksums."""
+        self._guard = entry_sums.EntryGuard(self)
+
+    def _check_touched(self, touched: entry_sums.Touched, limit: int) -> None:
+        if self._guard is not None:
+            self._guard.check(touched, limit)
 
     def _lookup_setup(self, limit_index_count: int | None) -> tuple[int, int, RunSet]:
         """(beginTimestamp, the limit, the hash runs that may answer now) for one lookup."""
@@ -590,9 +620,11 @@ class IndexFile:
             runs = _NO_RUNS
         return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
 
-    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list) -> None:
+    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list,
+                        touched: entry_sums.Touched) -> None:
         """The chains of all `hashes` a numpy step at a time; hands the last few walks, and those
-        that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys, diffs)."""
+        that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys,
+        diffs) to `pieces` and the chunks of the entries it read (``entry_sums``) to `touched`."""
         slots = hashes % self.hash_slot_num
         cur = self._slots[slots].astype(np.int64)
         who = np.arange(hashes.size)
@@ -608,6 +640,7 @@ class IndexFile:
             who, cur, tops = who[alive], cur[alive], tops[:, alive]
             if who.size < _VECTOR_MIN_KEYS:
                 break
+            touched.arrays.append(cur >> entry_sums.CHUNK_SHIFT)
             rows = self._entries[cur]
             hit = (cur < limit) & (rows["key_hash"] == hashes[who])
             if hit.any():
@@ -619,18 +652,21 @@ class IndexFile:
             for k, start in zip(keys.tolist(), starts.tolist()):
                 key_hash = int(hashes[k])
                 slot = key_hash % self.hash_slot_num
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot))]
+                pieces += [(k, *piece)
+                           for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot), touched)]
 
     def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
-                      jumps: dict[int, tuple[HashRun, int]]) -> list[tuple]:
+                      jumps: dict[int, tuple[HashRun, int]], touched: entry_sums.Touched) -> list[tuple]:
         """The hits of one chain from entry `cur` on, newest first, as pieces (entries,
         phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and runs.
-        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it)."""
+        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it);
+        the chunks of the entries read (``entry_sums``) are added to `touched`."""
         pieces: list[tuple] = []
         entries: list[int] = []
         phys: list[int] = []
         diffs: list[int] = []
         index_num, mm, base, unpack_entry = self.index_num, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
+        touch, shift = touched.chunks.append, entry_sums.CHUNK_SHIFT
         hops, probe_from, scans = 0, cur, True
         while INVALID_INDEX < cur < index_num:
             if cur in jumps:
@@ -651,11 +687,13 @@ class IndexFile:
                         entries, phys, diffs = [], [], []
                     # scan down to just above the next run's top: the walk then jumps over that run
                     floor = max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1
-                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces)
+                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces,
+                                                  touched)
                     hops, probe_from = 0, cur
                     continue
                 hops, probe_from = 0, cur
             at = base + cur * ENTRY_SIZE
+            touch(cur >> shift)
             stored_hash, prev = unpack_entry(mm, at)
             if cur < limit and stored_hash == key_hash:
                 phy, diff = _PHY_DIFF_STRUCT.unpack_from(mm, at + 4)
@@ -671,7 +709,7 @@ class IndexFile:
         return pieces
 
     def _scan_chain(self, key_hash: int, slot: int, cur: int, floor: int, limit: int, window: int,
-                    pieces: list) -> tuple[int, bool]:
+                    pieces: list, touched: entry_sums.Touched) -> tuple[int, bool]:
         """Scan windows of entries below `cur` (down to `floor`) for the chain's entries while
         the chain stays dense there; append the hits to `pieces`. Returns (where the walk goes
         on, whether scanning may be tried again): a window whose entries are not exactly what
@@ -679,6 +717,7 @@ class IndexFile:
         window = max(window, _MIN_SCAN_WINDOW)
         while floor <= cur < self.index_num and cur > INVALID_INDEX:
             low = max(floor, cur - window + 1)
+            touched.add_range(low, cur)
             scanned = self._scan_window(key_hash, slot, low, cur, limit)
             if scanned is None:
                 return cur, False

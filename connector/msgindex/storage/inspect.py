@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import hash_run, hot_keys
+from msgindex.storage import entry_sums, hash_run, hot_keys
 from msgindex.storage.checkpoint import CHECKPOINT_FILE
 from msgindex.storage.durable import is_temporary
 from msgindex.storage.index_file import (
@@ -49,6 +49,8 @@ from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
 from msgindex.storage.message import arrow_text, decode_text
 from msgindex.storage.objects.inspect import inspect_url
+from msgindex.storage.partition_brokers import FILE_NAME as PARTITION_BROKERS_FILE
+from msgindex.storage.partition_brokers import read_partition_brokers
 from msgindex.storage.reporting import first_line as _first_line
 from msgindex.storage.reporting import time_range as _time_range
 from msgindex.storage.settings import StoreSettings
@@ -77,7 +79,7 @@ FILE_KINDS = {
     "pipeline.lock": "indexing job's lock: held by the driver of the job writing this index (holds no data)",
     "pipeline-owner.json": "indexing job's owner note: host, pid and query of the job holding pipeline.lock "
                            "(informational)",
-    "partition-brokers.json": "indexing job's partition-to-shard map: which shard each Kafka partition goes to "
+    PARTITION_BROKERS_FILE: "indexing job's partition-to-shard map: which shard each Kafka partition goes to "
                               "(never delete while the job runs: a replay must write the same shard)",
     "_batches.jsonl": "indexing job's per-batch counts, one JSON line per micro-batch (informational)",
     "_quarantine": "indexing job's quarantine: input records set aside with their reasons (JSON lines)",
@@ -97,7 +99,11 @@ KIND_DESCRIPTIONS = {
     "hot_key_copy": "hot-key copy of a stretch of the log: the rows of its hottest keys, sorted for fast reading; "
                     "derived (lookups ignore a damaged one and read the log), deleting it changes no answer",
     "index_file": "hash index file (RocketMQ IndexFile format): the key -> seq index of the shard; never delete a "
-                  "committed one (`msgindex repair` cannot rebuild it)",
+                  "committed one (`msgindex repair` rebuilds a damaged or lost one from the log while the log still "
+                  "holds every record it indexes)",
+    "entry_sums": "entry checksums of a hash index file: a CRC-32 per chunk of its committed entries, checked by "
+                  "lookups the first time they touch a chunk; derived (without it lookups check the shape of hash "
+                  "chains only; `msgindex repair` writes it again)",
 }
 SEGMENT_FILE_KINDS = {INDEX_SUFFIX: "offset_index", TIME_INDEX_SUFFIX: "time_index", SUMMARY_SUFFIX: "segment_summary"}
 DIRECTORY_KINDS = {"_quarantine"}  # the names of FILE_KINDS that are directories (the others are files)
@@ -145,6 +151,14 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
             return inspect_segment(path.with_suffix(LOG_SUFFIX), _settings_near(path), verify=verify, asked=path)
     if name.endswith(hash_run.SUFFIX) and in_shard is not None:
         return _inspect_hash_run(path, in_shard, verify)
+    if name.endswith(entry_sums.SUFFIX) and in_shard is not None:
+        report = {"kind": "entry_sums", "path": str(path), "is": KIND_DESCRIPTIONS["entry_sums"],
+                  "covers_entries": entry_sums.covered_count_of(path.with_name(name[: -len(entry_sums.SUFFIX)])) or None,
+                  "chunk_entries": entry_sums.CHUNK_ENTRIES}
+        if verify:
+            report["problems"] = [p for p in _shard_problems(in_shard, _settings_near(in_shard))
+                                  if p.startswith(str(path))]
+        return report
     if hot_keys.parse_copy_name(name) is not None and in_shard is not None:
         return _inspect_hot_key_copy(path, in_shard, verify)
     settings = _settings_near(path)
@@ -188,6 +202,8 @@ def _inspect_named_file(path: Path, verify: bool) -> dict[str, Any]:
         if verify:  # the shards it lists must be there
             report["problems"] = [f"{path.parent / (SHARD_DIR_PREFIX + name)}: shard directory missing, but the "
                                   f"store manifest {path} lists it" for name in open_store(path.parent).missing_shards()]
+    elif path.name == PARTITION_BROKERS_FILE:
+        report["problems"] = _partition_brokers_problems(path, report)
     elif path.name == CHECKPOINT_FILE:
         shard = path.parent
         checkpoint = read_committed(shard, _broker_of(shard))
@@ -195,6 +211,17 @@ def _inspect_named_file(path: Path, verify: bool) -> dict[str, Any]:
         if verify:
             report["problems"] = _shard_problems(shard, _settings_near(shard))
     return report
+
+
+def _partition_brokers_problems(path: Path, report: dict[str, Any]) -> list[str]:
+    """Read the indexing job's partition -> shard map into `report`; its problems (the job refuses
+    a damaged one: a replay could otherwise put a partition's records into another shard)."""
+    try:
+        brokers = read_partition_brokers(path)
+    except CorruptFileError as error:
+        return [f"{_first_line(error)} (the indexing job refuses to start: restore it from a backup)"]
+    report.update(kind="partition_brokers", partitions=len(brokers), shards=sorted(set(brokers.values())))
+    return []
 
 
 def _checkpoint_summary(checkpoint) -> dict[str, Any]:
@@ -505,6 +532,7 @@ def inspect_store(root: Path, *, verify: bool = True) -> dict[str, Any]:
     with open_store(root) as store:
         problems = [f"{root / (SHARD_DIR_PREFIX + name)}: shard directory missing, but the store manifest lists it"
                     for name in store.missing_shards()]
+        problems += _partition_brokers_problems(root / PARTITION_BROKERS_FILE, {})
         shards = []
         for broker in shard_directories(root):
             try:

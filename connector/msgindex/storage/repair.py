@@ -22,9 +22,15 @@ verified exactly as ``msgindex inspect`` verifies a shard; a shard where that fa
 append carries no annotation (written before annotations existed), or whose writer lock is held
 is refused with a message, and nothing is changed.
 
-With a readable checkpoint, repair only removes derived files that are damaged (segment
-summaries, sparse indexes, hash runs: readers recompute or ignore them, writers rebuild them) and
-adds the shard to the store manifest if it is missing there. A shard the manifest lists whose
+With a readable checkpoint, repair rebuilds every committed hash index file whose bytes differ
+from what the log calls for (damaged, truncated, zeroed, missing): the log holds every record's keys
+and timestamps in put order, and a file's name and header come from the data (``shard``'s module
+docstring), so the rebuilt file is byte for byte the one the writer wrote (``_rebuilt_index_file``);
+it is built beside the damaged one and renamed over it. Files whose committed entries match the
+log get their entry checksums (``entry_sums``) written where they are missing or damaged. Then it
+removes derived files that are damaged (segment summaries, sparse indexes, hash runs: readers
+recompute or ignore them, writers rebuild them) and adds the shard to the store manifest if it is
+missing there. A shard the manifest lists whose
 directory is gone is only forgotten when asked (``forget_missing``).
 """
 
@@ -39,9 +45,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, MsgIndexError, StoreNotFoundError
-from msgindex.storage import verify
+from msgindex.errors import CorruptFileError, ForeignCheckpointError, MsgIndexError, StoreNotFoundError
+from msgindex.storage import entry_sums, verify
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState, write_checkpoint
+from msgindex.storage.durable import fsync_directory, temporary_path, write_atomically
 from msgindex.storage.file_lock import try_lock, unlock
 from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, parse_index_file_name
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
@@ -141,6 +148,11 @@ def repair_shard(directory: Path, broker: str, settings: StoreSettings, *, dry_r
         return ShardRepair(broker, f"refused: {directory / LOCK_FILE} is held by a writer (stop the indexing job "
                                    f"first)", refused=True)
     try:
+        if checkpoint_path(directory).is_dir() and not checkpoint_path(directory).is_symlink():
+            return ShardRepair(broker, f"refused: {checkpoint_path(directory)} is a directory where the shard's "
+                                       f"checkpoint belongs (not msgindex's: it is left alone); move it elsewhere and "
+                                       f"repair again, which rebuilds the checkpoint from the shard's files",
+                               refused=True)
         try:
             checkpoint = read_committed(directory, broker)
         except CorruptFileError as bad:
@@ -149,7 +161,19 @@ def repair_shard(directory: Path, broker: str, settings: StoreSettings, *, dry_r
             if not has_data(directory):
                 return ShardRepair(broker, "nothing committed (no checkpoint, no data): nothing to repair")
             return _rebuild(directory, broker, settings, dry_run, why=f"{checkpoint_path(directory)}: missing")
-        return _clear_derived(directory, broker, settings, dry_run)
+        try:
+            rebuilt = _rebuild_index_files(directory, settings, checkpoint, dry_run)
+        except ForeignCheckpointError as foreign:
+            return _rebuild(directory, broker, settings, dry_run, why=_first_line(foreign).split(";")[0])
+        if rebuilt and dry_run:
+            return ShardRepair(broker, f"would rebuild {len(rebuilt)} hash index file(s) from the log", tuple(rebuilt))
+        cleared = _clear_derived(directory, broker, settings, dry_run)
+        if not rebuilt:
+            return cleared
+        action = f"rebuilt {len(rebuilt)} hash index file(s) from the log"
+        if cleared.refused:
+            return ShardRepair(broker, f"{action}, then {cleared.action}", tuple(rebuilt) + cleared.details, refused=True)
+        return ShardRepair(broker, action, tuple(rebuilt) + (cleared.action,) + cleared.details)
     except MsgIndexError as error:
         return ShardRepair(broker, f"refused: {_first_line(error)}", refused=True)
     finally:
@@ -175,6 +199,149 @@ def _clear_derived(directory: Path, broker: str, settings: StoreSettings, dry_ru
     verb = "would remove" if dry_run else "removed"
     return ShardRepair(broker, f"{verb} {len(paths)} damaged derived file(s); readers and writers rebuild them",
                        tuple(paths))
+
+
+# --- rebuilding hash index files -------------------------------------------------------------
+def _rebuild_index_files(directory: Path, settings: StoreSettings, checkpoint: Checkpoint, dry_run: bool) -> list[str]:
+    """Rebuild each committed hash index file that differs from what the log calls for (module
+    docstring); write entry checksums for the others where theirs are not usable. Returns a line
+    per file rebuilt. CorruptFileError when the log itself cannot say (damaged, or a file indexes
+    records retention deleted)."""
+    if checkpoint.log_position is None:
+        return []
+    index_dir = directory / INDEX_DIR
+    if not index_dir.is_dir() and (index_dir.exists() or index_dir.is_symlink()):
+        raise CorruptFileError(f"{index_dir}: is not a directory: the shard's hash index files belong there; move it "
+                               f"elsewhere, then repair rebuilds them from the log")
+    if not index_dir.exists() and not dry_run and checkpoint.index_files:
+        index_dir.mkdir()  # every hash index file is lost: each is rebuilt below
+    log = open_log(directory, settings, writable=False, committed=checkpoint.log_position,
+                   retained_from=checkpoint.log_start_seq)
+    rebuilt: list[str] = []
+    try:
+        verify.check_log_covers(log, checkpoint)
+        stream = verify.ExpectedEntries(log, checkpoint)
+        previous: IndexFileState | None = None
+        for state in checkpoint.index_files:
+            path = directory / INDEX_DIR / state.name
+            why = _rebuild_one(path, state, previous, checkpoint, settings, stream, dry_run)
+            if why is not None:
+                rebuilt.append(f"{path}: {why}")
+            previous = state
+    except BaseException:
+        for state in checkpoint.index_files:
+            temporary_path(directory / INDEX_DIR / state.name).unlink(missing_ok=True)
+        raise
+    finally:
+        log.close()
+    return rebuilt
+
+
+def _rebuild_one(path: Path, state: IndexFileState, previous: IndexFileState | None, checkpoint: Checkpoint,
+                 settings: StoreSettings, stream: verify.ExpectedEntries, dry_run: bool) -> str | None:
+    """Rebuild one file if it needs it: why it did (None: it did not)."""
+    entries = state.index_count - FIRST_INDEX
+    on_disk = _open_if_sized(path, settings)
+    staging = None
+    try:
+        below = 0
+        if state.header.begin_phy_offset < checkpoint.log_start_seq and entries:
+            # retention deleted records this file indexes: it cannot be made again, only checked
+            if on_disk is None:
+                raise CorruptFileError(f"{path}: hash index file is missing or unreadable and indexes records "
+                                       f"retention deleted: it cannot be rebuilt from the log; restore it")
+            phys = on_disk.entry_array()[FIRST_INDEX : state.index_count]["phy_offset"].astype(np.int64)
+            below = int(np.count_nonzero(phys < checkpoint.log_start_seq))
+        expected = stream.take(entries - below)
+        if expected.hashes.size != entries - below:
+            raise CorruptFileError(f"{path}: the committed log calls for {expected.hashes.size} more hash index "
+                                   f"entries, the checkpoint commits {entries - below} in this file")
+        if below:
+            return None  # only checkable (verify_shard reports what differs)
+        staging = _build_beside(path, settings, _inherited_end(previous, checkpoint, path), expected, state)
+        if on_disk is not None and _same_committed_bytes(on_disk, staging, state):
+            staging.close()
+            temporary_path(path).unlink()
+            right = entry_sums.build(on_disk, state.index_count, entry_sums.chunk_crcs(on_disk, 0, state.index_count))
+            sums = entry_sums.sums_path(path)
+            if not dry_run and (not sums.is_file() or sums.read_bytes() != right):
+                _remove_derived_directory(sums)
+                write_atomically(sums, right)  # its entries are the log's: vouched for
+            return None
+        why = "missing or of the wrong size" if on_disk is None else "its committed bytes differ from the log's"
+    finally:
+        if on_disk is not None:
+            on_disk.close()
+        if staging is not None:
+            staging.close()
+    if dry_run:
+        temporary_path(path).unlink(missing_ok=True)
+        return f"would be rebuilt ({why})"
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    os.replace(temporary_path(path), path)
+    fsync_directory(path.parent)
+    _remove_derived_directory(entry_sums.sums_path(path))
+    with IndexFile.open(path, settings.hash_slot_num, settings.index_num, read_only=True) as rebuilt:
+        entry_sums.write_all(rebuilt, state.index_count)
+    return f"rebuilt ({why}): byte for byte what its writer wrote"
+
+
+def _remove_derived_directory(path: Path) -> None:
+    """A directory where a derived file belongs goes (as ``_clear_derived`` removes it)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+
+
+def _open_if_sized(path: Path, settings: StoreSettings) -> IndexFile | None:
+    try:
+        return IndexFile.open(path, settings.hash_slot_num, settings.index_num, read_only=True)
+    except (OSError, CorruptFileError):
+        return None
+
+
+def _inherited_end(previous: IndexFileState | None, checkpoint: Checkpoint, path: Path) -> tuple[int, int]:
+    """(endPhyOffset, endTimestamp) the file inherited from the full file before it when it was
+    created (RocketMQ's constructor; its first put's timeDiff is taken against that time)."""
+    if previous is not None:
+        return previous.header.end_phy_offset, previous.header.end_timestamp
+    if checkpoint.log_start_seq == 0:
+        return 0, 0
+    raise CorruptFileError(f"{path}: the hash index file before it was deleted by retention, and with it the begin "
+                           f"time this file's first entry is relative to: it cannot be rebuilt; restore it")
+
+
+def _build_beside(path: Path, settings: StoreSettings, inherited: tuple[int, int], expected,
+                  state: IndexFileState) -> IndexFile:
+    """The file as its writer wrote it, from the log's `expected` entries, at
+    ``temporary_path(path)`` (its header checked against the commit)."""
+    staging = temporary_path(path)
+    staging.unlink(missing_ok=True)
+    index_file = IndexFile.create(staging, settings.hash_slot_num, settings.index_num, end_phy_offset=inherited[0],
+                                  end_timestamp=inherited[1])
+    try:
+        index_file.put_hashes(expected.hashes, expected.phys, expected.stamps)
+        if index_file.header != state.header:
+            raise CorruptFileError(f"{path}: rebuilt from the log, its header would be {index_file.header}, not the "
+                                   f"committed {state.header}: the checkpoint and the log disagree; nothing was replaced")
+        index_file.flush()
+    except BaseException:
+        index_file.close()
+        staging.unlink(missing_ok=True)
+        raise
+    return index_file
+
+
+def _same_committed_bytes(on_disk: IndexFile, rebuilt: IndexFile, state: IndexFileState) -> bool:
+    """Whether `on_disk` holds the committed bytes `rebuilt` holds: everything, or (a writer died
+    past the commit: its next lock holder rolls that back) the committed entries."""
+    count = state.index_count
+    if len(on_disk.entry_array()) < count:
+        return False
+    same_entries = np.array_equal(on_disk.entry_array()[:count], rebuilt.entry_array()[:count])
+    if on_disk.header == state.header:
+        return same_entries and np.array_equal(on_disk.slot_array(), rebuilt.slot_array())
+    return same_entries and on_disk.index_count > count
 
 
 # --- rebuilding a checkpoint -----------------------------------------------------------------

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msgindex.errors import InvalidOptionError
+from msgindex.storage import entry_sums, hash_run
 
 if TYPE_CHECKING:
     from msgindex.storage.shard import ShardWriter
@@ -118,10 +119,15 @@ def _index_pieces(writer: ShardWriter) -> list[_Piece]:
     """The deletable index files: all but the active (last) one."""
     states = writer.checkpoint.index_files
     paths = writer.index_file_paths()
-    return [
-        _Piece(state.max_timestamp_ms, _size(path), (path,), last_seq=state.header.end_phy_offset)
-        for state, path in zip(states[:-1], paths[:-1])
-    ]
+    pieces = []
+    for state, path in zip(states[:-1], paths[:-1]):
+        # the file and its derived sidecars (hash runs, entry checksums), which go with it
+        sidecars = sorted(p for p in path.parent.glob(path.name + ".*")
+                          if hash_run.is_sidecar_of(p.name, [path.name]) or entry_sums.is_sums_of(p.name, [path.name]))
+        files = (path, *sidecars)
+        pieces.append(_Piece(state.max_timestamp_ms, sum(map(_size, files)), files,
+                             last_seq=state.header.end_phy_offset))
+    return pieces
 
 
 def _segment_pieces(writer: ShardWriter) -> list[_Piece]:

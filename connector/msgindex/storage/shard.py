@@ -46,7 +46,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import hash_run, hot_keys, verify
+from msgindex.storage import entry_sums, hash_run, hot_keys, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -130,7 +130,10 @@ def read_committed(directory: Path, broker: str) -> Checkpoint | None:
     try:
         return read_checkpoint(checkpoint_path(directory))
     except CorruptFileError as bad:
-        raise CorruptFileError(f"{bad}; {_repair_hint(directory, broker)}") from None
+        hint = _repair_hint(directory, broker)
+        if checkpoint_path(directory).is_dir():  # not msgindex's to remove: the operator moves it first
+            hint = f"move that directory elsewhere first; then {hint.split(': ', 1)[1]}"
+        raise CorruptFileError(f"{bad}; {hint}") from None
 
 
 def has_data(directory: Path) -> bool:
@@ -155,7 +158,8 @@ def _repair_hint(directory: Path, broker: str) -> str:
             f"checkpoint from its files (or restore the checkpoint from a backup)")
 
 
-def _missing_checkpoint(directory: Path, broker: str, registered: bool) -> CorruptFileError:
+def missing_checkpoint_error(directory: Path, broker: str, registered: bool) -> CorruptFileError:
+    """The error of a shard without its checkpoint, saying what the shard still holds and what to do."""
     if has_data(directory):
         return CorruptFileError(f"{checkpoint_path(directory)}: shard checkpoint is missing but the shard holds "
                                 f"committed data; {_repair_hint(directory, broker)}")
@@ -438,6 +442,7 @@ class ShardWriter(_Committed):
             index_file.close()
             Path(index_file.path).unlink(missing_ok=True)
             hash_run.remove_runs(index_file.path)
+            entry_sums.remove(index_file.path)
         self._delete_segments_below(self._checkpoint.log_start_seq)
         hot_keys.remove_copies(self.directory / hot_keys.DIRECTORY, below=self._checkpoint.log_start_seq)
         fsync_directory(self.directory / INDEX_DIR)
@@ -476,7 +481,10 @@ class ShardWriter(_Committed):
         position = self._checkpoint.log_position
         if not self._log.unchanged_on_disk(position):
             return False
-        if {entry.name for entry in os.scandir(self.directory / INDEX_DIR)} != {s.name for s in self._states}:
+        names = {state.name for state in self._states}
+        on_disk = {entry.name for entry in os.scandir(self.directory / INDEX_DIR)
+                   if not hash_run.is_sidecar_of(entry.name, names) and not entry_sums.is_sums_of(entry.name, names)}
+        if on_disk != names:  # (a file of an uncommitted roll; sidecars of listed files are derived)
             return False
         return not self._files or not _written_past(self._files[-1], self._states[-1])
 
@@ -538,7 +546,7 @@ class ShardWriter(_Committed):
             registered = self._store_root is not None and self.broker in (
                 load_manifest(self._store_root / MANIFEST_FILE).shards or ())
             if registered or has_data(self.directory):
-                raise _missing_checkpoint(self.directory, self.broker, registered)
+                raise missing_checkpoint_error(self.directory, self.broker, registered)
             # A new shard (or one whose creation died before its first checkpoint: empty files).
             shutil.rmtree(self.directory / LOG_DIR, ignore_errors=True)
             for stray in (self.directory / INDEX_DIR).iterdir():
@@ -574,6 +582,9 @@ class ShardWriter(_Committed):
                 self._files.append(reuse[1])
             else:
                 self._files.append(self._open_rolled_back(state, active=n == last))
+                # a writer that died between its checkpoint and the files' entry checksums left them behind
+                entry_sums.extend(self._files[-1], state.index_count,
+                                  self._entries_checker(self._files[-1], checkpoint.log_start_seq))
             self._states.append(state)
 
     def _open_rolled_back(self, state: IndexFileState, *, active: bool) -> IndexFile:
@@ -598,7 +609,8 @@ class ShardWriter(_Committed):
         listed = {state.name for state in checkpoint.index_files}
         removed = False
         for entry in (self.directory / INDEX_DIR).iterdir():
-            if entry.name not in listed and not hash_run.is_sidecar_of(entry.name, listed):
+            if entry.name not in listed and not hash_run.is_sidecar_of(entry.name, listed) \
+                    and not entry_sums.is_sums_of(entry.name, listed):
                 _remove(entry)  # created by a batch that never committed (or retention's leftovers)
                 removed = True
         if removed:
@@ -640,6 +652,7 @@ class ShardWriter(_Committed):
             end_phy_offset, end_timestamp = previous.end_phy_offset, previous.end_timestamp
         path = self.directory / INDEX_DIR / index_file_name(name_ms, utc=True)
         _remove(path)  # a leftover of a crashed batch that the rollback did not know about
+        entry_sums.remove(path)
         index_file = IndexFile.create(
             path,
             self.settings.hash_slot_num,
@@ -657,6 +670,7 @@ class ShardWriter(_Committed):
         return IndexFileState(state.name, index_file.header, low, high)
 
     def _commit(self, topics: set[str], touched: list[IndexFile], ranges: SourceRanges) -> None:
+        committed_before = {state.name: state.index_count for state in self._checkpoint.index_files}
         if touched or self._log.next_seq != self._checkpoint.record_count:
             self._log.flush()
             for index_file in touched:
@@ -674,7 +688,17 @@ class ShardWriter(_Committed):
         # Hash runs for the active file too (a store with default sizing has only that one file):
         # they cover what this checkpoint committed and cost nothing until a run is due.
         hash_run.seal_committed(self._files[-1:], {state.name: state.index_count for state in self._states})
+        # entry checksums over what this commit added to each file (entry_sums: after the checkpoint)
+        counts = {state.name: state.index_count for state in self._states}
+        for index_file in touched:
+            name = Path(index_file.path).name
+            entry_sums.extend(index_file, counts[name], self._entries_checker(index_file, self._checkpoint.log_start_seq),
+                              put_from=committed_before.get(name, 1))
         self._seal_hot_keys()
+
+    def _entries_checker(self, index_file: IndexFile, log_start_seq: int):
+        """``entry_sums.extend``'s check of committed entries this writer did not put."""
+        return lambda first, end: verify.check_entries_point_at_keys(index_file, first, end, self._log, log_start_seq)
 
     def _seal_hot_keys(self) -> None:
         """Copy the hot keys of committed stretches that have no copy yet (``hot_keys``). A copy
@@ -712,7 +736,7 @@ class ShardReader(_Committed, VerifiedReads):
         checkpoint = read_committed(self.directory, broker)
         while True:
             if checkpoint is None and (registered or has_data(self.directory)):
-                raise _missing_checkpoint(self.directory, broker, registered)
+                raise missing_checkpoint_error(self.directory, broker, registered)
             self._checkpoint = checkpoint if checkpoint is not None else Checkpoint()
             try:
                 self._open_files()
@@ -745,6 +769,7 @@ class ShardReader(_Committed, VerifiedReads):
             if not path.is_file():
                 raise CorruptFileError(f"{path}: hash index file listed by the shard checkpoint is missing")
             index_file = IndexFile.open(path, self.settings.hash_slot_num, self.settings.index_num, read_only=True)
+            index_file.guard_entries()
             self._files.append((state, index_file))
             verify.check_index_file(index_file, state, active=n == last, log=self._log,
                                     log_start_seq=self._checkpoint.log_start_seq)
@@ -779,6 +804,7 @@ class ShardReader(_Committed, VerifiedReads):
                     f"{index_file.path}: hash index file changed size under an open reader ({before.size} -> "
                     f"{after.size} bytes): it was truncated or rewritten in place")
             if after.mtime_ns != before.mtime_ns:
+                index_file.guard_entries()  # its entries may have changed too: check them anew
                 verify.check_index_file(index_file, state, active=n == last, log=self._log,
                                         log_start_seq=self._checkpoint.log_start_seq)
         changed_runs = {name.split(".", 1)[0] for name in set(now) ^ set(self._mapped) | {

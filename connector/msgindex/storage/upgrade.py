@@ -21,7 +21,6 @@ here) and the old one fails on the new segments' checksums: neither can misread 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import shutil
 from dataclasses import dataclass
@@ -34,13 +33,23 @@ import pyarrow.compute as pc
 from msgindex.errors import CorruptFileError, ShardLockedError, StoreNotFoundError
 from msgindex.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from msgindex.storage.durable import fsync_directory, parse_versioned_json, versioned_json, write_atomically
+from msgindex.storage.file_lock import try_lock, unlock
 from msgindex.storage.log import v1_records
 from msgindex.storage.log.batch_format import BATCH_VERSION, DecodedRows
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LEGACY_LOG_FORMAT, LogPosition
 from msgindex.storage.log.segment import LOG_SUFFIX, parse_segment_name
+from msgindex.storage.manifest import load_manifest
 from msgindex.storage.settings import StoreSettings
-from msgindex.storage.shard import LOCK_FILE, LOG_DIR, SHARD_DIR_PREFIX, checkpoint_path, open_log
+from msgindex.storage.shard import (
+    LOCK_FILE,
+    LOG_DIR,
+    SHARD_DIR_PREFIX,
+    checkpoint_path,
+    has_data,
+    missing_checkpoint_error,
+    open_log,
+)
 from msgindex.storage.store import MANIFEST_FILE, STORE_FORMAT_VERSION, read_manifest, write_manifest
 
 NEW_LOG_DIR = "log.v2"
@@ -88,26 +97,29 @@ def upgrade_store(root: str | os.PathLike) -> UpgradeReport:
     if not manifest.is_file():
         raise StoreNotFoundError(f"{root}: not a msgindex store (no {MANIFEST_FILE} in it)")
     version, settings = read_manifest(manifest)
+    listed = set(load_manifest(manifest).shards or ())
     shards = sorted(p for p in root.iterdir() if p.name.startswith(SHARD_DIR_PREFIX) and p.is_dir())
-    results = tuple(upgrade_shard(directory, settings) for directory in shards)
+    results = tuple(upgrade_shard(directory, settings, registered=directory.name[len(SHARD_DIR_PREFIX):] in listed)
+                    for directory in shards)
     if version != STORE_FORMAT_VERSION:
         write_manifest(manifest, settings)  # last: every shard is converted
     return UpgradeReport(str(root), version, STORE_FORMAT_VERSION, results)
 
 
-def upgrade_shard(directory: Path, settings: StoreSettings) -> ShardUpgrade:
-    """Convert one shard (crash-safe, resumable; see the module docstring)."""
+def upgrade_shard(directory: Path, settings: StoreSettings, *, registered: bool = False) -> ShardUpgrade:
+    """Convert one shard (crash-safe, resumable; see the module docstring). `registered`: the
+    store manifest lists it (so it committed: no checkpoint is then damage, not an empty shard)."""
     broker = directory.name[len(SHARD_DIR_PREFIX) :]
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = try_lock(directory / LOCK_FILE)
+    if fd is None:
+        raise ShardLockedError(f"{directory}: shard {broker!r} has a writer (lock held); stop it first")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ShardLockedError(f"{directory}: shard {broker!r} has a writer (lock held); stop it first") from None
         if (directory / MARKER_FILE).is_file():
             _finish(directory)
             return ShardUpgrade(broker, "finished an interrupted upgrade")
         checkpoint = read_checkpoint(checkpoint_path(directory))
+        if checkpoint is None and (registered or has_data(directory)):
+            raise missing_checkpoint_error(directory, broker, registered)
         if checkpoint is None or checkpoint.log_position is None:
             return ShardUpgrade(broker, "nothing committed")
         position = checkpoint.log_position
@@ -119,7 +131,7 @@ def upgrade_shard(directory: Path, settings: StoreSettings) -> ShardUpgrade:
             raise CorruptFileError(f"{checkpoint_path(directory)}: unknown log format {position.log_format}")
         return _convert(directory, broker, settings, checkpoint, position)
     finally:
-        os.close(fd)
+        unlock(fd)
 
 
 def _convert(directory: Path, broker: str, settings: StoreSettings, checkpoint: Checkpoint,

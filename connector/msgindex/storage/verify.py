@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage import hash_run, hot_keys
+from msgindex.storage import entry_sums, hash_run, hot_keys
 from msgindex.storage.append_columns import RAW_TEXT, TEXT, AppendColumns
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState
 from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, time_diffs_seconds
@@ -120,10 +120,17 @@ def _check_newest_entries(index_file: IndexFile, state: IndexFileState, log: Met
     at open and makes lookups miss silently; so do entries overwritten with plausible values. A
     few point reads (one block, usually) per file and identity, cached with the slot count."""
     count = state.index_count
-    first = max(FIRST_INDEX, count - NEWEST_CHECKED)
-    if first >= count:
+    check_entries_point_at_keys(index_file, max(FIRST_INDEX, count - NEWEST_CHECKED), count, log, log_start_seq)
+
+
+def check_entries_point_at_keys(index_file: IndexFile, first: int, end: int, log: MetadataLog,
+                                log_start_seq: int) -> None:
+    """CorruptFileError naming `index_file` unless its entries [first, end) point into the
+    committed log at records that carry a key of their keyHash (entries pointing below
+    `log_start_seq`, into segments retention deleted, cannot be checked)."""
+    if first >= end:
         return
-    rows = index_file.entry_array()[first:count]
+    rows = index_file.entry_array()[first:end]
     phys, hashes = rows["phy_offset"].astype(np.int64), rows["key_hash"].astype(np.int64)
     beyond = np.flatnonzero((phys >= log.next_seq) | (phys < 0))
     if beyond.size:
@@ -215,6 +222,7 @@ def verify_shard(checkpoint: Checkpoint, log: MetadataLog | None,
             problems.append(Problem(str(index_file.path), f"cannot be checked against the log ({error})"))
             stream = None
         problems += _verify_runs(index_file, state)
+        problems += _verify_entry_sums(index_file, state)
         previous = (state, index_file)
     if log is not None:
         problems += [Problem(str(path), what, harmless=True) for path, what in hot_keys.check_copies(
@@ -406,6 +414,30 @@ def _verify_runs(index_file: IndexFile, state: IndexFileState) -> list[Problem]:
             if run is not None:
                 run.close()
     return problems
+
+
+def _verify_entry_sums(index_file: IndexFile, state: IndexFileState) -> list[Problem]:
+    """The file's entry checksums must cover its committed entries with their CRCs now (a
+    difference with entries that match the log means the sidecar is wrong: harmless, rewritten by
+    `msgindex repair`; with entries that do not, the entries' own problems say so)."""
+    if state.index_count <= FIRST_INDEX:
+        return []  # no entry to cover
+    path = str(entry_sums.sums_path(index_file.path))
+    sums, why = entry_sums.EntrySums.load(index_file)
+    degraded = "lookups check the entries they touch for the shape of hash chains only"
+    if sums is None:
+        return [Problem(path, f"entry checksums {why}: {degraded}", harmless=True)]
+    if sums.covered_count < state.index_count:
+        return [Problem(path, f"entry checksums cover {sums.covered_count - FIRST_INDEX} of the "
+                              f"{state.index_count - FIRST_INDEX} committed entries: {degraded} past them", harmless=True)]
+    right = entry_sums.chunk_crcs(index_file, 0, sums.covered_count)
+    differ = np.flatnonzero(np.asarray(right, dtype=np.uint32) != sums.crcs)
+    if differ.size:
+        low = int(differ[0]) * entry_sums.CHUNK_ENTRIES
+        return [Problem(path, f"entry checksums of {differ.size} chunk(s) differ from the file's entries (first: "
+                              f"entries {low}..{low + entry_sums.CHUNK_ENTRIES - 1}): lookups touching them fail",
+                        harmless=True)]
+    return []
 
 
 @dataclass(frozen=True)

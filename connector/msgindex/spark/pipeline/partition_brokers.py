@@ -20,21 +20,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from msgindex.errors import CorruptFileError, MsgIndexError
-from msgindex.storage.durable import parse_versioned_json, versioned_json
+from msgindex.errors import MsgIndexError
 from msgindex.storage.location import parse_location
+from msgindex.storage.partition_brokers import (
+    FILE_NAME,
+    VERSION_DIGITS,
+    VERSIONS_DIR,
+    decode_partition_brokers,
+    encode_partition_brokers,
+)
 from msgindex.storage.root_files import RootFiles, root_files
 
-FILE_NAME = "partition-brokers.json"
-VERSIONS_DIR = "partition-brokers"  # object stores: the map's numbered versions
-VERSION_DIGITS = 20
+__all__ = ["FILE_NAME", "PartitionBrokerMap"]
 MAX_ATTEMPTS = 32
-FORMAT = "msgindex-partition-brokers"
-FORMAT_VERSION = 1
 
 
 class PartitionBrokerMap:
-    """The recorded (topic, partition) -> broker name assignments of one index root."""
+    """The recorded (topic, partition) -> broker name assignments of one index root (the file's
+    format: ``msgindex.storage.partition_brokers``)."""
 
     def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> None:
         self.files: RootFiles = root_files(parse_location(root, storage_options))
@@ -44,31 +47,17 @@ class PartitionBrokerMap:
         self._brokers: dict[tuple[str, int], str] = self._load()
 
     def _load(self) -> dict[tuple[str, int], str]:
-        if self._versioned:
-            numbers = [int(name[:VERSION_DIGITS]) for name in self.files.names(VERSIONS_DIR)
-                       if name[:VERSION_DIGITS].isdigit() and name.endswith(".json")]
-            if not numbers:
-                return {}
-            self._version = max(numbers)
-            return self._parse(self.files.read(self._version_name(self._version)), self._version_name(self._version))
-        return self._parse(self.files.read(FILE_NAME), FILE_NAME)
+        if not self._versioned:
+            from msgindex.storage.partition_brokers import read_partition_brokers
 
-    def _parse(self, raw: bytes | None, name: str) -> dict[tuple[str, int], str]:
-        if raw is None:
+            return read_partition_brokers(self.files.path(FILE_NAME))
+        numbers = [int(name[:VERSION_DIGITS]) for name in self.files.names(VERSIONS_DIR)
+                   if name[:VERSION_DIGITS].isdigit() and name.endswith(".json")]
+        if not numbers:
             return {}
-        source = self.files.url(name)
-        _, document = parse_versioned_json(
-            raw, source=source, what="partition -> broker map", format_name=FORMAT,
-            versions=(FORMAT_VERSION,), legacy_version_field="format_version",
-        )
-        try:
-            return {
-                (topic, int(partition)): str(broker)
-                for topic, partitions in document["topics"].items()
-                for partition, broker in partitions.items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptFileError(f"{source}: not a valid partition -> broker map ({error})") from error
+        self._version = max(numbers)
+        name = self._version_name(self._version)
+        return decode_partition_brokers(self.files.read(name) or b"", source=self.files.url(name))
 
     @staticmethod
     def _version_name(number: int) -> str:
@@ -91,8 +80,8 @@ class PartitionBrokerMap:
                 return {}
             mapping = {**self._brokers, **added}
             if not self._versioned:
-                self.files.replace(FILE_NAME, self._encode(mapping))
-            elif not self.files.create(self._version_name(self._version + 1), self._encode(mapping)):
+                self.files.replace(FILE_NAME, encode_partition_brokers(mapping))
+            elif not self.files.create(self._version_name(self._version + 1), encode_partition_brokers(mapping)):
                 self._brokers = self._load()  # another job recorded first: its answers stand
                 continue
             else:
@@ -101,10 +90,3 @@ class PartitionBrokerMap:
             return added
         raise MsgIndexError(f"{self.path}: could not record new partitions' shards in {MAX_ATTEMPTS} attempts "
                             f"(other jobs keep adding partitions at the same time)")
-
-    @staticmethod
-    def _encode(mapping: dict[tuple[str, int], str]) -> bytes:
-        topics: dict[str, dict[str, str]] = {}
-        for (topic, partition), broker in sorted(mapping.items()):
-            topics.setdefault(topic, {})[str(partition)] = broker
-        return versioned_json(FORMAT, FORMAT_VERSION, {"topics": topics})

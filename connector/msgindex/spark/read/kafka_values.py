@@ -54,15 +54,16 @@ def _consumer(bootstrap_servers: str):
 
 
 def fetch_values(bootstrap_servers: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """`batch` (ROW_SCHEMA) with ``value`` and ``headers`` columns appended."""
+    """`batch` (ROW_SCHEMA) with ``value`` and ``headers`` columns appended (no rows: Kafka is
+    not asked, so an empty answer needs no broker)."""
     wanted: dict[tuple[str, int], set[int]] = defaultdict(set)
     topics = batch.column("topic").to_pylist()
     partitions = batch.column("partition").to_pylist()
     offsets = batch.column("offset").to_pylist()
     for topic, partition, offset in zip(topics, partitions, offsets):
         wanted[(topic, partition)].add(offset)
-    consumer = _consumer(bootstrap_servers)
     found: dict[tuple[str, int, int], Any] = {}
+    consumer = _consumer(bootstrap_servers) if wanted else None
     for (topic, partition), offsets_of_partition in wanted.items():
         for offset, record in _read_offsets(consumer, topic, partition, sorted(offsets_of_partition)).items():
             found[(topic, partition, offset)] = record

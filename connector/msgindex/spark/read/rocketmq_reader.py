@@ -129,16 +129,27 @@ class VerifiedRocketMQReader(DataSourceReader):
                 if batch.num_rows:
                     yield batch
 
-    def _keep_wanted_keys(self, rows):
+    def _keep_wanted_keys(self, rows: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
         """`rows` whose ``key`` is one of the pushed ``key`` values and whose ``keys`` hold one of
         the option keys (the lookup already ensures the latter; a scan does not)."""
         query = self.query
         if query.primary_keys is not None:
-            rows = rows.filter(pc.is_in(rows["key"], pa.array(sorted(query.primary_keys), pa.string())))
+            rows = rows.filter(pc.is_in(rows["key"], value_set=pa.array(sorted(query.primary_keys), pa.string())))
         if query.lookup_keys is not None:
-            wanted = set(query.lookup_keys)
-            rows = rows.filter(pa.array([bool(wanted.intersection(keys)) for keys in rows["keys"].to_pylist()]))
+            rows = rows.filter(holds_any(rows["keys"], query.lookup_keys))
         return rows
+
+
+def holds_any(lists: pa.Array | pa.ChunkedArray, wanted: Iterable[str]) -> pa.Array:
+    """Per row of `lists` (list<string>), whether it holds one of `wanted`: a boolean array even
+    when there are no rows (an empty answer is the common case of a lookup)."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    value_set = pa.array(sorted(set(wanted)), pa.string())
+    hit = pc.is_in(pc.list_flatten(lists), value_set=value_set).fill_null(False).to_numpy(zero_copy_only=False)
+    mask = np.zeros(len(lists), dtype=bool)
+    mask[pc.list_parent_indices(lists).to_numpy()[hit]] = True
+    return pa.array(mask, pa.bool_())
 
 
 class PushdownVerifiedRocketMQReader(VerifiedRocketMQReader):

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from msgindex.errors import (
     CorruptFileError,
+    ForeignCheckpointError,
     InvalidAppendError,
     InvalidOptionError,
     OutOfRangeError,
@@ -417,6 +418,38 @@ class MetadataLog(LogReads):
                 path.unlink()
                 self._dir_dirty = True
 
+    def _check_commit_fits(self, committed: LogPosition, bases: list[int]) -> None:
+        """ForeignCheckpointError, before anything is deleted, when the committed position cannot be
+        one of this log's: its active segment would start inside another segment (segments hold
+        consecutive seqs from their base to the next one's), or a segment starts inside its
+        committed range. A writer would otherwise delete the segments "past" it: committed data."""
+        base, end = committed.segment_base, committed.next_seq
+        inside = [b for b in bases if base < b < end]
+        if base not in bases and end > base:  # (an empty committed active segment may be gone: _load)
+            before = [b for b in bases if b < base]
+            after = [b for b in bases if b > base]
+            inside += [before[-1]] if before and after and after[0] > base else []
+            if before and not after and self._segment_end(before[-1]) > base:
+                inside.append(before[-1])  # the last segment holds the seqs the commit says start a segment
+        if inside:
+            checkpoint = self.directory.parent / "checkpoint"
+            raise ForeignCheckpointError(
+                f"{checkpoint}: commits records {base}..{end - 1} in a segment starting at {base}, but segment "
+                f"{segment_name(inside[0])}{LOG_SUFFIX} overlaps them: the checkpoint was not made for this log "
+                f"(another shard's, or an old copy); `msgindex repair` rebuilds it from the shard's files")
+
+    def _segment_end(self, base: int) -> int:
+        """The next seq after segment `base`'s valid batches (read-only; -1 when it cannot be read):
+        only on the way to an error, it may read the whole segment."""
+        try:
+            segment = LogSegment.open_active(self.directory, base, writable=False, state=None, **self._kwargs())
+        except CorruptFileError:
+            return -1
+        try:
+            return segment.next_seq
+        finally:
+            segment.close()
+
     def _load(self, committed: LogPosition | None) -> None:
         if committed is not None and committed.log_format != bf.BATCH_VERSION:
             raise UpgradeRequiredError(
@@ -433,6 +466,7 @@ class MetadataLog(LogReads):
                 self._segments.append(self._create(0))
             return
         self._empty_next_seq = committed.next_seq
+        self._check_commit_fits(committed, bases)
         if self.writable:
             for base in reversed([b for b in bases if b > committed.segment_base]):
                 self._delete_files(base)

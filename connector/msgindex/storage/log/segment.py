@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, StorageFullError
+from msgindex.errors import CorruptFileError, ForeignCheckpointError, InvalidAppendError, StorageFullError
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
@@ -417,6 +417,14 @@ class LogSegment(BatchReads):
         if not len(directory):
             raise CorruptFileError(f"{self.path}: sealed log segment holds no records")
         next_seq = self._walked_seq
+        if expected_next_seq is not None and next_seq < expected_next_seq:
+            # A gap: most likely the segment holding the records in between is gone (a truncated
+            # sealed segment with its summary is refused in open_sealed, by its size).
+            missing = self.path.with_name(segment_name(next_seq) + LOG_SUFFIX)
+            raise CorruptFileError(
+                f"{missing}: log segment is missing: {self.path.name} ends at record {next_seq - 1} and the next "
+                f"segment present starts at {expected_next_seq}, so records {next_seq}..{expected_next_seq - 1} "
+                f"are in no segment (or {self.path.name} lost its last batches); restore it from a backup")
         if expected_next_seq is not None and next_seq != expected_next_seq:
             raise CorruptFileError(
                 f"{self.path}: holds records {self.base_seq}..{next_seq - 1} but the next segment "
@@ -603,6 +611,7 @@ class LogSegment(BatchReads):
                     before = self._check_at(last_position, end, last.header.base_seq, True)
                     if isinstance(before, bf.BatchProblem):
                         checked, position = before, last_position
+                self._blame_a_foreign_commit(position, end, seq)
                 raise CorruptFileError(f"{self.path}: invalid batch at byte {position}: {checked.reason}")
             heads.append((position, checked))
             position += checked.header.batch_length
@@ -610,6 +619,22 @@ class LogSegment(BatchReads):
         self._walked, self._walked_seq = position, seq
         self._directory = None
         return position
+
+    def _blame_a_foreign_commit(self, position: int, end: int, seq: int) -> None:
+        """ForeignCheckpointError when the batch at `position` is intact in the file but runs past
+        `end`, the committed extent: the commit does not fall on a batch boundary of this segment,
+        so it was not made for it (another shard's checkpoint, or an old copy), and the healthy
+        segment must not be blamed."""
+        file_size = os.fstat(self._fd).st_size
+        if end >= file_size:
+            return
+        whole = self._check_at(position, file_size, seq, True)
+        if isinstance(whole, bf.BatchHead) and position + whole.header.batch_length > end:
+            checkpoint = self.path.parent.parent / "checkpoint"
+            raise ForeignCheckpointError(
+                f"{checkpoint}: commits {end} bytes of {self.path.name}, but its batch at byte {position} runs to byte "
+                f"{position + whole.header.batch_length}: the checkpoint was not made for this log (another shard's, "
+                f"or an old copy); `msgindex repair` rebuilds it from the shard's files")
 
     def _check_at(self, position: int, end: int, seq: int | None, verify: bool) -> bf.BatchHead | bf.BatchProblem:
         """``check_head`` (``check_batch`` with `verify`) of the batch at `position` (the file's

@@ -1,0 +1,406 @@
+"""Entry checksums: a derived sidecar that lets lookups notice damage in a hash index file's entries.
+
+A RocketMQ index file has no checksum, and its entries are what a lookup follows: a few bytes
+overwritten in the middle of a file (a disk error, a bad restore) change a chain's prevIndex or
+keyHash, and the walk then silently stops short or wanders into other slots -- rows go missing
+with no error. The checkpoint pins the header and the slot count (``verify.check_index_file``), not
+the 20 bytes of each of up to 20M entries. So each hash index file of a shard gets
+``<name>.entrysums``: a CRC-32 per chunk of CHUNK_ENTRIES entries of its committed entries.
+
+* **Written by the shard's writer after each commit** (after the checkpoint, like the hash runs),
+  over the entries that commit added to each file it touched: the chunks those entries complete
+  and the committed part of the last, partial chunk (its CRC is extended in place, CRC-32 being
+  incremental). So a full file's sidecar covers every entry, and the active file's covers every
+  committed entry. A writer vouches only for entries it put, or that it checked: a sidecar that
+  lags behind the commit before (a writer died between its checkpoint and its sidecar, or the
+  sidecar was lost) is extended over the gap only when the gap is at most MAX_GAP_ENTRIES and
+  each of its entries points at a committed record that carries a key of its hash and the gap
+  has the shape of hash chains; else it is left for ``msgindex repair``, which writes sidecars
+  after checking every entry against the log.
+* **Checked by readers the first time a lookup touches a chunk** (each entry a walk visits or a
+  scan reads): a chunk whose CRC differs is a CorruptFileError naming the index file. A sidecar is
+  bound to its file by the hash runs' fingerprint (sizing, the first put's time and offset,
+  sampled entries): one that is missing, torn, damaged or another file's is ignored, never an
+  error -- a healthy file is never made unreadable by its sidecar.
+* **Without a usable sidecar** (or past what it covers: the commit that a writer died before
+  extending it for), the chunk's committed entries are checked for the shape every chain has
+  instead (``structure_problem``): keyHash >= 0, each prevIndex 0 or an older entry of the same
+  slot, the entries of one slot in the chunk linked newest to oldest, phyOffsets never going back,
+  timeDiffs >= 0. Random damage breaks these almost surely (a random keyHash falls into another
+  slot with probability 1 - 1/hashSlotNum), so it is still an error and not a miss; an entry
+  forged to keep its slot is not caught. Readers log a warning naming the sidecar once per file,
+  ``msgindex inspect`` reports it, ``msgindex repair`` writes it again.
+
+The index files themselves stay byte-identical to RocketMQ's: nothing here touches them.
+
+Layout (little-endian, msgindex's own format)::
+
+    header  40 B   magic "MIENTSUM", version u32, hash_slot_num i32, index_num i32,
+                   chunk_entries i32, covered_count i32 (entries [0, covered_count) are covered),
+                   fingerprint u32 (``hash_run.fingerprint`` of entries [1, covered_count)),
+                   table_crc u32, header_crc u32 (of every header byte before it)
+    table   ceil(covered_count / chunk_entries) x u32: zlib.crc32 of the entry bytes
+            [k * chunk_entries, min((k + 1) * chunk_entries, covered_count)) (entry 0, never
+            written, is part of chunk 0)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from msgindex.errors import CorruptFileError
+from msgindex.storage import hash_run
+from msgindex.storage.durable import write_atomically
+from msgindex.storage.hash_run import IndexFile
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".entrysums"
+MAGIC = b"MIENTSUM"
+VERSION = 1
+# 10 KiB of entries: ~3 us of CRC-32 the first time a lookup touches the chunk; a one-key lookup
+# touches one to a few chunks, 1,000 keys up to 1,000; the table is 4 B per 512 entries (0.04%)
+CHUNK_SHIFT = 9
+CHUNK_ENTRIES = 1 << CHUNK_SHIFT
+_HEADER_BEFORE_CRC = "<8sIiiiiII"
+HEADER_STRUCT = struct.Struct(_HEADER_BEFORE_CRC + "I")
+HEADER_SIZE = 40
+HEADER_CRC_OFFSET = struct.calcsize(_HEADER_BEFORE_CRC)
+TABLE_DTYPE = np.dtype("<u4")
+_FIRST_INDEX = 1  # index_file.FIRST_INDEX (index_file imports this module)
+ENTRY_BYTES = 20  # index_file.ENTRY_SIZE
+MAX_GAP_ENTRIES = 1 << 16  # a lagging sidecar a writer brings up to date (checking the gap's records)
+# Entries sampled into the fingerprint that binds a sidecar to its file: enough to tell another
+# file's sidecar, few enough that damage to the entries is found by the chunk CRCs (which name
+# the chunk) rather than by the fingerprint (which only makes the sidecar unusable).
+FINGERPRINT_SAMPLES = 4
+
+assert HEADER_STRUCT.size == HEADER_SIZE and 1 << CHUNK_SHIFT == CHUNK_ENTRIES
+
+
+def sums_path(index_path: str | os.PathLike) -> Path:
+    """The sidecar of the index file at `index_path`."""
+    index_path = Path(index_path)
+    return index_path.with_name(index_path.name + SUFFIX)
+
+
+def is_sums_of(name: str, index_names: Iterable[str]) -> bool:
+    """True when `name` is the sidecar of one of `index_names` (file names, not paths)."""
+    names = index_names if isinstance(index_names, (set, frozenset, dict)) else set(index_names)
+    return name.endswith(SUFFIX) and name[: -len(SUFFIX)] in names
+
+
+class EntrySums:
+    """A validated sidecar: the CRC of each covered chunk (see the module docstring)."""
+
+    def __init__(self, path: Path, covered_count: int, crcs: np.ndarray) -> None:
+        self.path = path
+        self.covered_count = covered_count
+        self.crcs = crcs
+
+    @classmethod
+    def load(cls, index_file: IndexFile) -> tuple[EntrySums | None, str | None]:
+        """(the sidecar, None) when `index_file` may use it, else (None, why not)."""
+        path = sums_path(index_file.path)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None, "missing"
+        except OSError as error:
+            return None, f"unreadable ({error.strerror or error})"
+        problem = _check(raw, index_file)
+        if problem is not None:
+            return None, problem
+        covered = HEADER_STRUCT.unpack_from(raw, 0)[5]
+        return cls(path, covered, np.frombuffer(raw, TABLE_DTYPE, offset=HEADER_SIZE).copy()), None
+
+
+def chunk_crcs(index_file: IndexFile, start: int, end: int, first_crc: int = 0) -> list[int]:
+    """CRC-32s of the chunks overlapping entries [start, end) (`start` a chunk boundary, or
+    inside the chunk whose bytes before it `first_crc` already covers)."""
+    raw = _entry_bytes(index_file)
+    crcs = []
+    crc = first_crc
+    at = start
+    while at < end:
+        stop = min((at // CHUNK_ENTRIES + 1) * CHUNK_ENTRIES, end)
+        crcs.append(zlib.crc32(raw[at * ENTRY_BYTES : stop * ENTRY_BYTES], crc))
+        crc, at = 0, stop
+    return crcs
+
+
+def build(index_file: IndexFile, covered_count: int, crcs: np.ndarray | list[int]) -> bytes:
+    """The bytes of a sidecar covering entries [0, covered_count) with these chunk CRCs."""
+    table = np.asarray(crcs, dtype=TABLE_DTYPE).tobytes()
+    assert len(table) // 4 == -(-covered_count // CHUNK_ENTRIES)
+    fields = [MAGIC, VERSION, index_file.hash_slot_num, index_file.index_num, CHUNK_ENTRIES, covered_count,
+              hash_run.fingerprint(index_file, _FIRST_INDEX, covered_count, FINGERPRINT_SAMPLES), zlib.crc32(table)]
+    head = struct.pack(_HEADER_BEFORE_CRC, *fields)
+    return head + struct.pack("<I", zlib.crc32(head)) + table
+
+
+def write_all(index_file: IndexFile, covered_count: int) -> None:
+    """Write the sidecar of `index_file` over its entries [0, covered_count) from their bytes now
+    (for files whose entries were just checked against the log, or just built from it)."""
+    write_atomically(sums_path(index_file.path), build(index_file, covered_count, chunk_crcs(index_file, 0, covered_count)))
+
+
+def extend(index_file: IndexFile, committed_count: int, check_gap: Callable[[int, int], None], *,
+           put_from: int | None = None) -> bool:
+    """Bring the sidecar of `index_file` up to its `committed_count` entries: after a commit (the
+    entries from `put_from` on were put by the caller), or when a writer opens the shard (None:
+    it put none). Entries the sidecar does not cover that the caller did not put are vouched for
+    only after ``check_gap(first, end)`` (CorruptFileError otherwise) and the shape check pass, and
+    only up to MAX_GAP_ENTRIES of them (module docstring). Returns whether a sidecar was written;
+    a full disk leaves it as it was."""
+    sums = None
+    if committed_count > _FIRST_INDEX:
+        sums, _why = EntrySums.load(index_file)
+        if sums is not None and sums.covered_count > committed_count:
+            sums = None  # (never: it only covers committed entries) start over
+    covered = sums.covered_count if sums is not None else _FIRST_INDEX
+    if covered >= committed_count or (sums is None and committed_count <= _FIRST_INDEX):
+        return False
+    unchecked_end = committed_count if put_from is None else min(max(put_from, _FIRST_INDEX), committed_count)
+    if covered < unchecked_end:
+        if unchecked_end - covered > MAX_GAP_ENTRIES:
+            return False
+        try:
+            check_gap(covered, unchecked_end)
+            problem = structure_problem(index_file, covered, unchecked_end)
+        except CorruptFileError as error:
+            problem = str(error)
+        if problem is not None:
+            log.warning("%s: entry checksums not extended over entries %d..%d (%s)", sums_path(index_file.path),
+                        covered, unchecked_end - 1, problem)
+            return False
+    if sums is None:
+        crcs: list[int] = []
+        start, first_crc = 0, 0  # chunk 0 starts with the never-written entry 0
+    else:
+        crcs = sums.crcs.tolist()
+        start, first_crc = covered, 0
+        if covered % CHUNK_ENTRIES:
+            first_crc = crcs.pop()  # the partial chunk's CRC goes on over the new entries
+    crcs += chunk_crcs(index_file, start, committed_count, first_crc)
+    try:
+        write_atomically(sums_path(index_file.path), build(index_file, committed_count, crcs))
+    except OSError as error:  # derived: the commit stands; readers check structure instead
+        log.warning("%s: entry checksums not written (%s)", sums_path(index_file.path), error)
+        return False
+    return True
+
+
+def remove(index_path: str | os.PathLike) -> None:
+    sums_path(index_path).unlink(missing_ok=True)
+
+
+class Touched:
+    """The chunks of entries a lookup read (``IndexFile`` walks add to it as they go)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[int] = []  # one per entry a Python walk read
+        self.arrays: list[np.ndarray] = []  # from numpy steps and scans
+
+    def add_range(self, low: int, high: int) -> None:
+        """Entries [low, high] were read."""
+        self.arrays.append(np.arange(low >> CHUNK_SHIFT, (high >> CHUNK_SHIFT) + 1, dtype=np.int64))
+
+    def distinct(self) -> np.ndarray:
+        parts = self.arrays + ([np.asarray(self.chunks, dtype=np.int64)] if self.chunks else [])
+        if not parts:
+            return np.zeros(0, np.int64)
+        return np.unique(np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+
+class EntryGuard:
+    """What a reader of one index file has checked of its entries (module docstring): each chunk
+    once, against the sidecar where it covers the chunk, else for structure. Whole chunks found
+    intact are remembered per process for the file's identity (device, inode, size, mtime):
+    readers reopened after each commit do not check a sealed file's chunks again."""
+
+    def __init__(self, index_file: IndexFile) -> None:
+        self.index_file = index_file
+        self._sums: EntrySums | None = None
+        self._loaded = False
+        self._unusable: str | None = None  # why the sidecar cannot be used (None: it can, or is not needed)
+        self._warned = False
+        self._whole = _whole_chunks(index_file)  # chunk -> all its entries checked
+        self._partial: dict[int, int] = {}  # chunk -> entries below this end are checked
+
+    def check(self, touched: Touched, limit: int) -> None:
+        """CorruptFileError naming the file unless the committed entries (below `limit`) of
+        every chunk `touched` holds are intact."""
+        whole = self._whole
+        if touched.arrays:
+            chunks = touched.distinct()
+            chunks = chunks[chunks < whole.size]
+            pending = chunks[~whole[chunks]].tolist()
+        else:  # a few walks one entry at a time (a one-key lookup): no numpy call
+            pending = [chunk for chunk in set(touched.chunks) if chunk < whole.size and not whole[chunk]]
+        for chunk in pending:
+            low = chunk << CHUNK_SHIFT
+            need = min(low + CHUNK_ENTRIES, limit)
+            if need <= max(low, _FIRST_INDEX) or self._partial.get(chunk, 0) >= need:
+                continue
+            self._check_chunk(chunk, low, need)
+
+    def _check_chunk(self, chunk: int, low: int, need: int) -> None:
+        sums = self._sidecar()
+        covered = low
+        if sums is not None and sums.covered_count > low:
+            covered = min(low + CHUNK_ENTRIES, sums.covered_count)
+            crc = zlib.crc32(_entry_bytes(self.index_file)[low * ENTRY_BYTES : covered * ENTRY_BYTES])
+            if crc != int(sums.crcs[chunk]):
+                raise CorruptFileError(
+                    f"{self.index_file.path}: hash index entries {low}..{covered - 1} fail their checksum (in "
+                    f"{sums.path.name}): the file was damaged; `msgindex repair` rebuilds it from the log")
+        if need > covered:
+            problem = structure_problem(self.index_file, max(covered, _FIRST_INDEX), need)
+            if problem is not None:
+                unusable = "" if self._unusable is None else f" (its entry checksums are {self._unusable})"
+                raise CorruptFileError(f"{self.index_file.path}: {problem}: the file was damaged{unusable}; "
+                                       f"`msgindex repair` rebuilds it from the log")
+            if self._unusable is not None and not self._warned:
+                # said once the answer stands on the weaker check (an error above says it itself)
+                self._warned = True
+                log.warning("%s: entry checksums %s: lookups check the entries they touch for the shape of hash "
+                            "chains only (`msgindex repair` writes them again)", sums_path(self.index_file.path),
+                            self._unusable)
+        end = max(need, covered)
+        if end >= low + CHUNK_ENTRIES:
+            self._whole[chunk] = True
+        else:
+            self._partial[chunk] = end
+
+    def _sidecar(self) -> EntrySums | None:
+        if not self._loaded:
+            self._loaded = True
+            self._sums, why = EntrySums.load(self.index_file)
+            # a new file's first commit may be read before its writer wrote the sidecar: no warning
+            if self._sums is None and (why != "missing" or self.index_file.index_count > CHUNK_ENTRIES):
+                self._unusable = why
+        return self._sums
+
+
+_CHECKED_FILES = 256  # index files whose checked chunks a process remembers
+_checked_by_file: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+
+
+def _whole_chunks(index_file: IndexFile) -> np.ndarray:
+    """The process-wide flags of the chunks of `index_file` found intact, for its identity now."""
+    chunks = -(-index_file.index_num // CHUNK_ENTRIES)
+    try:
+        info = os.stat(index_file.path)
+    except OSError:
+        return np.zeros(chunks, dtype=bool)
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    flags = _checked_by_file.pop(identity, None)
+    if flags is None:
+        flags = np.zeros(chunks, dtype=bool)
+    _checked_by_file[identity] = flags
+    while len(_checked_by_file) > _CHECKED_FILES:
+        _checked_by_file.popitem(last=False)
+    return flags
+
+
+def forget_checked() -> None:
+    """Forget which chunks were found intact (tests; a process that wants to check again)."""
+    _checked_by_file.clear()
+
+
+def structure_problem(index_file: IndexFile, low: int, high: int) -> str | None:
+    """What breaks the shape of hash chains among entries [low, high) of `index_file` (None:
+    nothing). See the module docstring for the rules; ``verify`` checks entries exactly, against
+    the log."""
+    entries = index_file.entry_array()
+    high = min(high, len(entries))
+    if high <= low:
+        return None
+    rows = entries[low:high]
+    index = np.arange(low, high, dtype=np.int64)
+    hashes = rows["key_hash"].astype(np.int64)
+    prevs = rows["prev_index"].astype(np.int64)
+    phys = rows["phy_offset"].astype(np.int64)
+    n_slots = index_file.hash_slot_num
+
+    def first(mask: np.ndarray, what: str) -> str | None:
+        bad = np.flatnonzero(mask)
+        if not bad.size:
+            return None
+        at = int(bad[0])
+        return (f"hash index entry {low + at} {what} (keyHash {int(hashes[at])}, phyOffset {int(phys[at])}, "
+                f"prevIndex {int(prevs[at])})")
+
+    problem = (first(hashes < 0, "has a negative keyHash")
+               or first((prevs < 0) | (prevs >= index), "has a prevIndex that is not an older entry")
+               or first(rows["time_diff"].astype(np.int64) < 0, "has a negative timeDiff")
+               or first(phys < 0, "has a negative phyOffset"))
+    if problem:
+        return problem
+    going_back = np.zeros(phys.size, dtype=bool)
+    going_back[1:] = phys[1:] < phys[:-1]
+    if low > _FIRST_INDEX:
+        going_back[0] = phys[0] < int(entries[low - 1]["phy_offset"])
+    slots = hashes % n_slots
+    linked = prevs > 0
+    prev_hashes = entries["key_hash"][prevs[linked]].astype(np.int64)
+    other_slot = np.zeros(prevs.size, dtype=bool)
+    other_slot[linked] = (prev_hashes < 0) | (prev_hashes % n_slots != slots[linked])
+    problem = (first(going_back, "has a phyOffset below the entry before it")
+               or first(other_slot, "has a prevIndex into another hash slot's chain"))
+    if problem:
+        return problem
+    # the entries of one slot here form one chain: each one's prev is the one before it
+    order = np.lexsort((index, slots))
+    same = np.zeros(order.size, dtype=bool)
+    same[1:] = slots[order][1:] == slots[order][:-1]
+    want = np.where(same, np.concatenate(([0], index[order][:-1])), -1)
+    got = prevs[order]
+    broken = np.where(same, got != want, got >= low)  # a slot's oldest entry here points below the range
+    if broken.any():
+        return first(np.isin(index, index[order][broken]), "breaks its hash chain")
+    return None
+
+
+def _entry_bytes(index_file: IndexFile) -> np.ndarray:
+    """The written entries of `index_file` as one uint8 array (entry i at byte i * 20)."""
+    return index_file.entry_array().view(np.uint8).reshape(-1)
+
+
+def _check(raw: bytes, index_file: IndexFile) -> str | None:
+    if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
+        return "not an entry checksum file (torn or damaged)"
+    fields = HEADER_STRUCT.unpack_from(raw, 0)
+    _magic, version, slots, num, chunk, covered, print_, table_crc, header_crc = fields
+    if zlib.crc32(raw[:HEADER_CRC_OFFSET]) != header_crc or version != VERSION:
+        return "damaged (header checksum)"
+    if (slots, num, chunk) != (index_file.hash_slot_num, index_file.index_num, CHUNK_ENTRIES):
+        return "made for other sizing"
+    if not _FIRST_INDEX <= covered <= min(index_file.index_count, index_file.index_num):
+        return f"covers {covered} entries, the file has {index_file.index_count} (stale)"
+    if len(raw) != HEADER_SIZE + 4 * -(-covered // CHUNK_ENTRIES) or zlib.crc32(raw[HEADER_SIZE:]) != table_crc:
+        return "damaged (table checksum)"
+    if print_ != hash_run.fingerprint(index_file, _FIRST_INDEX, covered, FINGERPRINT_SAMPLES):
+        return "made for other entries (its fingerprint differs: stale, or another file's)"
+    return None
+
+
+def covered_count_of(index_path: str | os.PathLike) -> int:
+    """How many entries the sidecar of `index_path` claims to cover (0: none or unreadable)."""
+    try:
+        with open(sums_path(index_path), "rb") as f:
+            head = f.read(HEADER_SIZE)
+    except OSError:
+        return 0
+    if len(head) < HEADER_SIZE or head[:8] != MAGIC:
+        return 0
+    return HEADER_STRUCT.unpack(head)[5]

@@ -1,0 +1,194 @@
+"""Damage inside the entries of a hash index file (header and slots intact) is an error naming the
+file, never a silent miss: with its entry checksums (entry_sums.py), without them (missing,
+damaged, another file's: the chains' shape is checked instead, and a healthy file stays
+readable), in a sealed file and in the committed part of the active one; and `msgindex repair`
+rebuilds the damaged file from the log, byte for byte."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import msgindex
+from msgindex.errors import CorruptFileError
+from msgindex.storage import entry_sums
+from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.message import MessageRecord
+from msgindex.storage.repair import repair_store
+from msgindex.storage.settings import StoreSettings
+from msgindex.storage.store import open_store
+
+SETTINGS = StoreSettings(hash_slot_num=1024, index_num=8192, segment_bytes=1 << 20, index_interval_bytes=4096)
+RECORDS = 6000  # two keys each: one full file of 8,191 entries and an active one of 3,809
+KEYS = 3000
+BASE_MS = 1_700_000_000_000
+
+
+def records() -> list[MessageRecord]:
+    return [MessageRecord("orders", 0, i, BASE_MS + i * 7, f"k{i % KEYS}", (f"k{i % KEYS}", f"u{i}"),
+                          commit_log_offset=i, size=1) for i in range(RECORDS)]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("entry-sums") / "store"
+    rows = records()
+    with open_store(root, create=True, settings=SETTINGS) as handle, handle.writer("b1") as writer:
+        for start in range(0, RECORDS, 500):
+            writer.append(rows[start : start + 500])
+    return root
+
+
+@pytest.fixture
+def store(pristine, tmp_path) -> Path:
+    entry_sums.forget_checked()
+    copy = tmp_path / "store"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def index_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "broker=b1" / "index").iterdir() if p.name.isdigit())
+
+
+def scribble_entries(path: Path, first_entry: int, entries: int = 100, seed: int = 1) -> None:
+    """Random bytes over `entries` entries from `first_entry` on (header and slots untouched)."""
+    at = HEADER_SIZE + SETTINGS.hash_slot_num * 4 + first_entry * ENTRY_SIZE
+    raw = bytearray(path.read_bytes())
+    rng = random.Random(seed)
+    for i in range(at, at + entries * ENTRY_SIZE):
+        raw[i] = rng.randrange(256)
+    path.write_bytes(bytes(raw))
+
+
+def lookup_every_key(root: Path) -> tuple[int, int, list[str]]:
+    """(right answers, errors, the distinct error messages) over every key; a wrong answer fails."""
+    right, errors, messages = 0, 0, set()
+    with msgindex.open(root) as store:
+        for n in range(KEYS):
+            try:
+                table = store.lookup(f"k{n}")
+            except CorruptFileError as error:
+                errors += 1
+                messages.add(str(error))
+                continue
+            assert sorted(table.column("offset").to_pylist()) == [n, n + KEYS], f"k{n}: silent wrong answer"
+            right += 1
+    return right, errors, sorted(messages)
+
+
+def test_the_writer_covers_every_committed_entry(store):
+    sealed, active = index_files(store)
+    for path in (sealed, active):
+        with IndexFile.open(path, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+            sums, why = entry_sums.EntrySums.load(index)
+            assert why is None and sums.covered_count == index.index_count
+            assert sums.crcs.tolist() == entry_sums.chunk_crcs(index, 0, index.index_count)
+    assert lookup_every_key(store) == (KEYS, 0, [])
+
+
+@pytest.mark.parametrize("which", ["sealed", "active"])
+def test_scribbled_entries_are_an_error_naming_the_file(store, which):
+    sealed, active = index_files(store)
+    victim = sealed if which == "sealed" else active
+    scribble_entries(victim, 2000)
+    right, errors, messages = lookup_every_key(store)
+    assert errors > 0 and right + errors == KEYS
+    assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+
+
+@pytest.mark.parametrize("sidecar", ["missing", "damaged", "another file's"])
+def test_without_usable_checksums_a_healthy_file_reads_right(store, sidecar, caplog):
+    sealed, active = index_files(store)
+    sums = entry_sums.sums_path(sealed)
+    if sidecar == "missing":
+        sums.unlink()
+    elif sidecar == "damaged":
+        raw = bytearray(sums.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        sums.write_bytes(bytes(raw))
+    else:
+        shutil.copy(entry_sums.sums_path(active), sums)
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage.entry_sums"):
+        assert lookup_every_key(store) == (KEYS, 0, [])
+    assert any(str(sums) in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("sidecar", ["missing", "damaged"])
+def test_without_usable_checksums_damage_is_still_an_error(store, sidecar):
+    sealed, _ = index_files(store)
+    sums = entry_sums.sums_path(sealed)
+    if sidecar == "missing":
+        sums.unlink()
+    else:
+        sums.write_bytes(sums.read_bytes()[:-3])
+    scribble_entries(sealed, 4000)
+    right, errors, messages = lookup_every_key(store)
+    assert errors > 0 and right + errors == KEYS
+    assert all(str(sealed) in message for message in messages)
+
+
+def test_repair_rebuilds_the_damaged_files_byte_for_byte(store, pristine):
+    before = {path.name: path.read_bytes() for path in index_files(pristine)}
+    for path in index_files(store):
+        scribble_entries(path, 1500)
+    entry_sums.sums_path(index_files(store)[0]).unlink()
+    report = repair_store(store)
+    assert not report.refused and "rebuilt 2 hash index file(s) from the log" in report.lines()[1]
+    assert {path.name: path.read_bytes() for path in index_files(store)} == before
+    for path in index_files(store):
+        assert entry_sums.sums_path(path).read_bytes() == entry_sums.sums_path(pristine / path.relative_to(store)) \
+            .read_bytes()
+    assert lookup_every_key(store) == (KEYS, 0, [])
+    assert repair_store(store).lines()[1:] == ["  broker=b1: intact: nothing to repair"]
+
+
+def test_repair_rebuilds_a_missing_file_and_writes_lost_checksums(store, pristine):
+    sealed, active = index_files(store)
+    original = sealed.read_bytes()
+    sealed.unlink()
+    entry_sums.sums_path(active).unlink()
+    assert "dry run" not in " ".join(repair_store(store, dry_run=True).lines())
+    assert not sealed.exists()  # a dry run writes nothing
+    report = repair_store(store)
+    assert not report.refused, report.lines()
+    assert sealed.read_bytes() == original
+    assert entry_sums.sums_path(active).read_bytes() == entry_sums.sums_path(
+        pristine / active.relative_to(store)).read_bytes()
+
+
+def append_one(root: Path) -> None:
+    with msgindex.open(root) as handle, handle.writer("b1") as writer:
+        writer.append([MessageRecord("orders", 0, RECORDS, BASE_MS + RECORDS * 7, "new", ("new",),
+                                     commit_log_offset=RECORDS, size=1)])
+
+
+def test_a_writer_checks_the_entries_a_lagging_sidecar_misses(store):
+    """A sidecar lost (or a writer that died between its checkpoint and its sidecar): the next
+    commit brings it up to date over entries it did not put only after checking them against
+    their records."""
+    _, active = index_files(store)
+    original = entry_sums.sums_path(active).read_bytes()
+    entry_sums.sums_path(active).unlink()
+    append_one(store)
+    assert entry_sums.covered_count_of(active) == 1 + 3809 + 1
+    assert entry_sums.sums_path(active).read_bytes()[:20] == original[:20]  # magic, version, sizing, chunk
+
+
+def test_a_writer_never_vouches_for_damaged_entries(store, caplog):
+    _, active = index_files(store)
+    entry_sums.sums_path(active).unlink()
+    scribble_entries(active, 1000, entries=3)
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage.entry_sums"):
+        append_one(store)
+    assert not entry_sums.sums_path(active).exists()
+    assert any("not extended" in record.getMessage() for record in caplog.records)
+    right, errors, messages = lookup_every_key(store)
+    assert errors and all(str(active) in message for message in messages)
+    assert not repair_store(store).refused  # rebuilt from the log, the new record's entry included
+    assert entry_sums.covered_count_of(active) == 1 + 3809 + 1
+    assert lookup_every_key(store) == (KEYS, 0, [])
