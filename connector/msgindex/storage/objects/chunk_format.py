@@ -162,11 +162,12 @@ class ChunkFooter:
         set_bits = (self.bloom[words.astype(np.int64)] >> shifts) & np.uint64(1)
         return set_bits.all(axis=1)
 
-    def page_span(self, key_hash: int) -> tuple[int, int]:
-        """[first, last] pages that may hold items of `key_hash` (first > last: none)."""
-        first = max(int(np.searchsorted(self.fences, key_hash, side="left")) - 1, 0)
-        last = int(np.searchsorted(self.fences, key_hash, side="right")) - 1
-        return first, last
+    def page_spans(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[first, last] pages that may hold items of each of the sorted `key_hashes` (first >
+        last: none), as two arrays (sorted by first page)."""
+        firsts = np.maximum(np.searchsorted(self.fences, key_hashes, side="left") - 1, 0)
+        lasts = np.searchsorted(self.fences, key_hashes, side="right") - 1
+        return firsts, lasts
 
     def page_range(self, first: int, last: int) -> tuple[int, int]:
         """(position, length) in the object of pages [first, last]."""

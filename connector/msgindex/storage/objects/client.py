@@ -45,6 +45,9 @@ DEFAULT_RETRY = {"max_retries": 3, "retry_timeout": 20.0}
 # Ranges closer than this are read by one GET (the bytes between included): a request costs
 # ~10-30 ms of first-byte latency on S3, 256 kB of transfer about as much.
 DEFAULT_GAP_BYTES = 256 * 1024
+# ... up to this many bytes a request: bigger spans go as several requests in parallel (a store
+# serves one stream at a fraction of its bandwidth; a many-key lookup reads most of a log).
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
 LIST_CHUNK = 1000
 
 
@@ -61,21 +64,26 @@ class ObjectInfo:
     last_modified_ms: int
 
 
-def coalesce_ranges(starts: np.ndarray, ends: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def coalesce_ranges(starts: np.ndarray, ends: np.ndarray, gap: int,
+                    max_request: int = MAX_REQUEST_BYTES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(request starts, request ends, each range's request) for byte ranges [starts, ends) sorted
-    by start: a range joins the request before it when it begins at most `gap` bytes after
-    that request's end."""
+    by start: a range joins the request before it when it begins at most `gap` bytes after that
+    request's end and the request stays within `max_request` bytes (a range longer than that is
+    a request of its own)."""
     if not len(starts):
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
-    running_end = np.maximum.accumulate(ends)
-    new = np.empty(len(starts), dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > running_end[:-1] + gap
-    request = np.cumsum(new) - 1
-    firsts = np.flatnonzero(new)
-    lasts = np.append(firsts[1:], len(starts)) - 1
-    return starts[firsts], running_end[lasts], request
+    request = np.empty(len(starts), dtype=np.int64)
+    first_starts, request_ends = [int(starts[0])], [int(ends[0])]
+    request[0] = 0
+    for i, (start, end) in enumerate(zip(starts[1:].tolist(), ends[1:].tolist()), 1):
+        if start <= request_ends[-1] + gap and max(end, request_ends[-1]) - first_starts[-1] <= max_request:
+            request_ends[-1] = max(request_ends[-1], end)
+        else:
+            first_starts.append(start)
+            request_ends.append(end)
+        request[i] = len(first_starts) - 1
+    return np.array(first_starts, np.int64), np.array(request_ends, np.int64), request
 
 
 class ObjectClient:

@@ -243,9 +243,9 @@ class ObjectChunk(BatchReads):
             items = cached.items
             hit = np.isin(items["key_hash"], hashes)
             return items["rel_seq"][hit].astype(np.int64) + self.base_seq, items["key_hash"][hit].astype(np.int64)
-        spans = sorted({footer.page_span(int(h)) for h in hashes.tolist()})
+        firsts, lasts = footer.page_spans(hashes)
         merged: list[list[int]] = []
-        for first, last in spans:
+        for first, last in zip(firsts.tolist(), lasts.tolist()):  # sorted by first page
             if first > last:
                 continue
             if merged and first <= merged[-1][1] + 1:
