@@ -1,10 +1,10 @@
-"""``msgindex repair``: rebuild a shard's lost or unreadable checkpoint from its files, remove damaged
+"""msgindex repair: rebuild a shard's lost or unreadable checkpoint from its files, remove damaged
 derived files, and (when asked) forget shards whose directories are gone.
 
     msgindex repair PATH [--broker B ...] [--dry-run] [--forget-missing]
 
 Stop the indexing job first: a shard whose writer lock is held is refused. Nothing is written
-unless the rebuilt checkpoint verifies against every file of the shard (as ``msgindex inspect``
+unless the rebuilt checkpoint verifies against every file of the shard (as msgindex inspect
 verifies); a shard that cannot be rebuilt safely is refused with the reason, exit code 2.
 """
 
