@@ -338,26 +338,28 @@ def write_rows(table: pa.Table, fmt: str, out: TextIO, *, values: dict | None = 
         return
     shown = [n for n in TABLE_COLUMNS if n in names] + [
         n for n in OPTIONAL_TABLE_COLUMNS if n in names and any(r[n] is not None for r in records)]
-    if values is None:
-        _write_table(records, shown, out)
-    else:
-        for row in records:
-            _write_table([row], shown, out)
-            if row["headers"] is not None:
-                out.write("  headers: " + (", ".join(f"{h['key']}={h['value']}" for h in row["headers"]) or "none") + "\n")
-            body = row["value"] if row["value"] is not None else render_value(None)[1]
-            out.write(f"  value ({row['value_format']}):\n")
-            out.write("".join(f"    {line}\n" for line in body.splitlines() or [""]))
-            out.write("\n")
+    after_row = None if values is None else (lambda row: _write_payload(row, out))
+    _write_table(records, shown, out, after_row)
     out.write(f"({len(records)} message{'s' if len(records) != 1 else ''})\n")
 
 
-def _write_table(records: list[dict[str, Any]], names: list[str], out: TextIO) -> None:
+def _write_table(records: list[dict[str, Any]], names: list[str], out: TextIO, after_row=None) -> None:
+    """An aligned table of `records`; `after_row(row)` writes what follows each row (its payload)."""
     cells = [[_cell(row[n]) for n in names] for row in records]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     out.write("  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip() + "\n")
-    for r in cells:
+    for row, r in zip(records, cells):
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+        if after_row is not None:
+            after_row(row)
+
+
+def _write_payload(row: dict[str, Any], out: TextIO) -> None:
+    if row["headers"] is not None:
+        out.write("  headers: " + (", ".join(f"{h['key']}={h['value']}" for h in row["headers"]) or "none") + "\n")
+    body = row["value"] if row["value"] is not None else render_value(None)[1]
+    out.write(f"  value ({row['value_format']}):\n")
+    out.write("".join(f"    {line}\n" for line in body.splitlines() or [""]))
 
 
 def _csv_cell(value: Any) -> Any:
