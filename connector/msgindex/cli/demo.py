@@ -150,6 +150,7 @@ def _next_steps(root: Path, bootstrap: str | None) -> str:
             f"  msgindex lookup {index} --key order-00321 --since 1h {values}{restart}\n"
             f"  msgindex serve {index}{' --bootstrap-servers ' + bootstrap if bootstrap else ''}   "
             f"(a search page in the browser)\n"
-            f"  jupyter notebook examples/explore.ipynb   (the incident, plotted)\n"
+            f"  examples/explore.ipynb   (the incident, plotted: open it in Jupyter, or "
+            f"jupyter nbconvert --to html --execute examples/explore.ipynb)\n"
             f"  spark.read.format('msgindex').load('{index}').where(\"any_key = 'order-00321'\")   "
             f"(after msgindex.spark.enable_pushdown(spark))")
