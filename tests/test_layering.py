@@ -2,7 +2,7 @@
 
 Layers, lowest first; a module may import its own layer and the ones below it, never above:
 
-    msgindex.errors                       what every layer raises
+    msgindex.errors, msgindex.times       what every layer raises; times as people type them
     msgindex.storage                      file formats, shards, the store: no Spark, no Kafka
     msgindex.jvm                          Maven staging and java/javac for jars pip does not ship
     msgindex.kafka                        the local broker, admin helpers, load generation
@@ -27,6 +27,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1] / "connector"
 # layer of a module = the first entry whose prefix matches; its rank must not be below an import's
 LAYERS: list[tuple[str, int]] = [
     ("msgindex.errors", 0),
+    ("msgindex.times", 0),
     ("msgindex.storage", 1),
     ("msgindex.jvm", 2),
     ("msgindex.kafka", 3),

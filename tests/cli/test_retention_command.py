@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from msgindex.cli import main
-from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
+from msgindex.cli.retention import parse_size_bytes
 from msgindex.storage.store import open_store
+from msgindex.times import parse_duration_ms
 from tests.storage.shard_model import TINY, shard_files
 from tests.storage.test_retention import fill
 
@@ -29,7 +30,7 @@ def test_bad_values_are_named(tmp_path, capsys, option, text):
     open_store(tmp_path / "s", create=True).close()
     assert main(["retention", str(tmp_path / "s"), f"{option}={text}"]) == 2
     assert capsys.readouterr().err.strip() == f"msgindex retention: {option} {text!r} is not a " + (
-        "duration: use e.g. 7d, 12h, 30m, 45s, 500ms" if option == "--max-age" else "size: use e.g. 50GiB, 500MB, 10g or bytes")
+        "duration: use e.g. 7d, 12h, 1h30m, 45s, 500ms" if option == "--max-age" else "size: use e.g. 50GiB, 500MB, 10g or bytes")
 
 
 def test_dry_run_then_run(tmp_path, capsys):

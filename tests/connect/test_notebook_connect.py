@@ -9,5 +9,5 @@ from tests.datasource.test_notebook import run_notebook
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
-def test_notebook_runs_against_connect(kafka_bootstrap, connect_server, tmp_path, monkeypatch):
-    run_notebook(kafka_bootstrap, tmp_path, monkeypatch, remote=connect_server)
+def test_notebook_runs_against_connect(connect_server, tmp_path):
+    run_notebook(tmp_path, remote=connect_server)

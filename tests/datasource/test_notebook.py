@@ -1,9 +1,18 @@
-"""``examples/explore.ipynb`` runs end to end against the session's real Kafka broker, in a kernel
-of this interpreter, and its outputs stay stripped in the repository. (Its run against a Spark
-Connect server is in ``tests/connect``.)"""
+"""``examples/explore.ipynb`` executed as a user would run it, with ``jupyter nbconvert --execute``
+from the dev extra, in a kernel of this interpreter: pointed at an index that does not exist yet,
+it builds the demo's (its own local broker, the demo's traffic, ``msgindex index``), investigates
+the demo's order, and stops what it started. Its outputs stay stripped in the repository. (Its
+run against a Spark Connect server is in ``tests/connect``.)
+
+The figure is saved as a PNG beside the executed notebook (and to ``$MSGINDEX_SCREENSHOTS``)."""
 
 from __future__ import annotations
 
+import base64
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -11,6 +20,9 @@ import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "explore.ipynb"
+JUPYTER = str(Path(sys.executable).with_name("jupyter"))
+DEMO_RECORDS = 4000
+PARAMETERS = ("MSGINDEX_INDEX", "MSGINDEX_KEY", "MSGINDEX_BOOTSTRAP", "MSGINDEX_REMOTE", "MSGINDEX_DEMO_RECORDS")
 
 
 def test_notebook_is_stored_without_outputs():
@@ -19,37 +31,46 @@ def test_notebook_is_stored_without_outputs():
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
 
 
-def run_notebook(kafka_bootstrap: str, work: Path, monkeypatch: pytest.MonkeyPatch, remote: str | None = None) -> None:
-    """Run the notebook in a fresh kernel (a local session, or Spark Connect at `remote`) and
-    check what it shows: pushed filters, lookups, bulk lookups, both figures, the index built."""
-    from nbclient import NotebookClient
+def run_notebook(work: Path, remote: str | None = None) -> str:
+    """Execute the notebook in `work` on an index that does not exist yet; its text outputs."""
+    from msgindex.kafka.broker import LocalBroker
 
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    monkeypatch.setenv("MSGINDEX_BOOTSTRAP", kafka_bootstrap)
-    monkeypatch.setenv("MSGINDEX_NOTEBOOK_DIR", str(work / "index"))
-    monkeypatch.setenv("MSGINDEX_NOTEBOOK_MESSAGES", "2000")
-    if remote is None:
-        monkeypatch.delenv("MSGINDEX_REMOTE", raising=False)
-    else:
-        monkeypatch.setenv("MSGINDEX_REMOTE", remote)
-    # kernel "python3" runs `python -m ipykernel_launcher`; jupyter_client swaps a bare "python"
-    # for sys.executable, so the kernel is this interpreter (the project's venv)
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(work)}})
-    client.execute()
-    outputs = "".join(
-        out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))
-        for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs
-    )
-    assert ("local Spark" if remote is None else remote) in outputs
-    assert "PushedFilters: [" in outputs and "EqualTo(key,customer-1)" in outputs
-    assert "order-42" in outputs
-    assert "orders found: 20 of 20" in outputs  # lookup_keys over the incident's order ids
-    figures = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs
-               if "image/png" in out.get("data", {})]
-    assert len(figures) == 2  # messages per minute, chain-length histogram
-    assert any(p.name.startswith("broker=") for p in (work / "index").iterdir())
+    index = work / "demo" / "records"
+    env = {name: value for name, value in os.environ.items() if name not in PARAMETERS}
+    env.update(MSGINDEX_INDEX=str(index), MSGINDEX_DEMO_RECORDS=str(DEMO_RECORDS))
+    if remote:
+        env["MSGINDEX_REMOTE"] = remote
+    temp_before = set(Path(tempfile.gettempdir()).glob("msgindex-*"))
+    executed = work / "explored.ipynb"
+    try:
+        done = subprocess.run([JUPYTER, "nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output",
+                               str(executed), "--ExecutePreprocessor.timeout=900"],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-6000:]
+    finally:
+        LocalBroker(work / "demo" / "kafka").stop()  # when a cell failed before the last one
+    notebook = nbformat.read(executed, as_version=4)
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    text = "".join(out.get("text", "") + str(out.get("data", {}).get("text/plain", "")) for out in outputs)
+    figures = [out["data"]["image/png"] for out in outputs if "image/png" in out.get("data", {})]
+    assert len(figures) == 1
+    for folder in (work, Path(os.environ.get("MSGINDEX_SCREENSHOTS") or work)):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"notebook-{'connect' if remote else 'local'}.png").write_bytes(base64.b64decode(figures[0]))
+    # what it showed: the order's six messages, from the index and from Spark, with payloads
+    assert f"index {index}" in text and "payloads from 127.0.0.1:" in text
+    assert "6 messages under 'order-00321' in 2 topics and 2 partitions" in text
+    assert "PushedFilters: [EqualTo(any_key,order-00321)]" in text and "6 messages (the lookup above: 6)" in text
+    assert "issuer timeout" in text and "declined at " in text and "shipped" in text
+    assert (remote or "a local Spark session") in text
+    # ... and it cleaned up: its broker stopped, no temporary folders left, nothing written but the index
+    assert "stopped the broker this notebook started" in text
+    assert not LocalBroker(work / "demo" / "kafka").status().running
+    assert set(Path(tempfile.gettempdir()).glob("msgindex-*")) - temp_before == set()
+    assert sorted(p.name for p in work.iterdir()) == sorted(["demo", "explored.ipynb", *(
+        [f"notebook-{'connect' if remote else 'local'}.png"])])
+    return text
 
 
-def test_notebook_runs_end_to_end(kafka_bootstrap, tmp_path, monkeypatch):
-    run_notebook(kafka_bootstrap, tmp_path, monkeypatch)
+def test_notebook_investigates_the_demo_index_it_builds(tmp_path):
+    run_notebook(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
@@ -24,7 +24,7 @@ import msgindex
 from msgindex.cli import main
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.read import pushdown
-from msgindex.spark.read.options import ReadOptions, parse_time_ms
+from msgindex.spark.read.options import ReadOptions
 from msgindex.storage.message import ROW_SCHEMA
 from tests.datasource.conftest import EDGE_KEY, WINDOW
 
@@ -75,13 +75,18 @@ def test_cli_lookup_window_csv_and_max(truth, capsys):
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 2 and {r["key"] for r in rows} == {EDGE_KEY}
-    code, out, _ = run_cli(capsys, "lookup", str(truth.path), "--key", "Aa", "--max", "3")
-    assert out.splitlines()[-1] == "(3 messages)" and out.splitlines()[0].split()[:2] == ["broker", "topic"]
+    everything = len(truth.select(keys={"Aa"}))
+    code, out, _ = run_cli(capsys, "lookup", str(truth.path), "--key", "Aa", "--limit", "3")
+    lines = out.splitlines()
+    assert lines[0].startswith("messages under Aa, window any time .. any time (UTC)")
+    assert lines[1].split()[:4] == ["timestamp", "topic", "partition", "offset"]
+    assert lines[-2:] == ["(3 messages)", f"({everything - 3:,} more messages not shown: --limit 0 shows all)"]
+    assert lines[2].split()[0].endswith("Z")  # rows show their date, in UTC
 
 
 def test_cli_scan(truth, capsys):
     code, out, _ = run_cli(capsys, "lookup", str(truth.path), "--scan", "--begin", str(WINDOW[0]),
-                           "--end", str(WINDOW[1]), "--topic", "audit", "--format", "json")
+                           "--end", str(WINDOW[1]), "--topic", "audit", "--format", "json", "--limit", "0")
     assert code == 0
     got = {(r["broker"], r["topic"], r["partition"], r["offset"]) for r in map(json.loads, out.splitlines())}
     assert got == truth.select(begin=WINDOW[0], end=WINDOW[1], topics={"audit"})
@@ -95,13 +100,27 @@ def test_cli_errors(truth, tmp_path, capsys):
 
 
 # --- option parsing and filter translation ---------------------------------------------------
-def test_parse_time_forms():
-    assert parse_time_ms("begin", "1763700000123") == 1763700000123
-    assert parse_time_ms("begin", "2025-11-21T04:40:00.123Z") == 1763700000123
-    assert parse_time_ms("begin", "2025-11-21T05:40:00.123+01:00") == 1763700000123
-    for bad in ("2025-11-21T04:40:00", "noon", "2025-11-21T04:40:00.0001Z"):
+def test_option_times():
+    def window(**times):
+        parsed = ReadOptions.parse({"path": "/x", **times}, now_ms=1763700000123)
+        return parsed.begin_ms, parsed.end_ms, parsed.window_needs_zone
+
+    assert window(begin="1763700000123") == (1763700000123, None, False)
+    assert window(begin="2025-11-21T04:40:00.123Z", end="2025-11-21T05:40:00.123+01:00") == \
+        (1763700000123, 1763700000123, False)
+    assert window(begin="-1h", end="now") == (1763700000123 - 3_600_000, 1763700000123, False)
+    # no zone: read in the session's zone by the tasks; planned over every instant it can be
+    naive = ReadOptions.parse({"path": "/x", "begin": "2025-11-21 04:40:00.123"})
+    assert naive.window_needs_zone and naive.begin_ms == 1763700000123 - 86_400_000
+    assert naive.window_in(UTC) == (1763700000123, None)
+    assert naive.window_in(timezone(timedelta(hours=1))) == (1763700000123 - 3_600_000, None)
+    for bad in ("noon", "2025-11-21T04:40:00.0001Z"):
         with pytest.raises(InvalidOptionError, match="option 'begin'"):
-            parse_time_ms("begin", bad)
+            ReadOptions.parse({"path": "/x", "begin": bad})
+    with pytest.raises(InvalidOptionError, match="'begin' = '2025-11-23 00:00' is after option 'end'"):
+        ReadOptions.parse({"path": "/x", "begin": "2025-11-23 00:00", "end": "2025-11-21 00:00"})
+    # a zone-less begin may be after an exact end by less than a day: a task decides, no error
+    ReadOptions.parse({"path": "/x", "begin": "2025-11-21 05:00", "end": "2025-11-21T04:40:00Z"})
 
 
 def test_options_keys_json_and_conflicts():

@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import sys
 import traceback
 
 from msgindex.errors import InvalidOptionError, MsgIndexError
 
 # module names in this package, in the order `msgindex --help` lists them
-SUBCOMMAND_MODULES = ["demo", "index", "lookup", "inspect", "repair", "retention", "compact", "upgrade", "kafka"]
+SUBCOMMAND_MODULES = [
+    "demo", "index", "lookup", "serve", "doctor", "inspect", "repair", "retention", "compact", "upgrade", "kafka",
+]
 
 
 def checked_seconds(option: str, value: float) -> float:
@@ -50,13 +53,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options whose values may start with "-" (relative times: --since -15m, --end -1h), which
+# argparse would otherwise take for an option of their own
+NEGATIVE_VALUE_OPTIONS = ("--since", "--begin", "--end")
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """`argv` with ``--end -15m`` written as ``--end=-15m``, which argparse reads as meant."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if item in NEGATIVE_VALUE_OPTIONS and following[:1] == "-" and following[1:2].isdigit():
+            joined.append(f"{item}={following}")
+            index += 2
+        else:
+            joined.append(item)
+            index += 1
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: exit code 0 on success, 2 on a usage or msgindex error."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(attach_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `msgindex lookup ... | head`: the reader had enough; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as error:
         return _report(args, error)
 

@@ -1,9 +1,14 @@
-"""`msgindex demo`: the whole product in a few minutes on one machine.
+"""msgindex demo: the whole product in a few minutes on one machine.
 
-Starts a local Kafka broker (unless --bootstrap-servers is given), creates topics, produces a
-realistic workload (Zipf-distributed order keys over two topics with some KEYS / UNIQ_KEY
-headers, plus a stream of RocketMQ-style metadata events), indexes it with the real pipeline
-until caught up (available-now), then looks keys up and prints rows and timings.
+Starts a local Kafka broker (unless --bootstrap-servers is given), creates topics, produces the
+last hour of a shop's traffic (order events and payments keyed by order id, customers in KEYS
+headers, payment ids in UNIQ_KEY headers, and an incident: the payment provider stalls for five
+minutes 25 minutes ago; plus a stream of RocketMQ-style metadata events), indexes it with the
+real pipeline until caught up (available-now), then looks keys up and prints rows and timings.
+
+Everything goes under --path (default <msgindex home>/demo, replaced each run): the indexes
+records/ and metadata/, and the broker's data in kafka/. The broker is stopped at the end unless
+--keep-broker; msgindex kafka start --data-dir <path>/kafka starts it again (for payloads).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-RECORD_TOPICS = {"demo-orders": 3, "demo-payments": 2}
+RECORD_TOPICS = {"demo-orders": 3, "demo-payments": 2}  # (order events, payments) of loadgen.incident_records
 METADATA_TOPIC = ("demo-rmq-dispatch", 2)
 
 
@@ -21,8 +26,7 @@ def register(subparsers) -> None:
     """Add the `demo` subcommand."""
     parser = subparsers.add_parser(
         "demo", help="run the whole pipeline on a local broker and look keys up (a few minutes)",
-        description="Start a local Kafka broker (unless --bootstrap-servers), produce a realistic workload, "
-                    "index it with the streaming pipeline until caught up, then run lookups and print timings.",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(handler=run)
@@ -33,20 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-servers", help="use this Kafka cluster instead of starting a local broker")
     parser.add_argument("--records", type=int, default=100_000, help="keyed records to produce (default 100,000)")
     parser.add_argument("--events", type=int, default=20_000, help="metadata events to produce (default 20,000)")
-    parser.add_argument("--path", help="where the demo's indexes go (default: <msgindex home>/demo, replaced each run)")
+    parser.add_argument("--path", help="where the demo's indexes and broker data go (default: <msgindex home>/demo, "
+                                       "replaced each run)")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=50_000, help="records per micro-batch (default 50,000)")
+    parser.add_argument("--keep-broker", action="store_true",
+                        help="leave the local broker running at the end (to fetch payloads); msgindex kafka stop "
+                             "--data-dir <path>/kafka stops it")
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _start_broker():
-    from msgindex.jvm import msgindex_home
+def _start_broker(data: Path):
     from msgindex.kafka.broker import LocalBroker, free_port
 
-    data = msgindex_home() / "demo-kafka"
-    shutil.rmtree(data, ignore_errors=True)
     broker = LocalBroker(data, port=free_port(), controller_port=free_port())
     started = time.perf_counter()
     bootstrap = broker.start(timeout=300)
@@ -56,14 +61,15 @@ def _start_broker():
 
 def _produce(bootstrap: str, records: int, events: int) -> None:
     from msgindex.kafka.admin import create_topics
-    from msgindex.kafka.loadgen import keyed_records, metadata_events, produce
+    from msgindex.kafka.loadgen import incident_records, metadata_events, produce
 
     create_topics(bootstrap, {**RECORD_TOPICS, METADATA_TOPIC[0]: METADATA_TOPIC[1]}, exist_ok=True)
     started = time.perf_counter()
-    produce(bootstrap, keyed_records(list(RECORD_TOPICS), records))
+    sent = produce(bootstrap, incident_records(*RECORD_TOPICS, records))
     produce(bootstrap, metadata_events(METADATA_TOPIC[0], events))
-    _say(f"produced {records:,} keyed records to {', '.join(RECORD_TOPICS)} and {events:,} metadata events to "
-         f"{METADATA_TOPIC[0]} in {time.perf_counter() - started:.1f} s")
+    _say(f"produced {sent:,} keyed records (the last hour of a shop: order events and payments, a payment stall "
+         f"25 minutes ago) to {', '.join(RECORD_TOPICS)} and {events:,} metadata events to {METADATA_TOPIC[0]} "
+         f"in {time.perf_counter() - started:.1f} s")
 
 
 def _index(bootstrap: str, topics: list[str], path: Path, input_kind: str, per_trigger: int) -> None:
@@ -76,34 +82,35 @@ def _index(bootstrap: str, topics: list[str], path: Path, input_kind: str, per_t
 
 
 def _show(store, title: str, key, **window) -> None:
+    from msgindex.times import format_ms
+
     started = time.perf_counter()
     table = store.lookup(key, **window)
     elapsed = (time.perf_counter() - started) * 1000
-    _say(f"\nlookup {title}: {table.num_rows:,} messages in {elapsed:.1f} ms")
-    for row in table.slice(0, 5).to_pylist():
-        _say(f"  {row['timestamp']:%H:%M:%S.%f}  broker={row['broker']}  {row['topic']}-{row['partition']}@{row['offset']}"
-             f"  keys={row['keys']}" + (f"  commitLogOffset={row['commit_log_offset']} size={row['size']}"
-                                         if row["commit_log_offset"] is not None else ""))
+    _say(f"\nlookup of {title}: {table.num_rows:,} messages in {elapsed:.1f} ms")
+    stamps = table.column("timestamp").cast("int64").to_pylist()
+    for row, micros in zip(table.slice(0, 5).to_pylist(), stamps):
+        _say(f"  {format_ms(micros // 1000)}  {row['topic']}-{row['partition']}@{row['offset']}  broker={row['broker']}"
+             f"  keys={','.join(row['keys'])}" + (f"  commitLogOffset={row['commit_log_offset']} size={row['size']}"
+                                                   if row["commit_log_offset"] is not None else ""))
     if table.num_rows > 5:
         _say(f"  ... {table.num_rows - 5:,} more")
 
 
 def _lookups(records_index: Path, metadata_index: Path) -> None:
     import msgindex
+    from msgindex.times import format_window, to_epoch_ms
 
     with msgindex.open(records_index) as store:
-        _show(store, "of the hottest key 'order-00000' in demo-orders", "order-00000", topic="demo-orders")
-        _show(store, "of a tail key 'order-00321' in any topic", "order-00321")
-        _show(store, "of a KEYS-header key 'customer-00042'", "customer-00042")
-        first = store.lookup("order-00001", topic="demo-payments")
-        if first.num_rows >= 2:
-            stamps = sorted(first.column("timestamp").to_pylist())
-            begin = int(stamps[0].timestamp() * 1000)
-            end = int(stamps[len(stamps) // 2].timestamp() * 1000)
-            _show(store, f"of 'order-00001' in demo-payments within [{begin}, {end}] ms", "order-00001",
-                  topic="demo-payments", begin_ms=begin, end_ms=end)
+        _show(store, "the hottest key 'order-00000' in demo-orders", "order-00000", topic="demo-orders")
+        _show(store, "'order-00321' in any topic (the order the incident hit)", "order-00321")
+        _show(store, "a KEYS-header key 'customer-00042'", "customer-00042")
+        now = to_epoch_ms("end", "now")
+        begin, end = to_epoch_ms("begin", "-30m", now_ms=now), to_epoch_ms("end", "-15m", now_ms=now)
+        _show(store, f"'order-00001' in demo-payments from 30 to 15 minutes ago ({format_window(begin, end)})",
+              "order-00001", topic="demo-payments", begin_ms=begin, end_ms=end)
     with msgindex.open(metadata_index) as store:
-        _show(store, "of 'order-00007' in RocketMQ topic TopicTest (metadata events)", "order-00007", topic="TopicTest")
+        _show(store, "'order-00007' in RocketMQ topic TopicTest (metadata events)", "order-00007", topic="TopicTest")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,13 +118,13 @@ def run(args: argparse.Namespace) -> int:
     from msgindex.jvm import msgindex_home
 
     started = time.perf_counter()
+    root = (Path(args.path) if args.path else msgindex_home() / "demo").resolve()
+    shutil.rmtree(root, ignore_errors=True)
     broker = None
     bootstrap = args.bootstrap_servers
     if not bootstrap:
-        broker, bootstrap = _start_broker()
+        broker, bootstrap = _start_broker(root / "kafka")
     try:
-        root = Path(args.path) if args.path else msgindex_home() / "demo"
-        shutil.rmtree(root, ignore_errors=True)
         _produce(bootstrap, args.records, args.events)
         indexing = time.perf_counter()
         _index(bootstrap, list(RECORD_TOPICS), root / "records", "records", args.max_offsets_per_trigger)
@@ -125,11 +132,25 @@ def run(args: argparse.Namespace) -> int:
         _say(f"\nindexed {args.records + args.events:,} messages in {time.perf_counter() - indexing:.1f} s "
              f"(Spark start-up included) into {root}")
         _lookups(root / "records", root / "metadata")
-        _say(f"\nexplore further:  msgindex lookup {root / 'records'} --key order-00000   |   "
-             f"spark.read.format('msgindex').option('path', '{root / 'records'}')")
     finally:
-        if broker is not None:
+        if broker is not None and not args.keep_broker:
             broker.stop()
-            _say("local Kafka broker stopped")
+            _say("\nlocal Kafka broker stopped")
+    _say(_next_steps(root, bootstrap if broker is None or args.keep_broker else None))
     _say(f"demo finished in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _next_steps(root: Path, bootstrap: str | None) -> str:
+    index = root / "records"
+    values = f"--values --bootstrap-servers {bootstrap}" if bootstrap else "--values --bootstrap-servers 127.0.0.1:9092"
+    restart = "" if bootstrap else f"\n  (payloads need the demo's broker: msgindex kafka start --data-dir {root / 'kafka'})"
+    return (f"\nwhat happened to order 321 in the last hour?\n"
+            f"  msgindex lookup {index} --key order-00321 --since 1h\n"
+            f"  msgindex lookup {index} --key order-00321 --since 1h {values}{restart}\n"
+            f"  msgindex serve {index}{' --bootstrap-servers ' + bootstrap if bootstrap else ''}   "
+            f"(a search page in the browser)\n"
+            f"  examples/explore.ipynb   (the incident, plotted: open it in Jupyter, or "
+            f"jupyter nbconvert --to html --execute examples/explore.ipynb)\n"
+            f"  spark.read.format('msgindex').load('{index}').where(\"any_key = 'order-00321'\")   "
+            f"(after msgindex.spark.enable_pushdown(spark))")

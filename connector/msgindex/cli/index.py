@@ -19,13 +19,14 @@ import sys
 from pathlib import Path
 
 from msgindex.cli import checked_seconds
-from msgindex.cli.retention import parse_duration_ms, parse_size_bytes
+from msgindex.cli.retention import parse_size_bytes
 from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.spark.runtime.session import hadoop_url
 from msgindex.storage.location import StoreLocation, parse_location
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.times import parse_duration_ms
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
 SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segment_bytes": "segment_bytes",

@@ -1,61 +1,95 @@
-"""``msgindex lookup``: find messages by key (or scan a time window) in a store, without Spark.
+"""msgindex lookup: find messages by key (or scan a time window) in an index, without Spark.
 
-    msgindex lookup PATH --key K [--key K2 ...] [--topic T] [--begin B] [--end E] [--max N]
-    msgindex lookup PATH --scan [--topic T] [--begin B] [--end E] [--max N]
-    msgindex lookup STORE_ROOT --mode rocketmq --key K --topic T [--hash-slot-num S --index-num N]
+examples:
+  msgindex lookup ./index --key order-00321 --since 1h
+  msgindex lookup ./index --key order-00321 --values --bootstrap-servers 127.0.0.1:9092
+  msgindex lookup ./index --key a --key b --topic orders --begin '2026-11-25 10:00' --end now
+  msgindex lookup ./index --scan --since 15m --limit 20
+  msgindex lookup STORE_ROOT --mode rocketmq --key K --topic T
 
-With ``--mode rocketmq`` PATH is a RocketMQ broker's store root (the directory holding
-``commitlog/`` and ``index/``): every hit of the broker's index is verified against its commit
-log (real topic, keys and store time in ms), with no 64-message cap.
+A key finds every message indexed under it: the record key, each token of its KEYS header and
+its UNIQ_KEY header (or the keys of a metadata event). Give keys as results show them: key bytes
+that are not UTF-8 as \\xNN (lowercase hex), a literal backslash before x and two hex digits as
+\\x5c.
 
-Keys are given as results show them (key bytes that are not UTF-8 as ``\\xNN``, README "Keys
-that are not UTF-8"). Times are epoch milliseconds or ISO-8601 with a zone. Output: an aligned table (default), JSON
-lines (one object per message) or CSV with a header.
+Times (--begin, --end, --since): epoch milliseconds; ISO-8601 with a zone (2026-11-25T10:00:00Z,
+2026-11-25 11:00+01:00) or without one, which is read as UTC (2026-11-25 10:00); or relative to
+now: now, -15m, 1h (= 1h ago), 2d ago, now-1h30m. Both bounds are inclusive. Times are shown
+in UTC, ISO-8601, which these options take back as they are.
+
+At most --limit messages are shown (100 unless given; 0: all), the first in time order, and
+the output says how many more there are. With --values each message's value (pretty JSON,
+text, or hex when it is not UTF-8) and headers are fetched from Kafka by topic, partition and
+offset; --bootstrap-servers names the cluster the index was built from.
+
+With --mode rocketmq, PATH is a RocketMQ broker's store root (the directory holding commitlog/
+and index/): every hit of the broker's index is verified against its commit log (real topic,
+keys and store time in ms), with no 64-message cap.
+
+Output: a table (default), JSON lines (one object per message) or CSV with a header.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import pyarrow as pa
 
 from msgindex.cli.store_args import add_storage_options, open_store_of
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES, parse_time_ms
+from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.times import current_ms, format_ms, format_window, read_time
 
 FORMATS = ("table", "json", "csv")
+VALUE_FORMATS = ("auto", "json", "text", "hex")
+DEFAULT_LIMIT = 100
 TABLE_COLUMN_MAX = 48  # longer cells are cut in table output (json/csv keep everything)
+# the table's columns, in this order; the RocketMQ metadata columns only when a row has them
+TABLE_COLUMNS = ("timestamp", "topic", "partition", "offset", "key", "keys", "broker")
+OPTIONAL_TABLE_COLUMNS = ("commit_log_offset", "size", "verified")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``lookup`` subcommand."""
     parser = subparsers.add_parser(
-        "lookup", help="find messages by key, or scan a time window, in a msgindex store",
+        "lookup", help="find messages by key (with their payloads), or scan a time window",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="PATH", help="the store root (msgindex's: a local path or s3://, gs://, az:// "
-                        "URL; or a RocketMQ broker's store root)")
+    parser.add_argument("path", metavar="PATH", help="the index: a local path or an s3://, gs://, az:// URL (or, with "
+                        "--mode rocketmq, a RocketMQ store root)")
     add_storage_options(parser)
-    parser.add_argument("--mode", choices=MODES, default=MODE_STORE,
-                        help="store: a msgindex store (default); rocketmq: a RocketMQ broker's store root")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--key", action="append", metavar="K",
-                      help="a key to find (repeatable), as results show it: key bytes that are not UTF-8 as \\xNN")
+    what.add_argument("--key", action="append", metavar="K", help="a key to find (repeatable)")
     what.add_argument("--scan", action="store_true", help="list every message in the time window")
     parser.add_argument("--topic", action="append", metavar="T", help="only this topic (repeatable)")
-    parser.add_argument("--begin", metavar="TIME", help="window start, inclusive (epoch ms or ISO-8601 with zone)")
-    parser.add_argument("--end", metavar="TIME", help="window end, inclusive")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--since", metavar="TIME", help="window start: 1h (= 1h ago), 15m, or any time --begin takes")
+    window.add_argument("--begin", metavar="TIME", help="window start, inclusive (see times above)")
+    parser.add_argument("--end", metavar="TIME", help="window end, inclusive (default: no end)")
     parser.add_argument("--broker", action="append", metavar="B", help="only this shard (repeatable)")
     parser.add_argument("--partition", action="append", type=int, metavar="P", help="only this partition (repeatable)")
-    parser.add_argument("--max", type=int, metavar="N", help="at most N messages")
+    parser.add_argument("--limit", type=int, metavar="N", default=DEFAULT_LIMIT,
+                        help=f"show at most N messages, the first in time (default {DEFAULT_LIMIT}; 0: all)")
+    parser.add_argument("--max", type=int, dest="limit", help=argparse.SUPPRESS)  # the old name of --limit
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    values = parser.add_argument_group("payloads")
+    values.add_argument("--values", action="store_true",
+                        help="also show each message's value and headers, fetched from Kafka")
+    values.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                        help="the Kafka cluster to fetch values from (needed with --values)")
+    values.add_argument("--value-format", choices=VALUE_FORMATS, default="auto",
+                        help="auto (default): pretty JSON if the value is JSON, else text if UTF-8, else hex")
     rocketmq = parser.add_argument_group("--mode rocketmq")
+    rocketmq.add_argument("--mode", choices=MODES, default=MODE_STORE,
+                          help="store: a msgindex index (default); rocketmq: a RocketMQ broker's store root")
     rocketmq.add_argument("--hash-slot-num", type=int, default=DEFAULT_HASH_SLOT_NUM, metavar="S",
                           help=f"the broker's maxHashSlotNum (default {DEFAULT_HASH_SLOT_NUM})")
     rocketmq.add_argument("--index-num", type=int, default=DEFAULT_INDEX_NUM, metavar="N",
@@ -64,44 +98,132 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a lookup or scan found: the rows shown (at most the limit) and how many more there
+    are (`more_at_least`: a scan stops at the limit, so it knows there is more, not how much)."""
+
+    rows: pa.Table
+    more: int = 0
+    more_at_least: bool = False
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the messages found; exit code 0 (also when none are found)."""
-    begin = parse_time_ms("--begin", args.begin) if args.begin is not None else None
-    end = parse_time_ms("--end", args.end) if args.end is not None else None
-    if begin is not None and end is not None and begin > end:
-        raise InvalidOptionError(f"--begin {args.begin} is after --end {args.end}: the window holds no time "
-                                 f"(both bounds are inclusive)")
-    if args.max is not None and args.max <= 0:
-        raise InvalidOptionError(f"--max {args.max}: must be a positive number")
+    begin, end = window_of(args)
+    if args.limit < 0:
+        raise InvalidOptionError(f"--limit {args.limit}: must be 0 (all) or a positive number")
+    limit = args.limit or None
+    if args.values and not args.bootstrap_servers:
+        raise InvalidOptionError("--values needs --bootstrap-servers HOST:PORT: the Kafka cluster the index "
+                                 "was built from (the index keeps metadata, not payloads)")
     if args.mode == MODE_ROCKETMQ:
-        table = _rocketmq(args, begin, end)
-        write_rows(table, args.format, sys.stdout)
-        return 0
-    if args.broker_name is not None:
-        raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex store names its shards)")
-    with open_store_of(args) as store:
-        if args.scan:
-            table = _scan(store, args, begin, end)
-        else:
-            table = _lookup(store, args, begin, end)
-    write_rows(table, args.format, sys.stdout)
+        found = _rocketmq(args, begin, end, limit)
+    else:
+        if args.broker_name is not None:
+            raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex index names its shards)")
+        with open_store_of(args) as store:
+            check_names(store, args.topic, args.broker)
+            found = _scan(store, args, begin, end, limit) if args.scan else _lookup(store, args, begin, end, limit)
+    values = None
+    if args.values and args.mode == MODE_STORE:
+        values = fetch_payloads(args.bootstrap_servers, found.rows)
+    elif args.values:  # the RocketMQ store holds the bodies itself
+        values = {(r["topic"], r["partition"], r["offset"]): Payload(r["value"], _properties(r))
+                  for r in found.rows.to_pylist()}
+    out = sys.stdout
+    if args.format == "table":
+        what = "every message" if args.scan else "messages under " + ", ".join(args.key)
+        out.write(f"{what}{' in ' + ', '.join(args.topic) if args.topic else ''}, "
+                  f"window {format_window(begin, end)} (UTC)\n")
+    write_rows(found.rows, args.format, out, values=values, value_format=args.value_format)
+    note = more_note(found, limit)
+    if note:
+        (out if args.format == "table" else sys.stderr).write(note + "\n")
     return 0
 
 
-def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
+def window_of(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(begin_ms, end_ms) of --since/--begin and --end, relative times counted from one now."""
+    now = current_ms()
+    option, text = ("--since", args.since) if args.since is not None else ("--begin", args.begin)
+    begin = None if text is None else read_time(option, text).resolve(now_ms=now)
+    end = None if args.end is None else read_time("--end", args.end).resolve(now_ms=now)
+    if begin is not None and end is not None and begin > end:
+        raise InvalidOptionError(f"{option} {text} is after --end {args.end}: the window holds no time "
+                                 f"(both bounds are inclusive; {format_ms(begin)} > {format_ms(end)})")
+    return begin, end
+
+
+def index_topics(store) -> list[str]:
+    """Every topic the index holds messages of (the shards' committed topic lists)."""
+    topics: set[str] = set()
+    for broker in store.brokers():
+        with store.reader(broker) as reader:
+            topics.update(reader.topics)
+    return sorted(topics)
+
+
+def check_names(store, topics: list[str] | None, brokers: list[str] | None) -> None:
+    """InvalidOptionError naming a --topic or --broker the index does not have, and the ones it has."""
+    for option, given, present in (("--broker", brokers, lambda: store.brokers()),
+                                   ("--topic", topics, lambda: index_topics(store))):
+        if not given:
+            continue
+        have = present()
+        unknown = [name for name in given if name not in have]
+        if unknown:
+            raise InvalidOptionError(unknown_name_message(option, unknown[0], have))
+
+
+def unknown_name_message(option: str, name: str, have: list[str]) -> str:
+    """``--topic demo-ordrs: the index has no such topic (did you mean demo-orders? it has: ...)``"""
+    what = "topic" if "topic" in option else "shard"
+    close = difflib.get_close_matches(name, have, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    listed = ", ".join(have[:20]) + (f", ... ({len(have)} in all)" if len(have) > 20 else "")
+    return f"{option} {name}: the index has no such {what} ({hint}it has: {listed or 'none'})"
+
+
+def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
     from msgindex.storage.message import text_of_shown
     from msgindex.storage.query import sort_and_limit
 
-    keys = [text_of_shown(key) for key in args.key]  # as shown in results (README: keys that are not UTF-8)
+    keys = [text_of_shown(key) for key in args.key]
     tables = [
-        store.lookup(keys, topic=topic, begin_ms=begin, end_ms=end, max_results=args.max,
-                     brokers=args.broker, partitions=args.partition)
+        store.lookup(keys, topic=topic, begin_ms=begin, end_ms=end, brokers=args.broker, partitions=args.partition)
         for topic in (args.topic or [None])
     ]
-    return sort_and_limit(tables, args.max)
+    table = sort_and_limit(tables, None)
+    return _limited(table, limit)
 
 
-def _rocketmq(args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
+def _limited(table: pa.Table, limit: int | None) -> Found:
+    if limit is None or table.num_rows <= limit:
+        return Found(table)
+    return Found(table.slice(0, limit), more=table.num_rows - limit)
+
+
+def _scan(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
+    from msgindex.storage.message import ROW_SCHEMA
+
+    return _first_of(store.scan(begin_ms=begin, end_ms=end, brokers=args.broker, topics=args.topic,
+                                partitions=args.partition), ROW_SCHEMA, limit)
+
+
+def _first_of(batches: Iterator[pa.RecordBatch], schema: pa.Schema, limit: int | None) -> Found:
+    """The first `limit` rows of a scan, reading no further than one batch past them."""
+    kept, rows = [], 0
+    for batch in batches:
+        if limit is not None and rows + batch.num_rows > limit:
+            kept.append(batch.slice(0, limit - rows))
+            return Found(pa.Table.from_batches(kept, schema=schema), more=1, more_at_least=True)
+        kept.append(batch)
+        rows += batch.num_rows
+    return Found(pa.Table.from_batches(kept, schema=schema))
+
+
+def _rocketmq(args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
     from msgindex.storage.rocketmq.broker_store import is_broker_store, open_rocketmq, row_schema
 
     if not is_broker_store(args.path):
@@ -115,58 +237,136 @@ def _rocketmq(args: argparse.Namespace, begin: int | None, end: int | None) -> p
         if not args.scan:
             if not args.topic:
                 raise InvalidOptionError("--mode rocketmq --key needs --topic: RocketMQ hashes topic + '#' + key")
-            return store.lookup(args.key, topic=args.topic, begin_ms=begin, end_ms=end, max_results=args.max,
-                                partitions=args.partition)
-        batches, rows = [], 0
-        for batch in store.scan(begin_ms=begin, end_ms=end, topics=args.topic, partitions=args.partition):
-            batches.append(batch if args.max is None else batch.slice(0, args.max - rows))
-            rows += batches[-1].num_rows
-            if args.max is not None and rows >= args.max:
-                break
-        return pa.Table.from_batches(batches, schema=row_schema(False))
+            return _limited(store.lookup(args.key, topic=args.topic, begin_ms=begin, end_ms=end,
+                                         partitions=args.partition, fetch_values=args.values), limit)
+        return _first_of(store.scan(begin_ms=begin, end_ms=end, topics=args.topic, partitions=args.partition,
+                                    fetch_values=args.values), row_schema(args.values), limit)
 
 
-def _scan(store, args: argparse.Namespace, begin: int | None, end: int | None) -> pa.Table:
-    batches, rows = [], 0
-    for batch in store.scan(begin_ms=begin, end_ms=end, brokers=args.broker, topics=args.topic,
-                            partitions=args.partition):
-        if args.max is not None and rows + batch.num_rows >= args.max:
-            batches.append(batch.slice(0, args.max - rows))
-            break
-        batches.append(batch)
-        rows += batch.num_rows
-    from msgindex.storage.message import ROW_SCHEMA
-
-    return pa.Table.from_batches(batches, schema=ROW_SCHEMA)
+def more_note(found: Found, limit: int | None) -> str:
+    """What the output leaves out, and how to see it ('' when nothing)."""
+    if not found.more:
+        return ""
+    if found.more_at_least:
+        return (f"(the scan stopped after {limit:,} messages; more follow in the window: --limit 0 shows all, "
+                f"--end or a --topic narrows it)")
+    return f"({found.more:,} more message{'s' if found.more != 1 else ''} not shown: --limit 0 shows all)"
 
 
+# --- payloads -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Payload:
+    """A message's value and headers as Kafka returned them (None: the log no longer has it)."""
+
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None
+
+
+def fetch_payloads(bootstrap_servers: str, rows: pa.Table) -> dict[tuple[str, int, int], Payload]:
+    """The value and headers of every row, fetched from Kafka (missing: no longer in the log)."""
+    from msgindex.spark.read.kafka_values import fetch_messages
+
+    ids = list(zip(rows["topic"].to_pylist(), rows["partition"].to_pylist(), rows["offset"].to_pylist()))
+    found = fetch_messages(bootstrap_servers, ids, what="--bootstrap-servers") if ids else {}
+    return {id_: Payload(record.value, list(record.headers or [])) for id_, record in found.items()}
+
+
+def _properties(row: dict[str, Any]) -> list[tuple[str, bytes | None]]:
+    return [(name, None if value is None else value.encode()) for name, value in (row.get("properties") or [])]
+
+
+def render_value(value: bytes | None, fmt: str = "auto") -> tuple[str, str]:
+    """(how it is shown: json | text | hex | missing, the text) of a message value."""
+    if value is None:
+        return "missing", "(no longer in Kafka: retention or compaction removed it)"
+    if fmt in ("auto", "json"):
+        try:
+            return "json", json.dumps(json.loads(value), indent=2, ensure_ascii=False)
+        except ValueError:
+            if fmt == "json":
+                return "hex", value.hex(" ")
+    if fmt in ("auto", "text", "json"):
+        try:
+            return "text", value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return "hex", value.hex(" ")
+
+
+def render_header(value: bytes | None) -> str:
+    if value is None:
+        return "null"
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + value.hex()
+
+
+# --- output -------------------------------------------------------------------------------------
 def _records(table: pa.Table) -> Iterator[dict[str, Any]]:
-    for row in table.to_pylist():
-        row["timestamp"] = row["timestamp"].isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Rows as dicts, each timestamp as ISO-8601 UTC text (``times.format_ms``)."""
+    micros = table["timestamp"].cast(pa.int64()).to_pylist()
+    for row, stamp in zip(table.to_pylist(), micros):
+        row["timestamp"] = None if stamp is None else format_ms(stamp // 1000)
         yield row
 
 
-def write_rows(table: pa.Table, fmt: str, out) -> None:
+def write_rows(table: pa.Table, fmt: str, out: TextIO, *, values: dict | None = None,
+               value_format: str = "auto") -> None:
     """Write result rows (ROW_SCHEMA, or RocketMQ's verified rows) to `out` as a table, JSON
-    lines or CSV."""
+    lines or CSV; with `values` (``fetch_payloads``), each message's value and headers too."""
+    names = [name for name in table.schema.names if name not in ("value", "properties")]
+    records = list(_records(table))
+    if values is not None:
+        for row in records:
+            payload = values.get((row["topic"], row["partition"], row["offset"])) or Payload(None, None)
+            shown, text = render_value(payload.value, value_format)
+            row["value"] = None if payload.value is None else text
+            row["value_format"] = shown
+            row["headers"] = None if payload.headers is None else [
+                {"key": key, "value": render_header(value)} for key, value in payload.headers]
     if fmt == "json":
-        for row in _records(table):
+        for row in records:
+            row.pop("properties", None)
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
         return
-    names = table.schema.names
     if fmt == "csv":
+        columns = names + (["value", "value_format", "headers"] if values is not None else [])
         writer = csv.writer(out)
-        writer.writerow(names)
-        for row in _records(table):
-            writer.writerow([" ".join(v) if isinstance(v, list) else ("" if v is None else v)
-                             for v in (row[n] for n in names)])
+        writer.writerow(columns)
+        for row in records:
+            writer.writerow([_csv_cell(row[n]) for n in columns])
         return
-    cells = [[_cell(row[n]) for n in names] for row in _records(table)]
+    shown = [n for n in TABLE_COLUMNS if n in names] + [
+        n for n in OPTIONAL_TABLE_COLUMNS if n in names and any(r[n] is not None for r in records)]
+    after_row = None if values is None else (lambda row: _write_payload(row, out))
+    _write_table(records, shown, out, after_row)
+    out.write(f"({len(records)} message{'s' if len(records) != 1 else ''})\n")
+
+
+def _write_table(records: list[dict[str, Any]], names: list[str], out: TextIO, after_row=None) -> None:
+    """An aligned table of `records`; `after_row(row)` writes what follows each row (its payload)."""
+    cells = [[_cell(row[n]) for n in names] for row in records]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     out.write("  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip() + "\n")
-    for r in cells:
+    for row, r in zip(records, cells):
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
-    out.write(f"({table.num_rows} message{'s' if table.num_rows != 1 else ''})\n")
+        if after_row is not None:
+            after_row(row)
+
+
+def _write_payload(row: dict[str, Any], out: TextIO) -> None:
+    if row["headers"] is not None:
+        out.write("  headers: " + (", ".join(f"{h['key']}={h['value']}" for h in row["headers"]) or "none") + "\n")
+    body = row["value"] if row["value"] is not None else render_value(None)[1]
+    out.write(f"  value ({row['value_format']}):\n")
+    out.write("".join(f"    {line}\n" for line in body.splitlines() or [""]))
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, list):
+        return " ".join(f"{v['key']}={v['value']}" if isinstance(v, dict) else str(v) for v in value)
+    return "" if value is None else value
 
 
 def _cell(value: Any) -> str:

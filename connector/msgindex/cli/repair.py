@@ -1,4 +1,4 @@
-"""``msgindex repair``: rebuild a shard's lost or unreadable checkpoint from its files, remove damaged
+"""msgindex repair: rebuild a shard's lost or unreadable checkpoint from its files, remove damaged
 derived files, and (when asked) forget shards whose directories are gone.
 
     msgindex repair PATH [--broker B ...] [--dry-run] [--forget-missing]
@@ -6,7 +6,7 @@ derived files, and (when asked) forget shards whose directories are gone.
                         [--min-age AGE] [--storage-option K=V ...]
 
 Stop the indexing job first: a shard whose writer lock is held is refused. Nothing is written
-unless the rebuilt checkpoint verifies against every file of the shard (as ``msgindex inspect``
+unless the rebuilt checkpoint verifies against every file of the shard (as msgindex inspect
 verifies); a shard that cannot be rebuilt safely is refused with the reason, exit code 2.
 
 On an object store (s3://, gs://, az://) each shard is verified as ``msgindex inspect`` does; a

@@ -1,6 +1,6 @@
-"""``msgindex retention``: delete a store's expired log segments and the hash index files that
+"""msgindex retention: delete a store's expired log segments and the hash index files that
 only point into them, now (the indexing job does the same between appends when given
-``--retention-ms`` / ``--retention-bytes``).
+--retention-ms / --retention-bytes).
 
     msgindex retention PATH --max-age 7d [--max-bytes 50GiB] [--dry-run]
 
@@ -17,10 +17,8 @@ import re
 
 from msgindex.cli.store_args import PATH_HELP, add_storage_options, open_store_of
 from msgindex.errors import InvalidOptionError
+from msgindex.times import parse_duration_ms
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d|w)?\s*$")
-_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000,
-                "w": 604_800_000}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 
 
@@ -39,14 +37,6 @@ def register(subparsers) -> None:
                         help="shrink each shard to at most this size: 50GiB, 500MB, 10g, or bytes")
     parser.add_argument("--dry-run", action="store_true", help="print what would be deleted; delete nothing")
     parser.set_defaults(handler=run)
-
-
-def parse_duration_ms(option: str, text: str) -> int:
-    """Milliseconds of a duration such as ``7d``, ``12h``, ``30m``, ``45s``, ``500ms`` or ``60000``."""
-    match = _DURATION.match(text)
-    if not match:
-        raise InvalidOptionError(f"{option} {text!r} is not a duration: use e.g. 7d, 12h, 30m, 45s, 500ms")
-    return _bounded(option, text, float(match.group(1)) * _DURATION_MS[match.group(2)])
 
 
 def parse_size_bytes(option: str, text: str) -> int:

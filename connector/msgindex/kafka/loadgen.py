@@ -37,6 +37,7 @@ class Message:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None  # the record's CreateTime (None: when it is sent)
 
 
 def zipf_key_ids(count: int, pool: int, seed: int) -> np.ndarray:
@@ -60,6 +61,77 @@ def keyed_records(topics: list[str], count: int, *, key_pool: int = DEFAULT_KEY_
         if rng.random() < UNIQ_KEY_SHARE:
             headers.append(("UNIQ_KEY", f"{seed:04X}{n:016X}".encode()))
         yield Message(topic, f"order-{int(key_id):05d}".encode(), payload, tuple(headers))
+
+
+MINUTE_MS = 60_000
+ORDER_EVENTS = ("created", "confirmed", "packed", "shipped")  # then "tracking-update"s
+INCIDENT_BEFORE_END_MS = (25 * MINUTE_MS, 20 * MINUTE_MS)  # payments stall from 25 to 20 minutes before the end
+INCIDENT_BURST_MS = 20_000  # ... and what was held back arrives within 20 s after
+STORY_ORDER = 321  # order-00321: one order's scripted hour, the demo's investigation
+# (minutes before the end, topic: 0 orders / 1 payments, what happened); the payment attempt of
+# minute 24 is held by the stall and declined in the burst, the retry goes through
+STORY = ((42, 0, {"event": "created"}), (41, 0, {"event": "confirmed"}),
+         (24, 1, {"status": "declined", "reason": "issuer timeout"}), (19, 1, {"status": "captured"}),
+         (18, 0, {"event": "packed"}), (9, 0, {"event": "shipped"}))
+
+
+def incident_records(orders_topic: str, payments_topic: str, count: int, *, end_ms: int | None = None,
+                     span_ms: int = 60 * MINUTE_MS, key_pool: int = DEFAULT_KEY_POOL, seed: int = 7) -> Iterator[Message]:
+    """An hour of a shop's traffic ending at `end_ms` (default now), with an incident in it: the
+    demo's workload, made to be investigated.
+
+    Records alternate between `orders_topic` (order events: created, confirmed, packed, shipped,
+    then tracking updates) and `payments_topic` (payments: captured, a few declined), keyed by
+    order id (``order-00042``, Zipf-distributed: a few busy orders, a long tail), with JSON
+    values. Every order event carries its customer in a ``KEYS`` header (``customer-01234``, one
+    per order), every payment its payment id in ``UNIQ_KEY`` (``pay-...``), so that a lookup of
+    either finds them. CreateTimes spread evenly over `span_ms`, except for the incident: from 25
+    to 20 minutes before the end the payment provider stalls, no payment is written, and the
+    held-back payments arrive in a burst right after, half of them declined ("issuer timeout").
+    One order, ``order-00321`` (``STORY``), has a scripted hour that runs into it."""
+    rng = random.Random(seed)
+    ids = zipf_key_ids(count, key_pool, seed)
+    end = end_ms if end_ms is not None else int(time.time() * 1000)
+    start = end - span_ms
+    stall_begin, stall_end = end - INCIDENT_BEFORE_END_MS[0], end - INCIDENT_BEFORE_END_MS[1]
+    story = sorted((end - minutes * MINUTE_MS, topic, what) for minutes, topic, what in STORY
+                   if minutes * MINUTE_MS <= span_ms)
+    seen: dict[int, int] = {}
+
+    def message(n: int, key_id: int, stamp: int, topic: int, what: dict | None = None) -> Message:
+        order = f"order-{key_id:05d}"
+        amount = round(5 + key_id * 37 % 400 + key_id % 100 / 100, 2)
+        if topic == 0:
+            step = seen.get(key_id, 0)
+            seen[key_id] = step + 1
+            event = {"order": order, "event": ORDER_EVENTS[step] if step < len(ORDER_EVENTS) else "tracking-update",
+                     "customer": f"customer-{key_id * 7919 % max(1, key_pool // 10):05d}", "items": 1 + key_id % 5,
+                     "total": amount, **(what or {})}
+            return Message(orders_topic, order.encode(), json.dumps(event).encode(),
+                           (("KEYS", event["customer"].encode()),), timestamp_ms=stamp)
+        payment = f"pay-{seed:02x}{n:08x}"
+        event = {"order": order, "payment": payment, "status": "captured", "amount": amount}
+        if what is not None:
+            event.update(what)
+        elif stall_begin <= stamp < stall_end:  # held back by the stall, sent in the burst after it
+            stamp = stall_end + (stamp - stall_begin) * INCIDENT_BURST_MS // (stall_end - stall_begin)
+            if rng.random() < 0.5:
+                event.update(status="declined", reason="issuer timeout")
+        elif rng.random() < 0.03:
+            event.update(status="declined", reason="insufficient funds")
+        if stall_begin <= stamp < stall_end:
+            stamp = stall_end + (stamp - stall_begin) * INCIDENT_BURST_MS // (stall_end - stall_begin)
+        return Message(payments_topic, order.encode(), json.dumps(event).encode(),
+                       (("UNIQ_KEY", payment.encode()),), timestamp_ms=stamp)
+
+    for n, key_id in enumerate(ids):
+        stamp = start + n * span_ms // max(count, 1)
+        while story and story[0][0] <= stamp:
+            at, topic, what = story.pop(0)
+            yield message(count + len(STORY) - len(story), STORY_ORDER, at, topic, what)
+        yield message(n, key_pool if key_id == STORY_ORDER else int(key_id), stamp, n % 2)
+    for extra, (at, topic, what) in enumerate(story, start=count + len(STORY) - len(story) + 1):
+        yield message(extra, STORY_ORDER, at, topic, what)
 
 
 def metadata_events(topic: str, count: int, *, brokers: tuple[str, ...] = ("broker-a", "broker-b"),
@@ -105,7 +177,8 @@ def produce(bootstrap_servers: str, messages, *, partition_of=None) -> int:
         for message in messages:
             partition = partition_of(sent, message) if partition_of else None
             with_producer.send(message.topic, key=message.key, value=message.value,
-                               headers=list(message.headers) or None, partition=partition)
+                               headers=list(message.headers) or None, partition=partition,
+                               timestamp_ms=message.timestamp_ms)
             sent += 1
         with_producer.flush()
     finally:

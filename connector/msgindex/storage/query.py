@@ -19,6 +19,7 @@ from msgindex.storage.message import (
     shown_timestamp,
     stored_window,
 )
+from msgindex.times import TimeArg, to_epoch_ms
 
 KeysArg = str | bytes | Iterable[str | bytes]
 
@@ -91,14 +92,20 @@ class Query:
         topics: Iterable[str] | None = None,
         brokers: Iterable[str] | None = None,
         partitions: Iterable[int] | None = None,
+        begin: TimeArg | None = None,
+        end: TimeArg | None = None,
         begin_ms: int | None = None,
         end_ms: int | None = None,
         max_results: int | None = None,
     ) -> Query:
         """The query of the public lookup/scan arguments: keys as ``normalize_keys`` takes them,
-        `topic` (one) or `topics`, a single str wherever names are asked for."""
+        `topic` (one) or `topics`, a single str wherever names are asked for. `begin`/`end`: the
+        window as people type times (``msgindex.times``: epoch ms, ISO-8601 with or without a
+        zone (none: UTC), ``-1h``, ``now``, a datetime); `begin_ms`/`end_ms`: epoch ms only."""
         if topic is not None and topics is not None:
             raise InvalidArgumentError("give topic or topics, not both")
+        begin_ms = _bound("begin", begin, begin_ms)
+        end_ms = _bound("end", end, end_ms)
         return cls(
             keys=None if keys is None else tuple(normalize_keys(keys)),
             topics=_names("topic", topic if topic is not None else topics),
@@ -126,6 +133,14 @@ def as_query(keys_or_query: KeysArg | Query | None, **restrictions) -> Query:
             raise InvalidArgumentError(f"a Query already holds every restriction; also given: {', '.join(given)}")
         return keys_or_query
     return Query.of(keys_or_query, **restrictions)
+
+
+def _bound(name: str, value: TimeArg | None, ms: int | None) -> int | None:
+    if value is None:
+        return ms
+    if ms is not None:
+        raise InvalidArgumentError(f"give {name} or {name}_ms, not both")
+    return to_epoch_ms(name, value)
 
 
 def _names(what: str, names: str | Iterable[str] | None) -> frozenset[str] | None:

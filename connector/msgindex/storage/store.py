@@ -44,6 +44,7 @@ from msgindex.storage.shard import (
     shard_directory,
     validate_broker_name,
 )
+from msgindex.times import TimeArg
 
 if TYPE_CHECKING:
     from msgindex.storage.objects.store import ObjectStore
@@ -172,6 +173,8 @@ class Store:
         keys: KeysArg | Query,
         *,
         topic: str | None = None,
+        begin: TimeArg | None = None,
+        end: TimeArg | None = None,
         begin_ms: int | None = None,
         end_ms: int | None = None,
         max_results: int | None = None,
@@ -182,8 +185,10 @@ class Store:
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
         offset); `max_results` keeps the first ones in that order (None: all). A big result is a
         table of several record batches (``to_batches()``; ``combine_chunks()`` makes one).
+        `begin`/`end` bound the time as people type it (``-1h``, ``2026-11-25 10:00``, UTC
+        unless a zone is given; ``msgindex.times``), `begin_ms`/`end_ms` in epoch ms; inclusive.
         A ``Query`` may stand for all the arguments."""
-        query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
+        query = as_query(keys, topic=topic, begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
                          brokers=brokers, partitions=partitions)
         tables = [self._cached_reader(broker).lookup(query) for broker in self._selected_brokers(query.brokers)]
         return sort_and_limit(tables, query.max_results)
@@ -192,6 +197,8 @@ class Store:
         self,
         query: Query | None = None,
         *,
+        begin: TimeArg | None = None,
+        end: TimeArg | None = None,
         begin_ms: int | None = None,
         end_ms: int | None = None,
         brokers: Iterable[str] | None = None,
@@ -201,7 +208,7 @@ class Store:
         """Every committed record in the time window (inclusive, ms), shard by shard in log
         order, as ROW_SCHEMA record batches. Uses the sparse time index to skip segments. A
         ``Query`` (its keys ignored) may stand for the restrictions."""
-        query = as_query(query, begin_ms=begin_ms, end_ms=end_ms, brokers=brokers, topics=topics,
+        query = as_query(query, begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms, brokers=brokers, topics=topics,
                          partitions=partitions)
         for broker in self._selected_brokers(query.brokers):
             # its own reader: a lookup meanwhile may replace (and close) the cached one

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,8 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
-from msgindex.spark.read.options import micros_since_epoch, parse_names, parse_time_ms
+from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
 from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
+from msgindex.times import TimeArg, to_epoch_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -106,8 +106,8 @@ def lookup_keys(
     key_col: str = "key",
     *,
     topic: str | None = None,
-    begin: int | str | datetime | None = None,
-    end: int | str | datetime | None = None,
+    begin: TimeArg | None = None,
+    end: TimeArg | None = None,
     brokers: str | Iterable[str] | None = None,
     num_partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
@@ -116,16 +116,18 @@ def lookup_keys(
     DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
 
     `topic`: only messages of this topic (the index hashes ``topic#key``); `begin`/`end`: an
-    inclusive time window, as epoch milliseconds, ISO-8601 with a zone or an aware datetime;
+    inclusive time window, as people type times (``msgindex.times``: epoch ms, ISO-8601, ``-1h``,
+    ``now``, a datetime; without a zone: in the session's time zone);
     `brokers`: only these shards; `num_partitions`: the number of lookup tasks (default: Spark's
     adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s).
     Bad arguments raise InvalidOptionError naming the argument and value;
     WorkerPythonError when Spark's local Python workers cannot import msgindex."""
+    zone = keys_df.sparkSession.conf.get(SESSION_TIME_ZONE_CONF) if begin is not None or end is not None else None
     query = BulkLookup(
         path=_path(path),
         topic=_topic(topic),
-        begin_ms=_time_ms("begin", begin),
-        end_ms=_time_ms("end", end),
+        begin_ms=_time_ms("begin", begin, zone),
+        end_ms=_time_ms("end", end, zone),
         brokers=_brokers(brokers),
         storage_options=tuple(sorted((storage_options or {}).items())),
     )
@@ -148,22 +150,42 @@ def lookup_keys(
 
 def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
     """`found` (ROW_SCHEMA rows of a lookup of `asked`) with the asked keys each row is indexed
-    under in front, one row per (asked key, row), in RESULT_SCHEMA. The store does not say which
-    asked key found a row, so it is read back from the row's ``keys`` (which hold every key the
-    message is indexed under, rendered as ``arrow_text``)."""
-    keys = found["keys"].combine_chunks()
-    flat = pc.list_flatten(keys)
-    wanted = pa.array([arrow_text(key) for key in asked], pa.string())
-    which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
-    row = pc.list_parent_indices(keys).to_numpy()
-    hit = ~np.isnan(which)
-    row, which = row[hit], which[hit].astype(np.int64)
+    under in front, one row per (asked key, row), in RESULT_SCHEMA."""
+    wanted = shown_keys(asked)
+    row, which = asked_positions(found, wanted)
     # a key repeated inside one message (RocketMQ KEYS may repeat) pairs once; order kept
     _, first = np.unique(row * len(wanted) + which, return_index=True)
     first.sort()
     row, which = row[first], which[first]
     rows = found.take(pa.array(row))
     return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
+
+
+def shown_keys(asked: list[str]) -> pa.Array:
+    """The asked keys as rows show them (``arrow_text``), positions kept."""
+    return pa.array([arrow_text(key) for key in asked], pa.string())
+
+
+def asked_positions(found: pa.Table, wanted: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position in `wanted`) of every key of every row of `found` that is in `wanted`
+    (shown keys). The store does not say which asked key found a row, so it is read back from
+    the row's ``keys``, which hold every key the message is indexed under, as rows show them."""
+    keys = found["keys"].combine_chunks()
+    flat = pc.list_flatten(keys)
+    which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
+    row = pc.list_parent_indices(keys).to_numpy()
+    hit = ~np.isnan(which)
+    return row[hit], which[hit].astype(np.int64)
+
+
+def first_asked(found: pa.Table, wanted: pa.Array) -> np.ndarray:
+    """For each row of `found`, the position in `wanted` of the first wanted key it is indexed
+    under (-1: none)."""
+    row, which = asked_positions(found, wanted)
+    first = np.full(found.num_rows, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, row, which)
+    first[first == np.iinfo(np.int64).max] = -1
+    return first
 
 
 def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:
@@ -223,28 +245,11 @@ def _brokers(brokers: object) -> tuple[str, ...] | None:
     return names
 
 
-def _time_ms(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not a time")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidOptionError(f"lookup_keys: {name} = {value!r} has no time zone")
-        micros = micros_since_epoch(value)
-        if micros % 1000:
-            raise InvalidOptionError(f"lookup_keys: {name} = {value!r} has sub-millisecond digits")
-        return micros // 1000
-    if isinstance(value, str):
-        try:
-            return parse_time_ms(name, value)
-        except InvalidOptionError as bad:
-            raise InvalidOptionError(f"lookup_keys: {str(bad).replace('option ', '', 1)}") from None
-    raise InvalidOptionError(
-        f"lookup_keys: {name} = {value!r} is not a time (epoch ms, ISO-8601 with a zone, or datetime)"
-    )
+def _time_ms(name: str, value: TimeArg | None, zone: str | None) -> int | None:
+    try:
+        return to_epoch_ms(name, value, zone=zone)
+    except InvalidOptionError as bad:
+        raise InvalidOptionError(f"lookup_keys: {str(bad).replace('option ', '', 1)}") from None
 
 
 def _positive(name: str, value: object) -> int:

@@ -54,7 +54,8 @@ from pyspark.sql.types import StructType
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read import pushdown
-from msgindex.spark.read.kafka_values import VALUE_FIELDS, fetch_values
+from msgindex.spark.read.bulk_lookup import first_asked, shown_keys
+from msgindex.spark.read.kafka_values import VALUE_FIELDS, consumer_for, fetch_values
 from msgindex.spark.read.options import MODE_ROCKETMQ, ReadOptions
 from msgindex.spark.read.rocketmq_reader import (
     PushdownVerifiedRocketMQReader,
@@ -78,18 +79,21 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 KEYS_PER_LOOKUP_TASK = 500
 
 
-def output_arrow_schema(options: ReadOptions) -> pa.Schema:
-    """The Arrow schema of every batch a read yields (the declared Spark schema, in Arrow)."""
+ANY_KEY_FIELD = pa.field(pushdown.ANY_KEY_COLUMN, pa.string(), nullable=True)
+
+
+def output_arrow_schema(options: ReadOptions, *, any_key: bool = False) -> pa.Schema:
+    """The Arrow schema of every batch a read yields (the declared Spark schema, in Arrow);
+    `any_key`: with the pushdown source's ``any_key`` column (a msgindex store's rows only)."""
     if options.mode == MODE_ROCKETMQ:
         return rocketmq_arrow_schema(options)
-    if options.fetch_values:
-        return pa.schema(list(ROW_SCHEMA) + list(VALUE_FIELDS))
-    return ROW_SCHEMA
+    return pa.schema([*ROW_SCHEMA, *([ANY_KEY_FIELD] if any_key else []),
+                      *(VALUE_FIELDS if options.fetch_values else [])])
 
 
-def spark_schema(options: ReadOptions) -> StructType:
+def spark_schema(options: ReadOptions, *, any_key: bool = False) -> StructType:
     """The DataFrame schema, derived from the Arrow schema (one source of truth)."""
-    return from_arrow_schema(output_arrow_schema(options))
+    return from_arrow_schema(output_arrow_schema(options, any_key=any_key))
 
 
 class MsgIndexDataSource(DataSource):
@@ -105,6 +109,8 @@ class MsgIndexDataSource(DataSource):
         # validated here so that a bad option fails at load(), naming the option and value
         self.parsed = ReadOptions.parse(dict(options))
         _check_path(self.parsed)
+        if self.parsed.fetch_values and self.parsed.mode != MODE_ROCKETMQ:
+            consumer_for(self.parsed.bootstrap_servers)  # Kafka unreachable: said at load(), in seconds
 
     @classmethod
     def name(cls) -> str:
@@ -127,7 +133,15 @@ class MsgIndexPushdownDataSource(MsgIndexDataSource):
     Needs ``spark.sql.python.filterPushdown.enabled=true`` in the session: with it off, Spark
     refuses the reader's ``pushFilters`` with DATA_SOURCE_PUSHDOWN_DISABLED, naming the setting.
     Spark tells a data source nothing about its settings, so the choice between the two sources
-    is made per session by ``enable_pushdown``, never guessed."""
+    is made per session by ``enable_pushdown``, never guessed.
+
+    Its rows of a msgindex store have one more column, ``any_key``: ``where any_key = 'k'`` is
+    "indexed under k", answered by the hash index (see ``pushdown``). The source without
+    pushdown has no such column, so that the same condition there is an error naming the
+    column rather than a scan that finds nothing."""
+
+    def schema(self) -> StructType:
+        return spark_schema(self.parsed, any_key=True)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.parsed.verified_rocketmq:
@@ -187,11 +201,12 @@ class MsgIndexReader(DataSourceReader):
     """Reads a store with the options' query only (what runs when pushdown is off)."""
 
     BATCH_ROWS = 65_536
+    ANY_KEY = False  # whether rows carry the ``any_key`` column (the pushdown source's)
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self.query = pushdown.IndexQuery.from_options(options)
-        self.arrow_schema = output_arrow_schema(options)
+        self.arrow_schema = output_arrow_schema(options, any_key=self.ANY_KEY)
 
     # --- planning (driver) --------------------------------------------------------------------
     def partitions(self) -> Sequence[InputPartition]:
@@ -235,29 +250,51 @@ class MsgIndexReader(DataSourceReader):
 
         if not isinstance(partition, (LogRange, KeyLookup)):
             return  # Spark's stand-in partition when partitions() found nothing to read
+        query = pushdown.task_query(self.query, self.options)
         with open_store(self.options.path, storage_options=self.options.store_options) as store:
             if isinstance(partition, LogRange):
-                batches = self._scan(store, partition)
+                batches = self._with_any_key(self._scan(store, partition, query), None)
             else:
-                batches = self._lookup(store, partition).to_batches(self.BATCH_ROWS)
+                table, any_key = self._lookup(store, partition, query)
+                batches = self._with_any_key(table.to_batches(self.BATCH_ROWS), any_key)
             for batch in batches:
                 if batch.num_rows:
                     yield self._finish(batch)
 
-    def _lookup(self, store, partition: KeyLookup) -> pa.Table:
-        query = self.query
-        keys = query.keys_to_look_up[partition.start : partition.end]
-        table = store.lookup(query.store_query(keys, partition.brokers))
+    def _lookup(self, store, partition: KeyLookup, query: pushdown.IndexQuery) -> tuple[pa.Table, pa.Array]:
+        """The rows this partition's keys find, each once over the whole read, and each row's
+        ``any_key``: a message indexed under asked keys of several partitions is returned by
+        the partition of the first of them (the ``any_key`` it shows)."""
+        asked = query.keys_to_look_up
+        table = store.lookup(query.store_query(asked[partition.start : partition.end], partition.brokers))
         if query.primary_keys is not None:
             table = table.filter(pc.is_in(table["key"], pa.array(sorted(query.primary_keys), pa.string())))
-        return table
+        wanted = shown_keys(list(asked))
+        first = first_asked(table, wanted)
+        mine = first >= partition.start
+        if not mine.all():
+            table, first = table.filter(pa.array(mine)), first[mine]
+        return table, wanted.take(pa.array(first))
 
-    def _scan(self, store, piece: LogRange) -> Iterator[pa.RecordBatch]:
+    def _scan(self, store, piece: LogRange, query: pushdown.IndexQuery) -> Iterator[pa.RecordBatch]:
         reader = store.reader(piece.broker)
         try:
-            yield from reader.scan_range(piece.start_seq, piece.end_seq, self.query.store_query(None, [piece.broker]))
+            yield from reader.scan_range(piece.start_seq, piece.end_seq, query.store_query(None, [piece.broker]))
         finally:
             reader.close()
+
+    def _with_any_key(self, batches: Iterator[pa.RecordBatch], any_key: pa.Array | None) -> Iterator[pa.RecordBatch]:
+        """`batches` with the ``any_key`` column when this reader's rows have it (null in scans)."""
+        if not self.ANY_KEY:
+            yield from batches
+            return
+        done = 0
+        for batch in batches:
+            column = (pa.nulls(batch.num_rows, pa.string()) if any_key is None
+                      else any_key.slice(done, batch.num_rows))
+            done += batch.num_rows
+            yield pa.RecordBatch.from_arrays([*batch.columns, column],
+                                             schema=pa.schema([*batch.schema, ANY_KEY_FIELD]))
 
     def _finish(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch in the declared schema (values fetched from Kafka when asked)."""
@@ -276,6 +313,8 @@ def _scan_ranges(store, broker: str, query: pushdown.IndexQuery) -> list[tuple[i
 
 class PushdownMsgIndexReader(MsgIndexReader):
     """MsgIndexReader that also takes the filters the index answers exactly (``pushdown``)."""
+
+    ANY_KEY = True
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
         self.query, rejected = pushdown.push(self.query, filters)

@@ -19,8 +19,10 @@ Option reference (names are case-insensitive):
 ``topic``                     one topic, or several separated by commas (Kafka topic names
                               cannot contain commas)
 ``begin`` / ``end``           inclusive time window on the message timestamp: epoch
-                              milliseconds (``1700000000000``) or ISO-8601 with a zone
-                              (``2026-11-21T05:00:00Z``, ``...+01:00``)
+                              milliseconds (``1700000000000``), ISO-8601 (``2026-11-21T05:00:00Z``,
+                              ``...+01:00``; without a zone, ``2026-11-21 05:00``, in the
+                              session's time zone, as Spark reads ``where`` literals), or
+                              relative to when the DataFrame is loaded (``-1h``, ``now``)
 ``maxNum``                    at most this many rows from a key lookup (over all shards)
 ``brokers``                   comma-separated shard (broker) names to read
 ``partitions``                comma-separated Kafka partition numbers
@@ -49,11 +51,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, tzinfo
 
 from msgindex.errors import InvalidOptionError
 from msgindex.storage.message import text_of_shown
 from msgindex.storage.rocketmq.broker_store import is_broker_store
+from msgindex.times import TimeInput, as_zone, current_ms, read_time
 
 MODE_STORE = "store"
 MODE_ROCKETMQ = "rocketmq"
@@ -69,41 +72,44 @@ KNOWN_OPTIONS = frozenset({
 })
 
 STORAGE_OPTION_PREFIX = "storage."
-_EPOCH_MS = re.compile(r"^-?\d+$")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
+SESSION_TIME_ZONE_CONF = "spark.sql.session.timeZone"
 
 
-def parse_time_ms(option: str, value: str) -> int:
-    """Epoch milliseconds from `value`: an integer (epoch ms) or ISO-8601 with an explicit zone.
-    A time without a zone is refused: guessing the machine's zone would shift the window."""
-    text = value.strip()
-    if _EPOCH_MS.match(text):
-        return int(text)
+def parse_time(option: str, value: str, now_ms: int) -> TimeInput:
+    """A ``begin``/``end`` option (``msgindex.times``): relative times are fixed here, against
+    `now_ms` (when the DataFrame is loaded); a time without a zone stays a wall-clock time until
+    a task reads it in the session's zone (``session_zone``)."""
+    given = read_time(option, value)
+    if given.kind == "relative":
+        return TimeInput("instant", given.resolve(now_ms=now_ms), given.text)
+    return given
+
+
+def session_zone() -> tzinfo:
+    """The Spark session's time zone, inside a task: Spark hands every task the session's SQL
+    settings as local properties (``spark.sql.session.timeZone`` when it was set); unset, Spark
+    uses the JVM's default zone, which is the machine's (``TZ``, else /etc/localtime)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    zone = context.getLocalProperty(SESSION_TIME_ZONE_CONF) if context is not None else None
+    return as_zone(zone) if zone else machine_zone()
+
+
+def machine_zone() -> tzinfo:
+    """This machine's zone as the JVM finds it: ``TZ``, else /etc/localtime, else UTC."""
+    import os
+    from zoneinfo import ZoneInfo
+
+    name = os.environ.get("TZ", "").lstrip(":")
+    if name:
+        return as_zone(name)
     try:
-        moment = datetime.fromisoformat(text.replace("z", "Z"))
-    except ValueError:
-        raise InvalidOptionError(
-            f"option '{option}' = {value!r} is not a time: give epoch milliseconds "
-            f"(e.g. 1700000000000) or ISO-8601 with a zone (e.g. 2026-11-21T05:00:00Z)"
-        ) from None
-    if moment.tzinfo is None:
-        raise InvalidOptionError(
-            f"option '{option}' = {value!r} has no time zone: add one (Z, +01:00, ...)"
-        )
-    micros = micros_since_epoch(moment)
-    if micros % 1000:
-        raise InvalidOptionError(
-            f"option '{option}' = {value!r} has sub-millisecond digits; the index keeps milliseconds"
-        )
-    return micros // 1000
-
-
-def micros_since_epoch(moment: datetime) -> int:
-    """Exact microseconds since the epoch of an aware datetime (``timestamp()`` is a float and
-    loses microseconds far from 1970)."""
-    delta = moment - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        with open("/etc/localtime", "rb") as tzfile:
+            return ZoneInfo.from_file(tzfile)
+    except (OSError, ValueError):
+        return UTC
 
 
 def parse_keys(option: str, value: str) -> tuple[str, ...]:
@@ -210,8 +216,8 @@ class ReadOptions:
     mode: str = MODE_STORE
     keys: tuple[str, ...] | None = None
     topics: tuple[str, ...] | None = None
-    begin_ms: int | None = None
-    end_ms: int | None = None
+    begin: TimeInput | None = None  # an instant, or a wall-clock time read in the session's zone
+    end: TimeInput | None = None
     max_num: int | None = None
     brokers: tuple[str, ...] | None = None
     partitions: tuple[int, ...] | None = None
@@ -229,13 +235,34 @@ class ReadOptions:
         return dict(self.storage_options) or None
 
     @property
+    def begin_ms(self) -> int | None:
+        """The window's start as planning can know it: exact, or for a time without a zone the
+        earliest instant it can be in any zone (``window_in`` gives the exact one in a task)."""
+        return None if self.begin is None else self.begin.planning_bounds()[0]
+
+    @property
+    def end_ms(self) -> int | None:
+        """The window's end as planning can know it (the latest instant it can be)."""
+        return None if self.end is None else self.end.planning_bounds()[1]
+
+    @property
+    def window_needs_zone(self) -> bool:
+        return any(bound is not None and bound.needs_zone for bound in (self.begin, self.end))
+
+    def window_in(self, zone: tzinfo) -> tuple[int | None, int | None]:
+        """The exact (begin_ms, end_ms) with times without a zone read in `zone`."""
+        return tuple(None if bound is None else bound.resolve(zone=zone) for bound in (self.begin, self.end))
+
+    @property
     def verified_rocketmq(self) -> bool:
         """True for rocketmq mode on a broker's store root: verified rows, not raw entries."""
         return self.mode == MODE_ROCKETMQ and self.broker_store
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        """Validate Spark's (lower-cased, string) options."""
+    def parse(cls, options: Mapping[str, str], now_ms: int | None = None) -> ReadOptions:
+        """Validate Spark's (lower-cased, string) options; relative times count from `now_ms`
+        (default: now)."""
+        now_ms = current_ms() if now_ms is None else now_ms
         given = {name.lower(): value for name, value in options.items()}
         unknown = sorted(name for name in set(given) - KNOWN_OPTIONS if not name.startswith(STORAGE_OPTION_PREFIX))
         if unknown:
@@ -261,8 +288,8 @@ class ReadOptions:
             mode=mode,
             keys=keys,
             topics=parse_names("topic", given["topic"]) if "topic" in given else None,
-            begin_ms=parse_time_ms("begin", given["begin"]) if "begin" in given else None,
-            end_ms=parse_time_ms("end", given["end"]) if "end" in given else None,
+            begin=parse_time("begin", given["begin"], now_ms) if "begin" in given else None,
+            end=parse_time("end", given["end"], now_ms) if "end" in given else None,
             max_num=parse_positive_int("maxNum", given["maxnum"]) if "maxnum" in given else None,
             brokers=parse_names("brokers", given["brokers"]) if "brokers" in given else None,
             partitions=parse_partitions("partitions", given["partitions"])
@@ -282,7 +309,8 @@ class ReadOptions:
         return parsed
 
     def _check_combinations(self, given: Mapping[str, str]) -> None:
-        if self.begin_ms is not None and self.end_ms is not None and self.begin_ms > self.end_ms:
+        if self.begin is not None and self.end is not None and (
+                self.begin.ms > self.end.ms if self.begin.kind == self.end.kind else self.begin_ms > self.end_ms):
             raise InvalidOptionError(
                 f"option 'begin' = {given['begin']!r} is after option 'end' = {given['end']!r}"
             )

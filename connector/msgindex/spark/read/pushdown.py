@@ -12,8 +12,19 @@ own evaluation would keep; everything else goes back to Spark, which re-checks i
   index finds a message under *any* of its ``keys``. The primary key is always one of the keys
   (the writers index a record under its own key), so the index lookup returns a superset and
   the reader then keeps only rows whose ``key`` equals one of the values: exact, and still never
-  a scan. (To find messages indexed under a key, whatever their primary key, use the ``key`` /
-  ``keys`` options or ``array_contains(keys, ...)`` on a lookup.)
+  a scan.
+* ``any_key`` ``=`` / ``IN`` / ``<=>``: "indexed under this key", whatever the primary key: the
+  hash index lookup itself, exact. ``any_key`` is a column of the pushdown source only
+  (``enable_pushdown``): in each row found by a key lookup it holds the first asked key the
+  message is indexed under (so ``any_key IN ('a', 'b')`` returns a message under both once, and
+  Spark's own check of the condition on that row agrees); outside key lookups it is null.
+
+Why a column and not ``array_contains(keys, v)``: Spark hands a Python data source only
+comparisons of a column with literals (``EqualTo``, ``In``, ``GreaterThan``..., ``IsNull``,
+``StringStartsWith``...: ``pyspark.sql.datasource``); for ``array_contains(keys, 'x')`` it passes
+``IsNotNull(keys)`` and nothing else, so that condition is always a scan. Nor does Spark turn
+``any_key = 'a' OR any_key = 'b'`` into ``IN``: an OR is evaluated by Spark over a scan, where
+``any_key`` is null, and finds nothing; write ``any_key IN ('a', 'b')``.
 
 Several filters on one column intersect, as Spark ANDs them.
 """
@@ -36,11 +47,13 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from msgindex.spark.read.options import ReadOptions, micros_since_epoch
+from msgindex.spark.read.options import ReadOptions, session_zone
 from msgindex.storage.message import text_of_shown
 from msgindex.storage.query import Query
+from msgindex.times import micros_since_epoch
 
 STRING_COLUMNS = ("broker", "topic", "key")
+ANY_KEY_COLUMN = "any_key"
 INT_COLUMNS = ("partition",)
 TIME_COLUMN = "timestamp"
 MICROS_PER_MS = 1000
@@ -50,8 +63,9 @@ MICROS_PER_MS = 1000
 class IndexQuery:
     """What one read asks of the store: the options and the accepted filters, combined.
 
-    ``lookup_keys`` are looked up in the hash index (None: no key, so a scan); ``primary_keys``
-    restrict the ``key`` column afterwards. None in any field means "no restriction"."""
+    ``lookup_keys`` are looked up in the hash index (None: no key, so a scan): the key options
+    and ``any_key`` filters, intersected; ``primary_keys`` restrict the ``key`` column afterwards.
+    None in any field means "no restriction"."""
 
     lookup_keys: tuple[str, ...] | None = None
     primary_keys: frozenset[str] | None = None
@@ -107,10 +121,22 @@ class IndexQuery:
         return Query.of(keys, topics=self.topics, brokers=brokers, partitions=self.partitions,
                         begin_ms=self.begin_ms, end_ms=self.end_ms, max_results=self.max_results)
 
+    def within(self, begin_ms: int | None, end_ms: int | None) -> IndexQuery:
+        """This query with its window narrowed to [begin_ms, end_ms] (None: no bound)."""
+        return replace(self, begin_ms=_tighter(self.begin_ms, begin_ms, max), end_ms=_tighter(self.end_ms, end_ms, min))
+
     def restrict(self, filter_: Filter) -> IndexQuery | None:
         """This query narrowed by `filter_`, or None when the index cannot apply it exactly."""
         path = getattr(filter_, "attribute", ())  # Not(...) has none: never accepted
         column = path[0] if len(path) == 1 else None
+        if column == ANY_KEY_COLUMN:
+            values = _equality_values(filter_, str)
+            if values is None:
+                return None
+            wanted = {text_of_shown(value) for value in values}
+            current = self.lookup_keys
+            return replace(self, lookup_keys=tuple(sorted(wanted)) if current is None
+                           else tuple(key for key in current if key in wanted))
         if column in STRING_COLUMNS or column in INT_COLUMNS:
             values = _equality_values(filter_, str if column in STRING_COLUMNS else int)
             if values is None:
@@ -123,13 +149,16 @@ class IndexQuery:
             bounds = _time_bounds(filter_)
             if bounds is None:
                 return None
-            begin, end = bounds
-            return replace(
-                self,
-                begin_ms=_tighter(self.begin_ms, begin, max),
-                end_ms=_tighter(self.end_ms, end, min),
-            )
+            return self.within(*bounds)
         return None
+
+
+def task_query(query: IndexQuery, options: ReadOptions) -> IndexQuery:
+    """`query` as a task runs it: a ``begin``/``end`` option without a zone, planned over every
+    instant it can stand for, is read here in the session's zone (which only tasks see)."""
+    if not options.window_needs_zone:
+        return query
+    return query.within(*options.window_in(session_zone()))
 
 
 def push(query: IndexQuery, filters: Iterable[Filter]) -> tuple[IndexQuery, list[Filter]]:

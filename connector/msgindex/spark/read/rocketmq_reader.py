@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from msgindex.spark.read import pushdown
-from msgindex.spark.read.options import ReadOptions
+from msgindex.spark.read.options import ReadOptions, session_zone
+from msgindex.spark.read.pushdown import task_query
 from msgindex.storage.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.message import index_key
 from msgindex.storage.rocketmq.broker_store import RocketMQBrokerStore, open_rocketmq, row_schema
@@ -108,7 +109,7 @@ class VerifiedRocketMQReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, (RocketMQLookup, RocketMQLogPiece)):
             return  # Spark's stand-in partition when partitions() found nothing to read
-        query, fetch = self.query, self.options.fetch_values
+        query, fetch = task_query(self.query, self.options), self.options.fetch_values
         partitions = None if query.partitions is None else sorted(query.partitions)
         with _open_store(self.options) as store:
             if isinstance(partition, RocketMQLookup):
@@ -203,9 +204,9 @@ class RocketMQReader(DataSourceReader):
         options = self.options
         if partition.value is None:
             return
+        begin_ms, end_ms = options.window_in(session_zone())
         yield from self._directory().read_file(
-            partition.value, keys=options.keys, topics=options.topics,
-            begin_ms=options.begin_ms, end_ms=options.end_ms,
+            partition.value, keys=options.keys, topics=options.topics, begin_ms=begin_ms, end_ms=end_ms,
         )
 
 

@@ -36,9 +36,10 @@ from msgindex.errors import CorruptFileError, InvalidArgumentError, InvalidOptio
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM, FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.message import index_key
-from msgindex.storage.query import KeysArg, Query, as_query, validate_window
+from msgindex.storage.query import KeysArg, Query, as_query
 from msgindex.storage.rocketmq.commit_log import COMMIT_LOG_DIR, CommitLog, RecordKind, StoredMessage
 from msgindex.storage.rocketmq.index_files import INDEX_DIR, IndexFileSet
+from msgindex.times import TimeArg
 
 MICROS_PER_MS = 1000
 # an index entry's time is at most this much earlier than the message's store time
@@ -124,24 +125,27 @@ class RocketMQBrokerStore:
         return list(self._index_files.values())
 
     # ----------------------------------------------------------------- lookups
-    def lookup(self, keys: KeysArg | Query, *, topic: str | Iterable[str] | None = None, begin_ms: int | None = None,
-               end_ms: int | None = None, max_results: int | None = None,
-               partitions: Iterable[int] | None = None, fetch_values: bool = False) -> pa.Table:
+    def lookup(self, keys: KeysArg | Query, *, topic: str | Iterable[str] | None = None, begin: TimeArg | None = None,
+               end: TimeArg | None = None, begin_ms: int | None = None, end_ms: int | None = None,
+               max_results: int | None = None, partitions: Iterable[int] | None = None,
+               fetch_values: bool = False) -> pa.Table:
         """Messages of `topic` (one or several) found under any of `keys`, each verified against
-        the commit log, in the inclusive window [begin_ms, end_ms] of store time, as rows of
+        the commit log, in the inclusive window [begin, end] of store time (as people type times,
+        ``msgindex.times``; or [begin_ms, end_ms] in epoch ms), as rows of
         ``row_schema(fetch_values)`` ordered by (timestamp, topic, partition, offset). A
         ``Query`` (with topics: the index hashes topic + '#' + key) may stand for the keys and
         every restriction, as for ``Store.lookup``; its brokers, if any, must name this store's."""
-        messages = self.lookup_messages(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms,
+        messages = self.lookup_messages(keys, topic=topic, begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms,
                                         max_results=max_results, partitions=partitions, with_body=fetch_values)
         return self.rows(messages, fetch_values=fetch_values)
 
     def lookup_messages(self, keys: KeysArg | Query, *, topic: str | Iterable[str] | None = None,
-                        begin_ms: int | None = None, end_ms: int | None = None, max_results: int | None = None,
+                        begin: TimeArg | None = None, end: TimeArg | None = None, begin_ms: int | None = None,
+                        end_ms: int | None = None, max_results: int | None = None,
                         partitions: Iterable[int] | None = None, with_body: bool = False) -> list[StoredMessage]:
         """``lookup`` as StoredMessages (each message once, in result order)."""
-        query = as_query(keys, topics=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
-                         partitions=partitions)
+        query = as_query(keys, topics=topic, begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms,
+                         max_results=max_results, partitions=partitions)
         if query.keys is None:
             raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan)")
         begin_ms, end_ms, max_results = query.begin_ms, query.end_ms, query.max_results
@@ -234,12 +238,15 @@ class RocketMQBrokerStore:
                 pieces.append(ScanPiece(max(start, file.start), file.end, stop_is_message=False))
         return pieces
 
-    def scan(self, *, begin_ms: int | None = None, end_ms: int | None = None, topics: Iterable[str] | None = None,
+    def scan(self, *, begin: TimeArg | None = None, end: TimeArg | None = None, begin_ms: int | None = None,
+             end_ms: int | None = None, topics: Iterable[str] | None = None,
              partitions: Iterable[int] | None = None, fetch_values: bool = False,
              batch_rows: int = SCAN_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-        """Every message stored in the window (inclusive, ms), in commit-log order, as record
-        batches of ``row_schema(fetch_values)``."""
-        validate_window(begin_ms, end_ms, None)
+        """Every message stored in the window (inclusive; `begin`/`end` as people type times,
+        `begin_ms`/`end_ms` in epoch ms), in commit-log order, as record batches of
+        ``row_schema(fetch_values)``."""
+        window = Query.of(begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms)
+        begin_ms, end_ms = window.begin_ms, window.end_ms
         start, stop = self.scan_bounds(begin_ms, end_ms)
         yield from self.scan_range(start, stop, begin_ms=begin_ms, end_ms=end_ms, topics=topics,
                                    partitions=partitions, fetch_values=fetch_values, batch_rows=batch_rows,
