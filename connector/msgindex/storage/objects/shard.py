@@ -70,7 +70,7 @@ from msgindex.storage.objects.client import ObjectClient, ObjectMissingError
 from msgindex.storage.objects.versions import CHUNK_SUFFIX, CHUNKS_DIR, ChunkRef, Removed, ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, empty_rows
 from msgindex.storage.result_order import in_result_order
-from msgindex.storage.retention import RetentionReport
+from msgindex.storage.retention import RetentionReport, check_retention_arguments
 from msgindex.storage.shard import (
     FEW_CANDIDATES,
     SCAN_BATCH_ROWS,
@@ -629,8 +629,11 @@ class ObjectShardWriter:
                         now_ms: int | None = None, dry_run: bool = False) -> RetentionReport:
         """Drop the oldest whole chunks (never the newest) whose newest record is older than
         now_ms - max_age_ms, or while the shard is over max_bytes; committed by a version, the
-        objects deleted after the grace period."""
-        now = self._now_ms() if now_ms is None else now_ms
+        objects deleted after the grace period. `now_ms` only moves the age cutoff: the grace
+        period runs from the wall clock's now (readers pin versions in real time)."""
+        check_retention_arguments(max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
+        removed_at = self._now_ms()
+        now = removed_at if now_ms is None else now_ms
         state = self.refresh()
         for _attempt in range(MAX_COMMIT_ATTEMPTS):
             chunks = state.chunks
@@ -647,9 +650,9 @@ class ObjectShardWriter:
             if not drop or dry_run:
                 return report
             stamps = self._stamps(state)
-            stamps["removed"] = (*stamps["removed"], *(Removed(c.name, now) for c in chunks[:drop]))
-            candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq, retained_at_ms=now,
-                                        **stamps)
+            stamps["removed"] = (*stamps["removed"], *(Removed(c.name, removed_at) for c in chunks[:drop]))
+            candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq,
+                                        retained_at_ms=removed_at, **stamps)
             if self.versions.try_commit(candidate):
                 self._state = candidate
                 return report
