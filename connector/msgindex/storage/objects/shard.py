@@ -84,6 +84,10 @@ from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 logger = logging.getLogger(__name__)
 
 SHARDS_DIR = "_shards"
+# A shard's mark (store.py) is put empty before the shard's first commit and rewritten to this once
+# that commit exists: a marked shard without versions is then damage only when its mark says it
+# committed, not when its first writer died before committing (nothing of it was ever visible).
+MARK_COMMITTED = b"committed\n"
 MAX_COMMIT_ATTEMPTS = 64
 IO_THREADS = 16
 FOOTER_CACHE_BYTES = 256 * 1024 * 1024
@@ -486,6 +490,8 @@ class ObjectShardWriter:
                 self._register(state)
                 if self.versions.try_commit(candidate):
                     self._state = candidate
+                    if candidate.number == 1:
+                        self._mark_committed()
                     self._after_commit(candidate)
                     appended = len(fresh)
                     written = None
@@ -533,6 +539,15 @@ class ObjectShardWriter:
         if not state.number and not self._registered:
             self.client.put_if_absent(f"{SHARDS_DIR}/{self.broker}", b"")
         self._registered = True
+
+    def _mark_committed(self) -> None:
+        """Record in the shard's mark that its first version exists (MARK_COMMITTED). Best effort:
+        the version is committed either way; a mark left empty only makes a later loss of all
+        the shard's versions read as a shard that never committed."""
+        try:
+            self.client.put(f"{SHARDS_DIR}/{self.broker}", MARK_COMMITTED)
+        except Exception as error:  # noqa: BLE001 - the append is committed
+            logger.warning("%s: could not mark the shard as committed (%s)", self.url, error)
 
     def _after_commit(self, committed: ShardVersion) -> None:
         if committed.record_count and self._compaction_due(committed):

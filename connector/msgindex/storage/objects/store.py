@@ -3,16 +3,17 @@ versions and chunks (``shard.py``).
 
 ```
 <root>/msgindex.json         the store manifest (created once, put-if-absent; same format as local)
-<root>/_shards/<name>        one empty object per shard, put before its first commit
+<root>/_shards/<name>        one mark per shard: put empty before its first commit, "committed" after it
 <root>/broker=<name>/...     one shard (shard.py)
 ```
 
 Where a local store lists its shards in the manifest (a read-modify-write under a file lock),
 an object store cannot rewrite one object from many writers without a lock; each shard marks
-itself instead, with put-if-absent, before its first commit. Readers list the marks: a marked
-shard whose versions are gone (and whose mark is older than the grace period, so not a shard
-about to commit its first version) is damage, an error naming it, never a store that quietly
-answers without it.
+itself instead, with put-if-absent, before its first commit, and says so in the mark once that
+commit exists. Readers list the marks: a shard whose mark says it committed but whose versions are
+gone (the mark older than the grace period, so not a shard committing its first version right
+now) is damage, an error naming it, never a store that quietly answers without it; a shard whose
+first writer died before committing (its mark still empty) is simply empty.
 
 A reader caches per shard the version it read and the chunks' footers; each lookup asks whether
 a newer version exists (one LIST per shard), so it always answers from the newest commit. The
@@ -37,8 +38,14 @@ from msgindex.storage.manifest import (
     decode_manifest,
     encode_manifest,
 )
-from msgindex.storage.objects.client import ObjectClient
-from msgindex.storage.objects.shard import SHARDS_DIR, ObjectShardReader, ObjectShardWriter, ObjectTuning
+from msgindex.storage.objects.client import ObjectClient, ObjectInfo
+from msgindex.storage.objects.shard import (
+    MARK_COMMITTED,
+    SHARDS_DIR,
+    ObjectShardReader,
+    ObjectShardWriter,
+    ObjectTuning,
+)
 from msgindex.storage.objects.versions import ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport
@@ -106,12 +113,18 @@ class ObjectStore:
         return sorted(info.key.rsplit("/", 1)[-1] for info in self.client.list(f"{SHARDS_DIR}/"))
 
     def missing_shards(self) -> list[str]:
-        """Marked shards that have no version, marked longer than the grace period ago."""
+        """Shards whose marks say they committed, marked longer than the grace period ago, that
+        have no version (their objects were deleted)."""
         now = int(time.time() * 1000)
         old = [info for info in self.client.list(f"{SHARDS_DIR}/")
                if info.last_modified_ms < now - self.tuning.grace_s * 1000]
         return sorted(info.key.rsplit("/", 1)[-1] for info in old
-                      if not self._versions(info.key.rsplit("/", 1)[-1]).numbers())
+                      if not self._versions(info.key.rsplit("/", 1)[-1]).numbers() and self._marked_committed(info))
+
+    def _marked_committed(self, mark: ObjectInfo) -> bool:
+        """Whether a shard's mark says its first version was committed (shard.MARK_COMMITTED):
+        a shard whose first writer died before committing has an empty mark and nothing lost."""
+        return self.client.get(mark.key) == MARK_COMMITTED
 
     def is_registered(self, broker: str) -> bool:
         return broker in self.brokers()
@@ -140,7 +153,8 @@ class ObjectStore:
         if broker not in marks:
             raise InvalidOptionError(f"{self.root}: no shard for broker {broker!r} (brokers in the store: "
                                      f"{sorted(marks)})")
-        if marks[broker].last_modified_ms < time.time() * 1000 - self.tuning.grace_s * 1000:
+        if marks[broker].last_modified_ms < time.time() * 1000 - self.tuning.grace_s * 1000 and \
+                self._marked_committed(marks[broker]):
             raise CorruptFileError(
                 f"{self.root}/{self.shard_prefix(broker)}: the shard is marked as committed ({SHARDS_DIR}/{broker}) "
                 f"but has no versions: its objects were deleted; restore them, or remove the mark to accept the loss")
