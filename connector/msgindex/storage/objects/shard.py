@@ -488,7 +488,14 @@ class ObjectShardWriter:
                         topics=tuple(sorted(set(state.topics) | written.topics)),
                         source_ranges=ranges, **self._stamps(state))
                 self._register(state)
-                if self.versions.try_commit(candidate):
+                try:
+                    won = self.versions.try_commit(candidate)
+                except BaseException:
+                    # the version may exist and list the chunk (its answer lost, the read-back
+                    # failed too): the chunk stays; collection deletes it if no version names it
+                    written = None
+                    raise
+                if won:
                     self._state = candidate
                     if candidate.number == 1:
                         self._mark_committed()
