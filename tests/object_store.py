@@ -248,6 +248,7 @@ class FaultProxy:
         self._upstream = (host, int(port))
         self._rules: list[_Rule] = []
         self._refuse_connections = 0
+        self.refused_connections = 0  # how many were closed on accept
         self._lock = threading.Lock()
         self.log: list[tuple[str, str, str]] = []  # (method, path, what the proxy did)
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -305,6 +306,7 @@ class FaultProxy:
             with self._lock:
                 refuse = self._refuse_connections > 0
                 self._refuse_connections -= refuse
+                self.refused_connections += refuse
             if refuse:
                 client.close()
                 continue

@@ -261,13 +261,13 @@ def test_a_request_that_fails_mid_append(s3, proxy, target, retries):
         writer.refresh()
         if broker == BROKER:
             direct.writer(BROKER).append(batch(100, 5))  # `writer` is stale now: it will lose a version
-        proxy.fail(action, method=method, path=path)
+        rule = proxy.fail(action, method=method, path=path)
         try:
             first = writer.append(batch(10, 20)).appended
         except ObjectStoreError as error:
             first = None
             assert "\n" not in str(error) and url in str(error), str(error)
-        assert not proxy._rules[-1].count, f"{action} {target}: the fault never hit: {proxy.log}"
+        assert rule.hits == 1, f"{action} {target}: the fault never hit: {proxy.log}"
         proxy.clear()
         again = writer.append(batch(10, 20))
         fresh = store.writer(broker).append(batch(10, 20))
@@ -344,6 +344,27 @@ def test_an_endpoint_that_stops_answering_is_one_line_within_seconds(s3, proxy):
             attempt()
         assert "\n" not in str(failed.value) and store.root in str(failed.value)
     assert time.monotonic() - began < 30
+
+
+@pytest.mark.parametrize("retries", ["0", "3"], ids=["no client retries", "client retries"])
+def test_refused_connections_are_retried_or_one_line(s3, proxy, retries):
+    """The next connections are closed as soon as they are accepted (a load balancer dropping
+    them): a client that retries appends and reads; one that does not says so in one line; then
+    the same append commits its rows once."""
+    url = s3.url()
+    _store(url, s3.options).writer(BROKER).append(batch(0, 10))
+    options = {**s3.options, "endpoint": proxy.endpoint, "max_retries": retries}
+    store = _store(url, options)  # (its own client: no pooled connection yet)
+    proxy.refuse_connections(2)
+    try:
+        first = store.writer(BROKER).append(batch(10, 20)).appended
+    except ObjectStoreError as error:
+        first = 0
+        assert retries == "0" and "\n" not in str(error) and url in str(error), str(error)
+    assert first == (20 if retries != "0" else 0) and proxy.refused_connections >= 1
+    proxy.clear()
+    assert store.writer(BROKER).append(batch(10, 20)).appended == 20 - first
+    assert _rows(_store(url, options)) == _offsets((0, 30))
 
 
 def test_a_request_slower_than_the_timeout_is_one_line(s3, proxy):
