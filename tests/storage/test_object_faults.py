@@ -222,6 +222,29 @@ def test_a_writer_killed_at_a_random_moment(s3, delay_s):
     _versions_intact(store, within_ms=60_000)
 
 
+@pytest.mark.parametrize("grace_s", [0.4, 3600.0])
+def test_an_idle_writer_never_commits_below_the_newest_version(s3, grace_s):
+    """A writer kept open (the pipeline's per-worker writers) while others commit more versions
+    than a shard keeps: collection deletes old version objects, which freed the idle writer's
+    next number, and its append was created there, below the newest, reported as committed and
+    never seen. Versions now go only once their successor is older than the grace period, and a
+    writer whose view is older than half of it reads the newest again first."""
+    url = s3.url()
+    store = _store(url, s3.options, keep_versions=3, compaction_interval_s=3600, grace_s=grace_s)
+    idle = store.writer(BROKER)
+    idle.append(batch(0, 5))  # it knows version 1
+    busy = store.writer(BROKER)
+    for n in range(1, 8):
+        busy.append(batch(n * 5, 5))  # versions 2..8
+    time.sleep(0.5)
+    busy.collect()
+    remaining = busy.versions.numbers()
+    assert remaining == ([6, 7, 8] if grace_s < 1 else list(range(1, 9)))  # old ones go only past the grace period
+    assert idle.append(batch(100, 5)).appended == 5
+    assert idle.refresh().number == 9
+    assert _rows(_store(url, s3.options)) == _offsets((0, 40), (100, 5))
+
+
 # --- requests failing on the wire -------------------------------------------------------------------
 TARGETS = {  # the request of an append that fails, as the proxy matches it
     "chunk PUT": ("PUT", r"/chunks/"),

@@ -417,6 +417,7 @@ class ObjectShardWriter:
         self.versions = ShardVersions(client, self.prefix)
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._state: ShardVersion | None = None
+        self._state_at = 0.0  # time.monotonic() when _state was last known to be the newest
         self._registered = False
         self._collected_at = 0.0
         self.last_revalidation = ""
@@ -428,12 +429,21 @@ class ObjectShardWriter:
     # --- the version this writer knows ----------------------------------------------------------
     def refresh(self) -> ShardVersion:
         """The newest version (one LIST; one GET when there is a newer one)."""
-        self._state = self.versions.latest(self._state)
-        return self._state
+        return self._know(self.versions.latest(self._state))
+
+    def _know(self, version: ShardVersion) -> ShardVersion:
+        self._state, self._state_at = version, time.monotonic()
+        return version
 
     @property
     def state(self) -> ShardVersion:
-        return self._state if self._state is not None else self.refresh()
+        """The newest version as this writer last knew it, read again when that is older than
+        half the grace period: collection deletes a version object once its successor is older
+        than the grace period, so a view that old could find its next number free again, below
+        the newest, and commit there unseen (``collect``)."""
+        if self._state is None or time.monotonic() - self._state_at > self.tuning.grace_s / 2:
+            return self.refresh()
+        return self._state
 
     @property
     def committed_ranges(self):
@@ -496,7 +506,7 @@ class ObjectShardWriter:
                     written = None
                     raise
                 if won:
-                    self._state = candidate
+                    self._know(candidate)
                     if candidate.number == 1:
                         self._mark_committed()
                     self._after_commit(candidate)
@@ -504,7 +514,7 @@ class ObjectShardWriter:
                     written = None
                     return AppendResult(appended, len(records) - appended,
                                         candidate.chunks[-1].info.hash_entries if appended else 0)
-                state = self._state = self.versions.latest(state)
+                state = self._know(self.versions.latest(state))
             raise CommitConflictError(f"{self.url}: no version won in {MAX_COMMIT_ATTEMPTS} attempts (other writers "
                                       f"commit faster than this one can); nothing of this append is committed")
         finally:
@@ -640,9 +650,9 @@ class ObjectShardWriter:
             candidate = state.successor(chunks=(*state.chunks[:first], replaced, *state.chunks[first + len(names):]),
                                         compacted_at_ms=now, **stamps)
             if self.versions.try_commit(candidate):
-                self._state = candidate
+                self._know(candidate)
                 return candidate
-            state = self._state = self.versions.latest(state)
+            state = self._know(self.versions.latest(state))
         self.client.delete([f"{self.prefix}/{name}"])
         return None
 
@@ -676,9 +686,9 @@ class ObjectShardWriter:
             candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq,
                                         retained_at_ms=removed_at, **stamps)
             if self.versions.try_commit(candidate):
-                self._state = candidate
+                self._know(candidate)
                 return report
-            state = self._state = self.versions.latest(state)
+            state = self._know(self.versions.latest(state))
         raise CommitConflictError(f"{self.url}: retention lost {MAX_COMMIT_ATTEMPTS} versions in a row")
 
     def _maybe_collect(self) -> None:
@@ -688,7 +698,8 @@ class ObjectShardWriter:
     def collect(self, now_ms: int | None = None) -> int:
         """Delete what no reader can need any more: chunks removed more than the grace period
         ago, chunks no version names that are older than it (a writer died before committing),
-        and versions beyond the newest ``keep_versions``. Returns the objects deleted."""
+        and versions beyond the newest ``keep_versions`` whose successor is older than it
+        (writers read the newest again before then: ``state``). Returns the chunks deleted."""
         self._collected_at = time.monotonic()
         now = self._now_ms() if now_ms is None else now_ms
         grace_ms = int(self.tuning.grace_s * 1000)
@@ -699,5 +710,6 @@ class ObjectShardWriter:
         if doomed:
             self.client.delete(doomed)
         if state.number > self.tuning.keep_versions:
-            self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1)
+            self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1,
+                                            superseded_before_ms=now - grace_ms)
         return len(doomed)
