@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from msgindex.storage.objects.client import ObjectClient
 from msgindex.storage.objects.shard import ObjectShardWriter, ObjectTuning
 from msgindex.storage.objects.store import ObjectStore, open_object_store
 from msgindex.storage.objects.versions import ShardVersions
+from msgindex.storage.settings import StoreSettings
 from tests.object_store import FaultProxy, bucket_as, require_credentials, start_s3_server
 from tests.storage.object_racers import BROKER, KEYS, batch, check_rows
 
@@ -121,6 +123,30 @@ def test_processes_race_on_one_shard_while_another_reads(s3, tmp_path, racers):
     store.writer(BROKER).collect(now_ms=int(time.time() * 1000) + 10_000)
     _versions_intact(store)
     assert _rows(msgindex.open(store.root, storage_options=s3.options)) == rows
+
+
+def test_many_opening_a_new_store_with_create_at_once_all_open_it(s3):
+    """Tasks of a job that each open the store with create=True on a new prefix, at once: one
+    creates the manifest, every other opens it. (Those that listed the prefix just after it
+    appeared were told "it holds objects and no msgindex.json".)"""
+    for _ in range(3):
+        url = s3.url()
+        start = threading.Barrier(8)
+        outcomes: list[object] = []
+
+        def open_it(url=url, start=start, outcomes=outcomes) -> None:
+            start.wait()
+            try:
+                outcomes.append(msgindex.open(url, create=True, storage_options=s3.options).settings)
+            except Exception as error:  # noqa: BLE001 - reported below
+                outcomes.append(error)
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert outcomes == [StoreSettings()] * 8, [str(o) for o in outcomes if isinstance(o, Exception)]
 
 
 # --- writers killed ---------------------------------------------------------------------------------

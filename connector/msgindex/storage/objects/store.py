@@ -74,14 +74,16 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
     client = client or ObjectClient(location)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
-    if raw is None:
-        if not create:
-            if client.list(""):
-                raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
-            raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
-        if client.list(""):
+    if raw is None and client.list(""):
+        raw = client.get(key)  # another process may have created the store between the GET and the LIST
+        if raw is None and not create:
+            raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
+        if raw is None:
             raise StoreNotFoundError(f"{location.url}: cannot create a msgindex store here: it holds objects and no "
                                      f"{MANIFEST_FILE}")
+    if raw is None:
+        if not create:
+            raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
         settings = settings or StoreSettings()
         if not client.put_if_absent(key, encode_manifest(settings, None)):
             raw = client.get(key)  # another process created it first: open what it made
