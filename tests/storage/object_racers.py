@@ -98,6 +98,7 @@ def append(spec: dict) -> None:
         start = rng.randrange(0, spec["span"])
         result = writer.append(batch(start, spec["size"], spec.get("partition", 0)))
         say(start=start, count=spec["size"], appended=result.appended, skipped=result.already_committed)
+        time.sleep(spec.get("pause_s", 0))  # (the race lasts a while however fast the server answers)
     say(lost_versions=lost)
 
 

@@ -96,7 +96,7 @@ def test_processes_race_on_one_shard_while_another_reads(s3, tmp_path, racers):
     stop, go = tmp_path / "stop", tmp_path / "go"
     spec = {"url": store.root, "options": s3.options, "tuning": tuning, "stop": str(stop), "go": str(go),
             "pin_s": 3.0}
-    appenders = [_spawn("append", {**spec, "seed": seed, "batches": 14, "span": 400, "size": 30})
+    appenders = [_spawn("append", {**spec, "seed": seed, "batches": 14, "span": 400, "size": 30, "pause_s": 0.1})
                  for seed in ((1, 2) if racers == "two appenders" else (1,))]
     others = [_spawn("read", spec)]
     if racers == "appender and compactor":
@@ -228,23 +228,24 @@ def test_a_writer_killed_at_a_random_moment(s3, delay_s):
     child = _spawn("die", {"url": store.root, "options": s3.options, "tuning": tuning, "at": "after_delay",
                            "first": 0, "batches": 400, "size": 7})
     deadline = time.monotonic() + 120
-    said = []
+    head = []
     while child.poll() is None and time.monotonic() < deadline:  # wait for its first commit
-        said.append(child.stdout.readline())
-        if '"committed"' in said[-1]:
+        head.append(child.stdout.readline())
+        if '"committed"' in head[-1]:
             break
     time.sleep(delay_s)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=60)
     out = child.stdout.read()  # (not communicate(): it would skip what readline() buffered)
-    lines = [json.loads(line) for line in "".join(said).splitlines() + out.splitlines() if line.strip()]
+    lines = [json.loads(line) for line in "".join(head).splitlines() + out.splitlines() if line.strip()]
     assert child.returncode == -signal.SIGKILL and "done" not in lines[-1], lines[-1]
     committed = [line["committed"] for line in lines if "committed" in line]
     begun = [line["begin"] for line in lines if "begin" in line]
     rows = _rows(msgindex.open(store.root, storage_options=s3.options))
-    said = _offsets((0, 7), *[(start, 7) for start in committed])
-    in_flight = _offsets((0, 7), *[(start, 7) for start in committed + begun[len(committed):]])
-    assert rows in (said, in_flight), f"{len(rows)} rows: neither the {len(said)} committed nor with the batch in flight"
+    said_committed = _offsets(*[(start, 7) for start in committed])
+    with_in_flight = _offsets(*[(start, 7) for start in committed + begun[len(committed):]])
+    assert rows in (said_committed, with_in_flight), \
+        f"{len(rows)} rows: neither the {len(said_committed)} said committed nor those and the batch in flight"
     _versions_intact(store, within_ms=60_000)
 
 
