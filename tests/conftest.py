@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.object_store import s3  # noqa: F401  (the fixture: a real S3 API server, moto's)
+from tests.object_store import s3, stores  # noqa: F401  (fixtures: a real S3 API server, moto's; stores of both kinds)
 from tests.small_disk import small_disk  # noqa: F401  (the fixture: a small tmpfs tests fill up)
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"

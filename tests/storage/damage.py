@@ -21,9 +21,9 @@ SMALL = StoreSettings(hash_slot_num=16, index_num=40, segment_bytes=1500, index_
 
 @dataclass
 class SmallStore:
-    """A store on disk and the model of what it committed (per broker)."""
+    """A store (on disk, or an object-store URL) and the model of what it committed (per broker)."""
 
-    root: Path
+    root: Path | str
     models: dict[str, ShardModel] = field(default_factory=dict)
 
     def keys(self) -> list[str]:
@@ -42,12 +42,15 @@ def record(broker_number: int, offset: int) -> MessageRecord:
                          commit_log_offset=offset * 100, size=50 + offset % 7)
 
 
-def build(root: Path, *, brokers: tuple[str, ...] = ("b1", "b2"), appends: int = 6, per_append: int = 12,
-          settings: StoreSettings = SMALL) -> SmallStore:
+def build(root: Path | str, *, brokers: tuple[str, ...] = ("b1", "b2"), appends: int = 6, per_append: int = 12,
+          settings: StoreSettings = SMALL, stores=None) -> SmallStore:
     """A store written the way the pipeline writes it: ShardWriter.append of consecutive offset
-    slices (each append's log annotation carries the cumulative committed source ranges)."""
-    store = SmallStore(Path(root))
-    with open_store(root, create=True, settings=settings) as handle:
+    slices (each append's log annotation carries the cumulative committed source ranges).
+    `stores` (tests/object_store.py): open `root` as that kind of store (default: local)."""
+    store = SmallStore(root if stores is not None and not stores.is_local else Path(root))
+    handle = stores.open(root, create=True, settings=settings) if stores is not None else \
+        open_store(root, create=True, settings=settings)
+    with handle:
         for number, broker in enumerate(brokers):
             model = store.models[broker] = ShardModel(broker)
             with handle.writer(broker) as writer:

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from msgindex.cli import main
 from msgindex.storage.message import MessageRecord, arrow_text, decode_key_bytes, text_of_shown
-from msgindex.storage.store import open_store
 
 # keys as Kafka gives them: any bytes, decoded with surrogateescape; rich in backslashes and hex
 KEY_BYTES = st.lists(st.sampled_from([b"\\", b"x", b"5", b"c", b"f", b"F", b"a", b"\xff", b"\x80", b"\xc3",
@@ -33,18 +32,18 @@ def test_texts_without_escape_lookalikes_show_as_themselves():
     assert arrow_text("\\xff") == "\\x5cxff"  # the 4-character text: no longer shown like the byte
 
 
-def test_store_rows_and_the_cli_key_use_what_is_shown(tmp_path, capsys):
+def test_store_rows_and_the_cli_key_use_what_is_shown(stores, capsys):
     raw_keys = [b"\xff", b"\\xff", b"C:\\dir"]
     keys = [decode_key_bytes(raw) for raw in raw_keys]
-    with open_store(tmp_path / "s", create=True) as store, store.writer("b") as writer:
+    with stores.create("s") as store, store.writer("b") as writer:
         writer.append([MessageRecord("t", 0, n, 1_700_000_000_000, key, (key, "all")) for n, key in enumerate(keys)])
-    with open_store(tmp_path / "s") as store:
+    with stores.open(stores.root("s")) as store:
         looked_up = store.lookup("all").to_pylist()
         scanned = [row for batch in store.scan() for row in batch.to_pylist()]
     expected = {n: arrow_text(key) for n, key in enumerate(keys)}
     assert {row["offset"]: row["key"] for row in looked_up} == expected
     assert {row["offset"]: row["key"] for row in scanned} == expected
     for offset, shown in expected.items():
-        assert main(["lookup", str(tmp_path / "s"), "--key", shown, "--format", "json"]) == 0
+        assert main(["lookup", *stores.cli_args(stores.root("s")), "--key", shown, "--format", "json"]) == 0
         found = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert [(row["offset"], row["key"]) for row in found] == [(offset, shown)]

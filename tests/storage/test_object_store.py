@@ -3,13 +3,10 @@ once under concurrent writers and lost versions, compaction and collection, one-
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -94,7 +91,7 @@ def test_exactly_once_by_offsets_across_writers_and_lost_versions(s3):
 
 
 def test_compaction_keeps_answers_and_collection_waits_for_the_grace_period(s3):
-    store = _store(s3, compaction_interval_s=3600, grace_s=30, ratio=4)
+    store = _store(s3, compaction_interval_s=3600, grace_s=60, ratio=4)
     writer = store.writer("a")
     records = [MessageRecord("t", 0, i, BASE + i, f"k{i % 13}", [f"k{i % 13}"]) for i in range(600)]
     for start in range(0, 600, 50):
@@ -107,9 +104,10 @@ def test_compaction_keeps_answers_and_collection_waits_for_the_grace_period(s3):
     assert len(writer.refresh().chunks) == 1
     assert _reopen(store, s3).lookup([f"k{i}" for i in range(13)]).equals(expected)
     assert pinned.lookup([f"k{i}" for i in range(13)]).equals(expected)  # its chunks are still there
-    writer.collect()
+    removed_at = min(removed.at_ms for removed in writer.refresh().removed)
+    assert writer.collect(now_ms=removed_at + 59_000) == 0  # (explicit times: a loaded machine is slow)
     assert pinned.lookup(["k1"]).num_rows  # inside the grace period nothing is deleted
-    assert writer.collect(now_ms=int(time.time() * 1000) + 31_000) == 12  # past it, the 12 replaced chunks go
+    assert writer.collect(now_ms=removed_at + 61_000) == 12
     assert _reopen(store, s3).lookup([f"k{i}" for i in range(13)]).equals(expected)
 
 
@@ -127,81 +125,13 @@ def test_compaction_runs_by_itself_and_keeps_lookups_flat(s3):
     assert reader.client.request_count() - before <= 2 + 2 * len(chunks)
 
 
-def test_a_writer_killed_between_its_chunk_and_its_commit_leaves_nothing_visible(s3):
-    store = _store(s3, grace_s=0.2)
-    url = store.root
-    store.writer("a").append([MessageRecord("t", 0, 0, BASE, "k", ["k"])])
-    script = textwrap.dedent(f"""
-        import os, signal, msgindex
-        from msgindex.storage.message import ROW_SCHEMA, MessageRecord
-        from msgindex.storage.objects import versions
-        store = msgindex.open({url!r}, storage_options={s3.options!r})
-        def die(self, version):
-            os.kill(os.getpid(), signal.SIGKILL)
-        versions.ShardVersions.try_commit = die
-        store.writer("a").append([MessageRecord("t", 0, i, {BASE} + i, "k", ["k"]) for i in range(1, 50)])
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    reader = _reopen(store, s3)
-    assert reader.lookup("k").num_rows == 1  # the killed writer's chunk is invisible
-    writer = store.writer("a")
-    assert len(store.client.list("broker=a/chunks/")) == 2  # ... but there, until collected
-    time.sleep(0.3)
-    assert writer.collect() == 1
-    assert writer.append([MessageRecord("t", 0, i, BASE + i, "k", ["k"]) for i in range(50)]).appended == 49
-    assert reader.lookup("k").num_rows == 50
-
-
-def _append_many(url: str, options: dict, worker: int, done: multiprocessing.Queue) -> None:
-    store = msgindex.open(url, storage_options=options)
-    writer = store.writer("a")
-    rng = random.Random(worker)
-    for _ in range(15):
-        start = rng.randrange(0, 400)
-        writer.append([MessageRecord("t", 0, i, BASE + i, f"k{i % 7}", [f"k{i % 7}"]) for i in range(start, start + 40)])
-    done.put(worker)
-
-
-def test_two_processes_append_to_one_shard_while_a_third_reads(s3):
-    store = _store(s3, compaction_interval_s=0.5)
-    context = multiprocessing.get_context("spawn")
-    done = context.Queue()
-    writers = [context.Process(target=_append_many, args=(store.root, s3.options, n, done)) for n in (1, 2)]
-    for process in writers:
-        process.start()
-    reader = _reopen(store, s3)
-    seen = 0
-    while any(p.is_alive() for p in writers):
-        rows = reader.lookup([f"k{i}" for i in range(7)])
-        offsets = rows.column("offset").to_pylist()
-        assert len(offsets) == len(set(offsets)), "a row was committed twice"
-        assert len(offsets) >= seen, "a committed row went missing"
-        seen = len(offsets)
-    for process in writers:
-        process.join(timeout=60)
-        assert process.exitcode == 0
-    offsets = reader.lookup([f"k{i}" for i in range(7)]).column("offset").to_pylist()
-    assert len(offsets) == len(set(offsets))
-    wanted = set()
-    for worker in (1, 2):
-        rng = random.Random(worker)
-        for _ in range(15):
-            start = rng.randrange(0, 400)
-            wanted |= set(range(start, start + 40))
-    assert set(offsets) == wanted
-
-
 def test_bad_buckets_credentials_and_endpoints_are_one_line(s3, tmp_path):
     with pytest.raises(ObjectStoreError, match="bucket 'no-such-bucket' does not exist") as missing:
         msgindex.open("s3://no-such-bucket/index", storage_options=s3.options)
     assert "\n" not in str(missing.value)
-    wrong = {**s3.options, "secret_access_key": "wrong"}
     bucket = s3.bucket()
     msgindex.open(f"s3://{bucket}/i", create=True, storage_options=s3.options)
-    # moto checks signatures only when it is told to; an unknown key is still refused by name
-    with pytest.raises((ObjectStoreError, StoreNotFoundError)):
-        msgindex.open(f"s3://{bucket}/missing", storage_options=wrong)
+    # (wrong credentials: test_object_faults, on a server that checks them)
     dead = {**s3.options, "endpoint": "http://127.0.0.1:9", "max_retries": "0", "connect_timeout": "1s"}
     began = time.monotonic()
     with pytest.raises(ObjectStoreError, match=r"endpoint http://127.0.0.1:9 does not answer") as unreachable:

@@ -1,4 +1,5 @@
-"""The Query value: validated once, and the same answers as the keyword arguments it stands for."""
+"""The Query value: validated once, and the same answers as the keyword arguments it stands for
+(on both kinds of store)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from msgindex import Query
 from msgindex.errors import InvalidArgumentError, InvalidOptionError
-from msgindex.storage.store import open_store
 from tests.storage.shard_model import TINY, TOPICS, ShardModel, make_batch, model_lookup, model_scan, table_rows
 
 BASE = 1_700_000_000_000
@@ -32,10 +32,10 @@ def test_of_normalizes_and_validates():
 
 
 @pytest.fixture
-def three_shards(tmp_path):
+def three_shards(stores):
     rng = random.Random(3)
     models = {b: ShardModel(b) for b in ("a", "b", "c")}
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+    with stores.create("s", settings=TINY) as store:
         offset = 0
         for _ in range(3):
             for broker, model in models.items():
@@ -44,12 +44,12 @@ def three_shards(tmp_path):
                 with store.writer(broker) as writer:
                     writer.append(batch)
                 model.append(batch)
-    return tmp_path / "s", list(models.values())
+    return stores.open(stores.root("s")), list(models.values())
 
 
 def test_a_query_answers_like_its_arguments(three_shards):
-    root, models = three_shards
-    with open_store(root) as store:
+    store, models = three_shards
+    with store:
         arguments = dict(begin_ms=BASE + 1000, end_ms=BASE + 15000, partitions=[0, 1], max_results=7)
         query = Query.of(["Aa", "BB"], brokers=["a", "c"], **arguments)
         assert table_rows(store.lookup(query)) == table_rows(store.lookup(["Aa", "BB"], brokers=["a", "c"], **arguments))
@@ -61,8 +61,8 @@ def test_a_query_answers_like_its_arguments(three_shards):
 
 
 def test_several_topics_in_one_lookup_are_the_union_of_each(three_shards):
-    root, models = three_shards
-    with open_store(root) as store:
+    store, models = three_shards
+    with store:
         two = TOPICS[:2]
         together = table_rows(store.lookup(Query.of(["Aa", "BB", "k1"], topics=two)))
         each = sorted(row for topic in two for row in model_lookup(models, ["Aa", "BB", "k1"], topic=topic))

@@ -1,4 +1,5 @@
-"""ShardWriter / ShardReader: commits, idempotent replays, rollback, snapshots, verified lookups."""
+"""ShardWriter / ShardReader: commits, idempotent replays, rollback, snapshots, verified lookups
+(those of the Store API on both kinds of store: ``any_store``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, i
 from msgindex.storage.shard import index_entries
 from msgindex.storage.source_ranges import SourceRanges
 from msgindex.storage.store import StoreSettings, open_store
+from tests.storage.kinds import is_object_store, shard_contents
 from tests.storage.shard_model import (
     KEY_POOL,
     TINY,
@@ -45,8 +47,15 @@ def store(tmp_path):
         yield s
 
 
-def test_append_commits_and_replay_is_skipped(store):
-    with store.writer("b1") as writer:
+@pytest.fixture
+def any_store(stores):
+    """A store of each kind in turn (tests of the Store API that hold for both)."""
+    with stores.create(settings=TINY) as s:
+        yield s
+
+
+def test_append_commits_and_replay_is_skipped(any_store):
+    with any_store.writer("b1") as writer:
         assert writer.committed_ranges == SourceRanges()
         first = writer.append([rec(0, ["a"]), rec(1, ["a", "b"])])
         assert (first.appended, first.already_committed, first.keys_indexed) == (2, 0, 3)
@@ -58,20 +67,20 @@ def test_append_commits_and_replay_is_skipped(store):
         other = writer.append([rec(0, ["a"], partition=1)])  # the same offset of another partition is new
         assert other.appended == 1
         assert writer.committed_ranges.to_json() == {"orders": {"0": [[0, 3]], "1": [[0, 1]]}}
-    with store.reader("b1") as reader:
+    with any_store.reader("b1") as reader:
         assert reader.committed_ranges.to_json() == {"orders": {"0": [[0, 3]], "1": [[0, 1]]}}
         assert reader.record_count == 4
         assert sorted((r[3], r[4]) for r in table_rows(reader.lookup("a"))) == [(0, 0), (0, 1), (0, 2), (1, 0)]
 
 
-def test_a_slice_commits_its_whole_range_gaps_included(store):
+def test_a_slice_commits_its_whole_range_gaps_included(any_store):
     """[min, max + 1) of each slice: offsets missing inside it (transaction markers, compaction,
     records of another shard) are committed too, and separate slices stay separate."""
     from msgindex.storage.source_ranges import SourceRows
 
     records = [rec(o, ["k"]) for o in (10, 13, 20, 22)]
     sources = SourceRows.of(["orders"] * 4, [0] * 4, [10, 13, 20, 22], slice_id=[1, 1, 2, 2])
-    with store.writer("b") as writer:
+    with any_store.writer("b") as writer:
         assert writer.append(records, sources).appended == 4
         assert writer.committed_ranges.to_json() == {"orders": {"0": [[10, 14], [20, 23]]}}
         late = writer.append([rec(12, ["k"]), rec(16, ["k"])], SourceRows.of(["orders"] * 2, [0, 0], [12, 16]))
@@ -103,16 +112,16 @@ def test_a_version_1_checkpoint_is_refused_then_upgraded_from_the_log(store):
         assert reader.record_count == 9 and reader.checkpoint.source_ranges.to_json()["orders"] == {"0": [[0, 8]]}
 
 
-def test_lookup_verifies_keys_topics_and_ms_windows(store):
+def test_lookup_verifies_keys_topics_and_ms_windows(any_store):
     records = [
         rec(0, ["Aa"], BASE + 10),  # "Aa" and "BB" share a Java hash, so a hash slot
         rec(1, ["BB"], BASE + 20),
         rec(2, ["Aa"], BASE + 999, topic="payments"),  # same key, other topic
         rec(3, ["Aa", "Aa"], BASE + 1000),  # the key twice in one message
     ]
-    with store.writer("b") as writer:
+    with any_store.writer("b") as writer:
         writer.append(records)
-    with store.reader("b") as reader:
+    with any_store.reader("b") as reader:
         assert [r[4] for r in table_rows(reader.lookup("Aa", topic="orders"))] == [0, 3]
         assert [r[4] for r in table_rows(reader.lookup("BB", topic="orders"))] == [1]
         assert [r[2] for r in table_rows(reader.lookup("Aa"))] == ["orders", "payments", "orders"]
@@ -173,13 +182,13 @@ def test_no_result_cap_and_files_roll(store):
         assert table_rows(reader.lookup("hot", max_results=7)) == model_lookup([model], ["hot"], max_results=7)
 
 
-def test_small_result_rows_equal_the_logs_rows(store):
+def test_small_result_rows_equal_the_logs_rows(any_store):
     from msgindex.storage.query import rows_from_records
 
     records = make_batch(random.Random(5), 0, 60)
-    with store.writer("b:1") as writer:
+    with any_store.writer("b:1") as writer:
         writer.append(records)
-    with store.reader("b:1") as reader:
+    with any_store.reader("b:1") as reader:
         for seqs in ([3, 0, 59, 17], list(range(60)), []):  # every null / non-null field shape
             expected = pa.Table.from_batches([reader.log.read_rows(seqs, "b:1")])
             assert rows_from_records("b:1", seqs, reader.log.read_many(seqs)).equals(expected)
@@ -273,6 +282,24 @@ def test_table_input_equals_record_input(tmp_path_factory, batches, chunks, dict
         assert shard_files(root / "a" / "broker=x") == shard_files(root / "b" / "broker=x")
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=record_batches(ARROW_KEYS), chunks=st.integers(1, 3), dictionary_topics=st.booleans())
+def test_table_input_equals_record_input_on_an_object_store(s3, batches, chunks, dictionary_topics):
+    """The same on an object store: byte-identical chunk objects, in the same order (fewer
+    examples: each costs tens of requests)."""
+    from msgindex.storage.location import parse_location
+    from msgindex.storage.objects.store import open_object_store
+
+    a, b = (open_object_store(parse_location(s3.url(), s3.options), create=True, settings=TINY) for _ in range(2))
+    by_records, by_table = a.writer("x"), b.writer("x")
+    for batch in batches:
+        got = by_table.append(append_table(batch, chunks, dictionary_topics))
+        assert by_records.append(batch) == got
+    chunks_of = [[store.client.get(f"{store.shard_prefix('x')}/{ref.name}") for ref in writer.refresh().chunks]
+                 for store, writer in ((a, by_records), (b, by_table))]
+    assert chunks_of[0] == chunks_of[1]
+
+
 @SHARD_SETTINGS
 @given(batches=record_batches(KEY_POOL, max_keys=MAX_LAG_PASSES + 4), first_seq=st.integers(0, 1 << 40))
 def test_index_entries_are_the_per_record_ones(batches, first_seq):
@@ -306,15 +333,15 @@ def test_one_writer_at_a_time(store):
     store.writer("b").close()  # released on close
 
 
-def test_reader_sees_only_the_committed_prefix(store):
-    with store.writer("b") as writer:
+def test_reader_sees_only_the_committed_prefix(any_store):
+    with any_store.writer("b") as writer:
         writer.append([rec(0, ["k"])])
-        reader = store.reader("b")
+        reader = any_store.reader("b")
         writer.append([rec(1, ["k"]), rec(2, ["k"])] + [rec(3 + i, ["f"]) for i in range(20)])
         assert table_rows(reader.lookup("k"))[0][4] == 0 and reader.lookup("k").num_rows == 1
         assert sum(b.num_rows for s, e in reader.scan_ranges() for b in reader.scan_range(s, e)) == 1
         reader.close()
-        with store.reader("b") as fresh:
+        with any_store.reader("b") as fresh:
             assert fresh.lookup("k").num_rows == 3
 
 
@@ -339,15 +366,15 @@ def test_uncommitted_bytes_are_rolled_back_on_open(store, tmp_path):
     assert shard_files(shard) == committed
 
 
-def test_scan_ranges_cover_the_window(store):
+def test_scan_ranges_cover_the_window(any_store):
     rng = random.Random(3)
     model = ShardModel("b")
-    with store.writer("b") as writer:
+    with any_store.writer("b") as writer:
         for batch_id in range(6):
             batch = make_batch(rng, batch_id * 25, 25)
             writer.append(batch)
             model.append(batch)
-    with store.reader("b") as reader:
+    with any_store.reader("b") as reader:
         assert len(reader.scan_ranges()) > 1  # several segments
         for begin, end in [(None, None), (BASE + 5000, None), (None, BASE + 3000), (BASE + 4000, BASE + 4500)]:
             got = [row for s, e in reader.scan_ranges(begin, end)
@@ -359,16 +386,16 @@ def test_scan_ranges_cover_the_window(store):
             assert table_rows(reader.lookup(keys)) == model_lookup([model], keys)
 
 
-def test_bytes_keys_are_kafka_key_bytes(store):
-    with store.writer("b") as writer:
+def test_bytes_keys_are_kafka_key_bytes(any_store):
+    with any_store.writer("b") as writer:
         writer.append([rec(0, ["\udcffbin"]), rec(1, ["plain"])])
-    with store.reader("b") as reader:
+    with any_store.reader("b") as reader:
         assert reader.lookup(b"\xffbin").num_rows == 1
         assert reader.lookup([b"plain", "plain"]).num_rows == 1
 
 
-def test_bad_records_are_rejected_before_anything_is_written(store):
-    with store.writer("b") as writer:
+def test_bad_records_are_rejected_before_anything_is_written(any_store):
+    with any_store.writer("b") as writer:
         with pytest.raises(InvalidAppendError, match="topic"):
             writer.append([rec(0, ["a"]), "not a record"])
         with pytest.raises(InvalidAppendError, match="shard 'b': record 1"):
@@ -377,7 +404,11 @@ def test_bad_records_are_rejected_before_anything_is_written(store):
             from msgindex.storage.source_ranges import SourceRows
 
             writer.append([rec(0, ["a"])], SourceRows.of(["t", "t"], [0, 0], [1, 2]))
-        assert writer.committed_ranges == SourceRanges() and writer.checkpoint.record_count == 0
+        assert writer.committed_ranges == SourceRanges()
+        if is_object_store(any_store):
+            assert any_store.brokers() == [] and shard_contents(any_store, "b") == {}  # not one object written
+        else:
+            assert writer.checkpoint.record_count == 0
 
 
 def test_corrupt_checkpoint_is_named(store):

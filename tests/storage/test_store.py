@@ -1,4 +1,5 @@
-"""The store: manifest, settings, shards, cross-shard lookups and scans, bad paths."""
+"""The store: manifest, settings, shards, cross-shard lookups and scans, bad paths (on both kinds
+of store where they apply: the ``stores`` fixture)."""
 
 from __future__ import annotations
 
@@ -10,54 +11,69 @@ import pytest
 import msgindex
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord
+from msgindex.storage.objects.store import ObjectStore
 from msgindex.storage.store import MANIFEST_FILE, Store, StoreSettings, open_store
 from tests.storage.shard_model import TINY, ShardModel, make_batch, model_lookup, model_scan, table_rows
 
 BASE = 1_700_000_000_000
 
 
-def test_create_and_reopen_keeps_manifest_settings(tmp_path):
-    root = tmp_path / "deep" / "store"
-    with open_store(root, create=True, settings=TINY) as store:
+def _put(stores, root, name: str, data: bytes) -> None:
+    """Write a file (local) or an object (object store) `name` under `root`, as a user might."""
+    if stores.is_local:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    else:
+        from msgindex.storage.location import parse_location
+        from msgindex.storage.objects.client import ObjectClient
+
+        ObjectClient(parse_location(root, stores.options)).put(name, data)
+
+
+def test_create_and_reopen_keeps_manifest_settings(stores):
+    root = stores.root("deep/store")
+    with stores.open(root, create=True, settings=TINY) as store:
         assert store.settings == TINY and store.brokers() == []
-    manifest = json.loads((root / MANIFEST_FILE).read_text())
+        raw = (root / MANIFEST_FILE).read_bytes() if stores.is_local else store.client.get(MANIFEST_FILE)
+    manifest = json.loads(raw)
     assert manifest["version"] == 2 and manifest["settings"]["index_num"] == TINY.index_num
-    reopened = msgindex.open(root)
-    assert isinstance(reopened, Store) and reopened.settings == TINY
+    reopened = msgindex.open(root, storage_options=stores.options)
+    assert isinstance(reopened, Store if stores.is_local else ObjectStore) and reopened.settings == TINY
     # an existing store keeps its own settings whatever the caller passes
-    assert open_store(root, create=True, settings=StoreSettings()).settings == TINY
+    assert stores.open(root, create=True, settings=StoreSettings()).settings == TINY
 
 
-def test_not_a_store(tmp_path):
-    with pytest.raises(StoreNotFoundError, match="does not exist"):
-        open_store(tmp_path / "missing")
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "file.txt").write_text("hello")
+def test_not_a_store(stores):
+    with pytest.raises(StoreNotFoundError, match="does not exist" if stores.is_local else "no such msgindex store"):
+        stores.open(stores.root("missing"))
+    plain = stores.root("plain")
+    _put(stores, plain, "file.txt", b"hello")
     with pytest.raises(StoreNotFoundError, match="plain"):
-        open_store(tmp_path / "plain")
-    with pytest.raises(StoreNotFoundError, match="not empty"):
-        open_store(tmp_path / "plain", create=True)
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(StoreNotFoundError, match="file"):
-        open_store(tmp_path / "file")
+        stores.open(plain)
+    with pytest.raises(StoreNotFoundError, match="not empty" if stores.is_local else "holds objects"):
+        stores.open(plain, create=True)
+    if stores.is_local:  # a path that is a file (object stores have no such thing)
+        (stores.tmp_path / "file").write_text("x")
+        with pytest.raises(StoreNotFoundError, match="file"):
+            open_store(stores.tmp_path / "file")
 
 
-def test_bad_manifest_and_settings(tmp_path):
-    root = tmp_path / "s"
-    open_store(root, create=True).close()
+def test_bad_manifest_and_settings(stores):
+    root = stores.root("s")
+    stores.open(root, create=True).close()
     for body in ("{", json.dumps({"format": "other"}), json.dumps({"format": "msgindex-store", "format_version": 99}),
                  json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"index_num": 1}}),
                  json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"bogus": 1}})):
-        (root / MANIFEST_FILE).write_text(body)
+        _put(stores, root, MANIFEST_FILE, body.encode())
         with pytest.raises(CorruptFileError, match=MANIFEST_FILE):
-            open_store(root)
+            stores.open(root)
     for bad in ({"hash_slot_num": 0}, {"index_num": 1}, {"segment_bytes": -5}, {"index_interval_bytes": 1.5}):
         with pytest.raises(InvalidOptionError, match=next(iter(bad))):
             StoreSettings(**bad)
 
 
-def test_broker_names(tmp_path):
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+def test_broker_names(stores):
+    with stores.create("s", settings=TINY) as store:
         for bad in ("", "a/b", "..", "."):
             with pytest.raises(InvalidOptionError, match="broker"):
                 store.writer(bad)
@@ -65,13 +81,18 @@ def test_broker_names(tmp_path):
             store.reader("nope")
         with store.writer("broker-1:9092") as w:
             w.append([])
+            # a local shard exists once its writer opened it; an object-store shard once it
+            # commits something (an empty append writes no object: store.py)
+            assert store.brokers() == (["broker-1:9092"] if stores.is_local else [])
+            w.append([MessageRecord("t", 0, 0, BASE, "k", ("k",))])
         assert store.brokers() == ["broker-1:9092"]
+        assert store.lookup("k", brokers=["broker-1:9092"]).num_rows == 1
 
 
-def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
+def test_cross_shard_lookup_and_scan_match_the_model(stores):
     rng = random.Random(11)
     models = {b: ShardModel(b) for b in ("a", "b", "c")}
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+    with stores.create("s", settings=TINY) as store:
         offset = 0
         for _ in range(4):
             for broker, model in models.items():
@@ -100,8 +121,8 @@ def test_cross_shard_lookup_and_scan_match_the_model(tmp_path):
         assert empty.num_rows == 0 and empty.schema == ROW_SCHEMA
 
 
-def test_lookup_arguments_are_checked(tmp_path):
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+def test_lookup_arguments_are_checked(stores):
+    with stores.create("s", settings=TINY) as store:
         with store.writer("a") as w:
             w.append([MessageRecord("t", 0, 0, BASE, "k", ("k",))])
         with pytest.raises(InvalidOptionError, match="key"):
@@ -114,8 +135,8 @@ def test_lookup_arguments_are_checked(tmp_path):
         assert store.lookup([]).num_rows == 0
 
 
-def test_scan_survives_commits_and_lookups_while_it_runs(tmp_path):
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+def test_scan_survives_commits_and_lookups_while_it_runs(stores):
+    with stores.create("s", settings=TINY) as store:
         with store.writer("a") as writer:
             writer.append([MessageRecord("t", 0, i, BASE + i, None, ("k",)) for i in range(50)])
             scan = store.scan()

@@ -1,7 +1,8 @@
 """The one timestamp rule (storage/message.py: years 0001..9999) on the storage side (issue 10, B3/B4):
 appends refuse a record outside it, naming the record; a store written before the rule (such
 records already on disk) reads without raising, each such timestamp read as the nearest bound in
-results and in time windows alike, and one such record never breaks the others."""
+results and in time windows alike, and one such record never breaks the others. On both kinds of
+store (the ``stores`` fixture)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.errors import InvalidAppendError
-from msgindex.storage import shard as shard_module
 from msgindex.storage.message import APPEND_SCHEMA, MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, MessageRecord
-from msgindex.storage.store import open_store
+from tests.storage.kinds import accept_any_timestamp
 from tests.storage.shard_model import TINY
 
 INT64_MAX = (1 << 63) - 1
@@ -30,8 +30,8 @@ def rec(offset: int, timestamp_ms: int, key: str = "shared") -> MessageRecord:
 
 
 @pytest.mark.parametrize("bad", [INT64_MAX, MAX_TIMESTAMP_MS + 1, MIN_TIMESTAMP_MS - 1, INT64_MIN])
-def test_an_append_refuses_a_timestamp_outside_the_rule_naming_the_record(tmp_path, bad):
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store, store.writer("b") as writer:
+def test_an_append_refuses_a_timestamp_outside_the_rule_naming_the_record(stores, bad):
+    with stores.create("s", settings=TINY) as store, store.writer("b") as writer:
         with pytest.raises(InvalidAppendError, match=rf"record 1 of the batch \(t-0 offset 1\): timestamp {bad} ms"):
             writer.append([rec(0, NOW), rec(1, bad), rec(2, NOW)])
         table = pa.Table.from_pylist([dict(topic="t", partition=0, offset=5, timestamp_ms=bad, key=None, keys=[],
@@ -39,23 +39,23 @@ def test_an_append_refuses_a_timestamp_outside_the_rule_naming_the_record(tmp_pa
         with pytest.raises(InvalidAppendError, match="record 0 of the batch"):
             writer.append(table)
         assert writer.append([rec(3, MAX_TIMESTAMP_MS), rec(4, MIN_TIMESTAMP_MS)]).appended == 2  # the bounds are in
-    with open_store(tmp_path / "s") as store:
+    with stores.open(stores.root("s")) as store:
         assert [r["timestamp"] for r in store.lookup("shared").to_pylist()] == [FIRST_MS, LAST_MS]
 
 
 @pytest.fixture
-def old_store(tmp_path, monkeypatch):
+def old_store(stores, monkeypatch):
     """A store written before the rule: records at INT64_MAX and INT64_MIN next to normal ones,
-    all sharing the key 'shared'."""
+    all sharing the key 'shared'. Returns how to open it and its CLI arguments."""
     with monkeypatch.context() as patched:
-        patched.setattr(shard_module, "refuse_out_of_range_timestamps", lambda columns: None)
-        with open_store(tmp_path / "s", create=True, settings=TINY) as store, store.writer("b") as writer:
+        accept_any_timestamp(patched)
+        with stores.create("s", settings=TINY) as store, store.writer("b") as writer:
             writer.append([rec(0, NOW), rec(1, INT64_MAX), rec(2, NOW + 1), rec(3, INT64_MIN), rec(4, NOW + 2)])
-    return tmp_path / "s"
+    return lambda: stores.open(stores.root("s")), stores.cli_args(stores.root("s"))
 
 
 def test_records_already_on_disk_read_as_the_nearest_bound(old_store):
-    with open_store(old_store) as store:
+    with old_store[0]() as store:
         rows = store.lookup("shared").to_pylist()
         assert [(r["offset"], r["timestamp"]) for r in rows] == [
             (3, FIRST_MS), (0, datetime.fromtimestamp(NOW / 1000, UTC)),
@@ -76,7 +76,7 @@ def test_records_already_on_disk_read_as_the_nearest_bound(old_store):
     (NOW + 5, NOW, []),  # an empty window stays accepted (Spark pushdown relies on it)
 ])
 def test_time_windows_see_the_timestamps_results_show(old_store, begin, end, offsets):
-    with open_store(old_store) as store:
+    with old_store[0]() as store:
         looked_up = sorted(r["offset"] for r in store.lookup("shared", begin_ms=begin, end_ms=end).to_pylist())
         scanned = sorted(r["offset"] for b in store.scan(begin_ms=begin, end_ms=end) for r in b.to_pylist())
     assert looked_up == scanned == offsets
@@ -84,10 +84,10 @@ def test_time_windows_see_the_timestamps_results_show(old_store, begin, end, off
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_the_cli_shows_every_record(old_store, capsys, fmt):
-    assert main(["lookup", str(old_store), "--scan", "--format", fmt]) == 0
+    assert main(["lookup", *old_store[1], "--scan", "--format", fmt]) == 0
     out = capsys.readouterr().out
     assert "9999-12-31T23:59:59.999Z" in out and "0001-01-01T00:00:00.000Z" in out
     if fmt == "json":
         assert len([json.loads(line) for line in out.splitlines()]) == 5
-    assert main(["lookup", str(old_store), "--key", "shared", "--format", fmt]) == 0
+    assert main(["lookup", *old_store[1], "--key", "shared", "--format", fmt]) == 0
     assert "9999-12-31T23:59:59.999Z" in capsys.readouterr().out

@@ -71,9 +71,7 @@ def apply_shard_retention(
     drops segments whose newest record is older than now_ms - max_age_ms, `max_bytes` drops the
     oldest segments until the shard (log and index files) is at most that big. With `dry_run`,
     report what would go and delete nothing."""
-    for name, value in (("max_age_ms", max_age_ms), ("max_bytes", max_bytes), ("now_ms", now_ms)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise InvalidOptionError(f"retention {name} must be an int >= 0 or None, got {value!r}")
+    check_retention_arguments(max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     segments, index_files = _segment_pieces(writer), _index_pieces(writer)
     drop_segments = 0
@@ -95,6 +93,14 @@ def apply_shard_retention(
         deleted_segments=tuple(str(piece.paths[0]) for piece in segments[:drop_segments]),
         bytes_freed=_freed(segments, index_files, drop_segments),
     )
+
+
+def check_retention_arguments(*, max_age_ms: int | None, max_bytes: int | None, now_ms: int | None) -> None:
+    """InvalidOptionError naming the first argument that is not an int >= 0 or None (shards of
+    both kinds check before they drop anything: a negative age would drop everything)."""
+    for name, value in (("max_age_ms", max_age_ms), ("max_bytes", max_bytes), ("now_ms", now_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InvalidOptionError(f"retention {name} must be an int >= 0 or None, got {value!r}")
 
 
 def _log_start(segments: list[_Piece], dropped: int) -> int:

@@ -20,6 +20,7 @@ wrong (no bucket, access denied, the endpoint does not answer); a missing object
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -256,10 +257,20 @@ def explain(error: BaseException, location: StoreLocation) -> str:
     endpoint = _endpoint_in(text)
     if "NoSuchBucket" in text or "ContainerNotFound" in text:
         return _missing_bucket(location)
-    if any(mark in text for mark in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden",
-                                     "401 Unauthorized", "AuthorizationFailure", "InvalidToken", "ExpiredToken")):
-        return (f"access denied{' by ' + endpoint if endpoint else ''}: check the credentials "
-                f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the storage options) and the bucket's permissions")
+    by = f" by {endpoint}" if endpoint else ""
+    if "InvalidAccessKeyId" in text:
+        named = re.search(r"<AWSAccessKeyId>([^<]*)<", text)  # S3's error body names it; moto's does not
+        key_id = named.group(1) if named else _configured_key_id(location)
+        return (f"the access key id{' ' + repr(key_id) if key_id else ''} is not known{by}: check "
+                f"AWS_ACCESS_KEY_ID or the 'access_key_id' storage option")
+    if "SignatureDoesNotMatch" in text:
+        return (f"the secret access key does not match the access key id (request signature refused{by}): check "
+                f"AWS_SECRET_ACCESS_KEY or the 'secret_access_key' storage option")
+    if "ExpiredToken" in text or "InvalidToken" in text:
+        return f"the session token is expired or invalid{by}: renew the credentials (AWS_SESSION_TOKEN)"
+    if any(mark in text for mark in ("AccessDenied", "403 Forbidden", "401 Unauthorized", "AuthorizationFailure")):
+        return (f"access denied{by}: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the storage "
+                f"options) and that they may use this bucket")
     if any(mark in text for mark in ("error sending request", "Connection refused", "dns error", "connect error",
                                      "operation timed out", "timed out", "tcp connect error")):
         return (f"the endpoint {endpoint or '(default)'} does not answer: check AWS_ENDPOINT_URL / the 'endpoint' "
@@ -269,6 +280,16 @@ def explain(error: BaseException, location: StoreLocation) -> str:
                 "or run where the cloud's default credential chain provides them)")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return first[:300]
+
+
+def _configured_key_id(location: StoreLocation) -> str:
+    """The S3 access key id the client was given (storage option first, then the environment)."""
+    import os
+
+    for key, value in location.options.items():
+        if _option_name(key, location.kind) == "access_key_id":
+            return str(value)
+    return os.environ.get("AWS_ACCESS_KEY_ID", "")
 
 
 def _missing_bucket(location: StoreLocation) -> str:

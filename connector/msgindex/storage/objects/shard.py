@@ -73,7 +73,7 @@ from msgindex.storage.objects.client import ObjectClient, ObjectInfo, ObjectMiss
 from msgindex.storage.objects.versions import CHUNK_SUFFIX, CHUNKS_DIR, ChunkRef, Removed, ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, empty_rows
 from msgindex.storage.result_order import in_result_order
-from msgindex.storage.retention import RetentionReport
+from msgindex.storage.retention import RetentionReport, check_retention_arguments
 from msgindex.storage.shard import (
     FEW_CANDIDATES,
     SCAN_BATCH_ROWS,
@@ -87,6 +87,10 @@ from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 logger = logging.getLogger(__name__)
 
 SHARDS_DIR = "_shards"
+# A shard's mark (store.py) is put empty before the shard's first commit and rewritten to this once
+# that commit exists: a marked shard without versions is then damage only when its mark says it
+# committed, not when its first writer died before committing (nothing of it was ever visible).
+MARK_COMMITTED = b"committed\n"
 MAX_COMMIT_ATTEMPTS = 64
 IO_THREADS = 16
 FOOTER_CACHE_BYTES = 256 * 1024 * 1024
@@ -454,6 +458,7 @@ class ObjectShardWriter:
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._state: ShardVersion | None = None
         self._on_commit = on_commit
+        self._state_at = 0.0  # time.monotonic() when _state was last known to be the newest
         self._registered = False
         self._collected_at = 0.0
         self.last_revalidation = ""
@@ -465,12 +470,21 @@ class ObjectShardWriter:
     # --- the version this writer knows ----------------------------------------------------------
     def refresh(self) -> ShardVersion:
         """The newest version (one LIST; one GET when there is a newer one)."""
-        self._state = self.versions.latest(self._state)
-        return self._state
+        return self._know(self.versions.latest(self._state))
+
+    def _know(self, version: ShardVersion) -> ShardVersion:
+        self._state, self._state_at = version, time.monotonic()
+        return version
 
     @property
     def state(self) -> ShardVersion:
-        return self._state if self._state is not None else self.refresh()
+        """The newest version as this writer last knew it, read again when that is older than
+        half the grace period: collection deletes a version object once its successor is older
+        than the grace period, so a view that old could find its next number free again, below
+        the newest, and commit there unseen (``collect``)."""
+        if self._state is None or time.monotonic() - self._state_at > self.tuning.grace_s / 2:
+            return self.refresh()
+        return self._state
 
     @property
     def committed_ranges(self):
@@ -506,7 +520,6 @@ class ObjectShardWriter:
         first = sources.first_occurrences()
         state = self.state
         written: _WrittenChunk | None = None
-        outcome_known = True  # False once a commit's outcome could not be learnt: its chunk may be listed
         try:
             for _attempt in range(MAX_COMMIT_ATTEMPTS):
                 committed = state.source_ranges
@@ -528,21 +541,27 @@ class ObjectShardWriter:
                         topics=tuple(sorted(set(state.topics) | written.topics)),
                         source_ranges=ranges, **self._stamps(state))
                 self._register(state)
-                outcome_known = False
-                committed = self.versions.try_commit(candidate)
-                outcome_known = True
-                if committed:
+                try:
+                    won = self.versions.try_commit(candidate)
+                except BaseException:
+                    # the version may exist and list the chunk (its answer lost, the read-back
+                    # failed too): the chunk stays; collection deletes it if no version names it
+                    written = None
+                    raise
+                if won:
                     self._adopt(candidate)
+                    if candidate.number == 1:
+                        self._mark_committed()
                     self._after_commit(candidate)
                     appended = len(fresh)
                     written = None
                     return AppendResult(appended, len(records) - appended,
                                         candidate.chunks[-1].info.hash_entries if appended else 0)
-                state = self._state = self.versions.latest(state)
+                state = self._know(self.versions.latest(state))
             raise CommitConflictError(f"{self.url}: no version won in {MAX_COMMIT_ATTEMPTS} attempts (other writers "
                                       f"commit faster than this one can); nothing of this append is committed")
         finally:
-            if written is not None and outcome_known:
+            if written is not None:
                 self._discard(written)
 
     def _write_chunk(self, records, rows: np.ndarray) -> _WrittenChunk:
@@ -577,7 +596,7 @@ class ObjectShardWriter:
 
     def _adopt(self, committed: ShardVersion) -> None:
         """This writer committed `committed`: its view, and its store's lookups, move to it."""
-        self._state = committed
+        self._know(committed)
         if self._on_commit is not None:
             self._on_commit(committed)
 
@@ -586,6 +605,15 @@ class ObjectShardWriter:
         if not state.number and not self._registered:
             self.client.put_if_absent(f"{SHARDS_DIR}/{self.broker}", b"")
         self._registered = True
+
+    def _mark_committed(self) -> None:
+        """Record in the shard's mark that its first version exists (MARK_COMMITTED). Best effort:
+        the version is committed either way; a mark left empty only makes a later loss of all
+        the shard's versions read as a shard that never committed."""
+        try:
+            self.client.put(f"{SHARDS_DIR}/{self.broker}", MARK_COMMITTED)
+        except Exception as error:  # noqa: BLE001 - the append is committed
+            logger.warning("%s: could not mark the shard as committed (%s)", self.url, error)
 
     def _after_commit(self, committed: ShardVersion) -> None:
         if committed.record_count and self._compaction_due(committed):
@@ -673,7 +701,7 @@ class ObjectShardWriter:
             if self.versions.try_commit(candidate):
                 self._adopt(candidate)
                 return candidate
-            state = self._state = self.versions.latest(state)
+            state = self._know(self.versions.latest(state))
         self.client.delete([f"{self.prefix}/{name}"])
         return None
 
@@ -682,8 +710,11 @@ class ObjectShardWriter:
                         now_ms: int | None = None, dry_run: bool = False) -> RetentionReport:
         """Drop the oldest whole chunks (never the newest) whose newest record is older than
         now_ms - max_age_ms, or while the shard is over max_bytes; committed by a version, the
-        objects deleted after the grace period."""
-        now = self._now_ms() if now_ms is None else now_ms
+        objects deleted after the grace period. `now_ms` only moves the age cutoff: the grace
+        period runs from the wall clock's now (readers pin versions in real time)."""
+        check_retention_arguments(max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms)
+        removed_at = self._now_ms()
+        now = removed_at if now_ms is None else now_ms
         state = self.refresh()
         for _attempt in range(MAX_COMMIT_ATTEMPTS):
             chunks = state.chunks
@@ -700,13 +731,13 @@ class ObjectShardWriter:
             if not drop or dry_run:
                 return report
             stamps = self._stamps(state)
-            stamps["removed"] = (*stamps["removed"], *(Removed(c.name, now) for c in chunks[:drop]))
-            candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq, retained_at_ms=now,
-                                        **stamps)
+            stamps["removed"] = (*stamps["removed"], *(Removed(c.name, removed_at) for c in chunks[:drop]))
+            candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq,
+                                        retained_at_ms=removed_at, **stamps)
             if self.versions.try_commit(candidate):
                 self._adopt(candidate)
                 return report
-            state = self._state = self.versions.latest(state)
+            state = self._know(self.versions.latest(state))
         raise CommitConflictError(f"{self.url}: retention lost {MAX_COMMIT_ATTEMPTS} versions in a row")
 
     def _maybe_collect(self) -> None:
@@ -716,15 +747,18 @@ class ObjectShardWriter:
     def collect(self, now_ms: int | None = None) -> int:
         """Delete what no reader can need any more: chunks removed more than the grace period
         ago, chunks no version names that are older than it (a writer died before committing),
-        and versions beyond the newest ``keep_versions``. Returns the objects deleted."""
+        and versions beyond the newest ``keep_versions`` whose successor is older than it
+        (writers read the newest again before then: ``state``). Returns the chunks deleted."""
         self._collected_at = time.monotonic()
         now = self._now_ms() if now_ms is None else now_ms
+        grace_ms = int(self.tuning.grace_s * 1000)
         state = self.refresh()
-        doomed = self.unlisted(state).collectable(now, int(self.tuning.grace_s * 1000))
+        doomed = self.unlisted(state).collectable(now, grace_ms)
         if doomed:
             self.client.delete([info.key for info in doomed])
         if state.number > self.tuning.keep_versions:
-            self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1)
+            self.versions.delete_older_than(state.number - self.tuning.keep_versions + 1,
+                                            superseded_before_ms=now - grace_ms)
         return len(doomed)
 
     def unlisted(self, state: ShardVersion, listing: list[ObjectInfo] | None = None) -> Unlisted:

@@ -3,16 +3,17 @@ versions and chunks (``shard.py``).
 
 ```
 <root>/msgindex.json         the store manifest (created once, put-if-absent; same format as local)
-<root>/_shards/<name>        one empty object per shard, put before its first commit
+<root>/_shards/<name>        one mark per shard: put empty before its first commit, "committed" after it
 <root>/broker=<name>/...     one shard (shard.py)
 ```
 
 Where a local store lists its shards in the manifest (a read-modify-write under a file lock),
 an object store cannot rewrite one object from many writers without a lock; each shard marks
-itself instead, with put-if-absent, before its first commit. Readers list the marks: a marked
-shard whose versions are gone (and whose mark is older than the grace period, so not a shard
-about to commit its first version) is damage, an error naming it, never a store that quietly
-answers without it.
+itself instead, with put-if-absent, before its first commit, and says so in the mark once that
+commit exists. Readers list the marks: a shard whose mark says it committed but whose versions are
+gone (the mark older than the grace period, so not a shard committing its first version right
+now) is damage, an error naming it, never a store that quietly answers without it; a shard whose
+first writer died before committing (its mark still empty) is simply empty.
 
 A store object caches per shard the version it read and the chunks' footers. A lookup answers
 from a version at most ``max_staleness_s`` old (default 1 s; 0: ask for a newer one, one LIST per
@@ -40,8 +41,14 @@ from msgindex.storage.manifest import (
     decode_manifest,
     encode_manifest,
 )
-from msgindex.storage.objects.client import ObjectClient
-from msgindex.storage.objects.shard import SHARDS_DIR, ObjectShardReader, ObjectShardWriter, ObjectTuning
+from msgindex.storage.objects.client import ObjectClient, ObjectInfo
+from msgindex.storage.objects.shard import (
+    MARK_COMMITTED,
+    SHARDS_DIR,
+    ObjectShardReader,
+    ObjectShardWriter,
+    ObjectTuning,
+)
 from msgindex.storage.objects.versions import ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport
@@ -89,14 +96,16 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
     client = client or ObjectClient(location)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
-    if raw is None:
-        if not create:
-            if client.list(""):
-                raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
-            raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
-        if client.list(""):
+    if raw is None and client.list(""):
+        raw = client.get(key)  # another process may have created the store between the GET and the LIST
+        if raw is None and not create:
+            raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
+        if raw is None:
             raise StoreNotFoundError(f"{location.url}: cannot create a msgindex store here: it holds objects and no "
                                      f"{MANIFEST_FILE}")
+    if raw is None:
+        if not create:
+            raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
         settings = settings or StoreSettings()
         if not client.put_if_absent(key, encode_manifest(settings, None)):
             raw = client.get(key)  # another process created it first: open what it made
@@ -137,12 +146,18 @@ class ObjectStore:
         return list(names)
 
     def missing_shards(self) -> list[str]:
-        """Marked shards that have no version, marked longer than the grace period ago."""
+        """Shards whose marks say they committed, marked longer than the grace period ago, that
+        have no version (their objects were deleted)."""
         now = int(time.time() * 1000)
         old = [info for info in self.client.list(f"{SHARDS_DIR}/")
                if info.last_modified_ms < now - self.tuning.grace_s * 1000]
         return sorted(info.key.rsplit("/", 1)[-1] for info in old
-                      if not self._versions(info.key.rsplit("/", 1)[-1]).numbers())
+                      if not self._versions(info.key.rsplit("/", 1)[-1]).numbers() and self._marked_committed(info))
+
+    def _marked_committed(self, mark: ObjectInfo) -> bool:
+        """Whether a shard's mark says its first version was committed (shard.MARK_COMMITTED):
+        a shard whose first writer died before committing has an empty mark and nothing lost."""
+        return self.client.get(mark.key) == MARK_COMMITTED
 
     def is_registered(self, broker: str) -> bool:
         return broker in self.brokers()
@@ -182,7 +197,8 @@ class ObjectStore:
         if broker not in marks:
             raise InvalidOptionError(f"{self.root}: no shard for broker {broker!r} (brokers in the store: "
                                      f"{sorted(marks)})")
-        if marks[broker].last_modified_ms < time.time() * 1000 - self.tuning.grace_s * 1000:
+        if marks[broker].last_modified_ms < time.time() * 1000 - self.tuning.grace_s * 1000 and \
+                self._marked_committed(marks[broker]):
             raise CorruptFileError(
                 f"{self.root}/{self.shard_prefix(broker)}: the shard is marked as committed ({SHARDS_DIR}/{broker}) "
                 f"but has no versions: its objects were deleted; restore them, or remove the mark to accept the loss")

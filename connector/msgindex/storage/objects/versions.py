@@ -39,7 +39,7 @@ from typing import Any
 from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import FORMAT_FIELD, VERSION_FIELD, parse_versioned_json
 from msgindex.storage.objects.chunk_format import ChunkInfo
-from msgindex.storage.objects.client import ObjectClient
+from msgindex.storage.objects.client import ObjectClient, ObjectInfo
 from msgindex.storage.source_ranges import SourceRanges
 
 VERSION_FORMAT = "msgindex-shard-version"
@@ -185,10 +185,16 @@ class ShardVersions:
 
     def numbers(self, *, after: int | None = None) -> list[int]:
         """The version numbers present (after `after`), ascending: one LIST."""
+        return sorted(self._listed(after))
+
+    def _listed(self, after: int | None = None) -> dict[int, ObjectInfo]:
         offset = self.key(after) if after is not None else None
-        found = (version_number(info.key.rsplit("/", 1)[-1])
-                 for info in self.client.list(f"{self.prefix}/{COMMITS_DIR}/", after=offset))
-        return sorted(number for number in found if number is not None)
+        found = {}
+        for info in self.client.list(f"{self.prefix}/{COMMITS_DIR}/", after=offset):
+            number = version_number(info.key.rsplit("/", 1)[-1])
+            if number is not None:
+                found[number] = info
+        return found
 
     def read(self, number: int) -> ShardVersion | None:
         """Version `number`, or None when there is none."""
@@ -233,9 +239,15 @@ class ShardVersions:
         except Exception:
             return None
 
-    def delete_older_than(self, number: int) -> None:
-        """Delete the version objects below `number` (never the newest: readers need one)."""
-        doomed = [self.key(n) for n in self.numbers() if n < number]
+    def delete_older_than(self, number: int, *, superseded_before_ms: int) -> None:
+        """Delete the version objects below `number` (never the newest: readers need one) whose
+        successor was written before `superseded_before_ms`. A version whose successor is younger
+        stays: a writer that still knows it as the newest would otherwise find its next number
+        free and create it there, below the newest, where no reader looks."""
+        listed = self._listed()
+        present = sorted(listed)
+        doomed = [self.key(n) for n, successor in zip(present, present[1:])
+                  if n < number and listed[successor].last_modified_ms < superseded_before_ms]
         if doomed:
             self.client.delete(doomed)
 
