@@ -72,9 +72,12 @@ def kafka_topic(kafka_bootstrap: str) -> Callable[..., str]:
     the session broker, waits until every partition has a leader, and returns the name."""
     from msgindex.kafka.admin import create_topics
 
-    def make(partitions: int = 3, prefix: str = "t") -> str:
+    def make(partitions: int = 3, prefix: str = "t", configs: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        create_topics(kafka_bootstrap, {name: partitions})
+        # Kept forever: tests produce records with CreateTimes of 2023, which Kafka's default
+        # time retention (7 days, checked every 5 minutes, active segment included) deletes the
+        # next time its check runs -- a read a moment later then finds the topic empty.
+        create_topics(kafka_bootstrap, {name: partitions}, configs={"retention.ms": "-1", **(configs or {})})
         return name
 
     return make

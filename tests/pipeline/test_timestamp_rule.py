@@ -18,7 +18,8 @@ from tests.pipeline.support import assert_index_equals, forget_commit, ground_tr
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 # Kafka 4 refuses CreateTimes more than an hour ahead unless the topic allows them
-ANY_TIMESTAMP = {"message.timestamp.after.max.ms": str(2**63 - 1)}
+# any CreateTime accepted, and kept (time retention would delete 2023 records within minutes)
+ANY_TIMESTAMP = {"message.timestamp.after.max.ms": str(2**63 - 1), "retention.ms": "-1"}
 NOW_MS = 1_700_000_000_000
 OVERFLOW_MS = 2**63 - 1  # Spark's Kafka source fails on it (microseconds overflow)
 FAR_MS = 300_000_000_000_000  # year ~11476: Spark reads it, msgindex's rule refuses it
