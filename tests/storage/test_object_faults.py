@@ -35,7 +35,9 @@ ALL_KEYS = [f"k{n}" for n in range(KEYS)]
 
 
 def _store(url: str, options: dict, **tuning) -> ObjectStore:
-    return open_object_store(parse_location(url, options), create=True, tuning=ObjectTuning(**tuning))
+    # no staleness: these tests read through one handle what another has just committed
+    return open_object_store(parse_location(url, options), create=True, tuning=ObjectTuning(**tuning),
+                             max_staleness_s=0)
 
 
 def _rows(store: ObjectStore) -> list[tuple[int, int]]:
@@ -269,6 +271,38 @@ def test_an_idle_writer_never_commits_below_the_newest_version(s3, grace_s):
     assert remaining == ([6, 7, 8] if grace_s < 1 else list(range(1, 9)))  # old ones go only past the grace period
     assert idle.append(batch(100, 5)).appended == 5
     assert idle.refresh().number == 9
+    assert _rows(_store(url, s3.options)) == _offsets((0, 40), (100, 5))
+
+
+def test_a_writer_stalled_before_its_commit_never_commits_below_the_newest_nor_a_collected_chunk(s3, monkeypatch):
+    """The idle-writer case inside one append: the writer has read the newest version and put its
+    chunk, then stalls (a paused VM, a starved machine) while others commit and collection deletes
+    the versions it knew and its chunk (unlisted for longer than the grace period: an orphan to
+    collection). Its version put then succeeds at a number free again below the newest; after a
+    commit built on a view older than half the grace period the writer lists newer versions,
+    finds them, writes its chunk again and commits on the newest, reporting its rows once."""
+    url = s3.url()
+    store = _store(url, s3.options, keep_versions=3, compaction_interval_s=3600, grace_s=0.4)
+    stalled = store.writer(BROKER)
+    stalled.append(batch(0, 5))  # version 1
+    busy = store.writer(BROKER)
+    try_commit = stalled.versions.try_commit
+    stalls = []
+
+    def stall_then_commit(candidate):
+        if not stalls:
+            stalls.append(candidate.number)
+            for n in range(1, 8):
+                busy.append(batch(n * 5, 5))  # versions 2..8 while this writer still builds on 1
+            time.sleep(0.5)
+            assert busy.collect() == 1  # its chunk, unlisted past the grace period
+            assert busy.versions.numbers() == [6, 7, 8]  # number 2 is free again
+        return try_commit(candidate)
+
+    monkeypatch.setattr(stalled.versions, "try_commit", stall_then_commit)
+    assert stalled.append(batch(100, 5)).appended == 5
+    assert stalls == [2]
+    assert stalled.refresh().number == 9  # on top; the stray version 2 is never the newest
     assert _rows(_store(url, s3.options)) == _offsets((0, 40), (100, 5))
 
 

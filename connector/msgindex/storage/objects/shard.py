@@ -440,6 +440,7 @@ class _WrittenChunk:
     rows: np.ndarray
     info: object
     topics: frozenset[str]
+    put_at: float  # time.monotonic() of its put: collection may delete it once past the grace period
 
 
 class ObjectShardWriter:
@@ -482,7 +483,7 @@ class ObjectShardWriter:
         half the grace period: collection deletes a version object once its successor is older
         than the grace period, so a view that old could find its next number free again, below
         the newest, and commit there unseen (``collect``)."""
-        if self._state is None or time.monotonic() - self._state_at > self.tuning.grace_s / 2:
+        if self._state is None or self._may_be_collected(self._state_at):
             return self.refresh()
         return self._state
 
@@ -533,6 +534,10 @@ class ObjectShardWriter:
                         return AppendResult(0, len(records), 0)
                     candidate = state.successor(source_ranges=ranges, **self._stamps(state))
                 else:
+                    if written is not None and self._may_be_collected(written.put_at):
+                        # unlisted for so long (a stalled writer) that collection may have taken it
+                        # as an orphan: a version must never list a chunk that could be gone
+                        written = None  # (left to collection)
                     if written is None:
                         written = self._write_chunk(records, fresh)
                     candidate = state.successor(
@@ -542,7 +547,7 @@ class ObjectShardWriter:
                         source_ranges=ranges, **self._stamps(state))
                 self._register(state)
                 try:
-                    won = self.versions.try_commit(candidate)
+                    won = self._commit(candidate)
                 except BaseException:
                     # the version may exist and list the chunk (its answer lost, the read-back
                     # failed too): the chunk stays; collection deletes it if no version names it
@@ -575,7 +580,8 @@ class ObjectShardWriter:
         encoded = encode_chunk(columns)
         name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
         self.client.put(f"{self.prefix}/{name}", encoded.data())
-        return _WrittenChunk(name, rows, encoded.info, frozenset(AppendColumns.from_log_columns(columns).topics()))
+        return _WrittenChunk(name, rows, encoded.info, frozenset(AppendColumns.from_log_columns(columns).topics()),
+                             time.monotonic())
 
     def _discard(self, written: _WrittenChunk) -> None:
         """Delete a chunk no version lists (best effort: collection finds it otherwise)."""
@@ -593,6 +599,35 @@ class ObjectShardWriter:
         if not state.compacted_at_ms:  # a new shard: its first compaction is an interval after its first commit
             stamps.setdefault("compacted_at_ms", now)
         return stamps
+
+    def _may_be_collected(self, since: float) -> bool:
+        """True when an object put (or a view read) at monotonic time `since` may already be past
+        what collection keeps: half the grace period, the other half a margin for clocks and for
+        the one request (a version put) that follows the check -- requests time out in seconds,
+        the grace period is an hour."""
+        return time.monotonic() - since >= self.tuning.grace_s / 2
+
+    def _commit(self, candidate: ShardVersion) -> bool:
+        """Put `candidate` if its number is free; True only when it landed on top of the shard.
+
+        Collection deletes a version once its successor is older than the grace period, so a
+        view older than that can find its next number free again BELOW the newest and commit
+        there unseen (``state`` re-reads a view older than half the grace period, but an append
+        under a stalled machine can take longer than that between reading and committing). A
+        version put that long after its view was read is checked with one LIST: when newer
+        versions exist it is treated as lost (the caller re-reads the newest and tries again;
+        the stray version is never the newest, so no reader takes it)."""
+        if not self.versions.try_commit(candidate):
+            return False
+        if not self._may_be_collected(self._state_at):
+            return True  # nothing the view was built on can have been collected yet
+        newer = self.versions.numbers(after=candidate.number)
+        if not newer:
+            return True
+        logger.warning("%s: version %d was committed below the newest (%d; the view it was built on was older "
+                       "than half the grace period): committing again on the newest", self.url,
+                       candidate.number, newer[-1])
+        return False
 
     def _adopt(self, committed: ShardVersion) -> None:
         """This writer committed `committed`: its view, and its store's lookups, move to it."""
@@ -684,9 +719,12 @@ class ObjectShardWriter:
         encoded = merge_chunks([(data, chunk.footer()) for data, chunk in zip(datas, chunks)])
         name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
         self.client.put(f"{self.prefix}/{name}", encoded.data())
+        put_at = time.monotonic()
         names = [ref.name for ref in group]
         state = self.state
         for _attempt in range(MAX_COMMIT_ATTEMPTS):
+            if self._may_be_collected(put_at):
+                return None  # (see append) the merged chunk may be collected as an orphan: leave it
             positions = [i for i, ref in enumerate(state.chunks) if ref.name in names]
             if len(positions) != len(names) or positions != list(range(positions[0], positions[0] + len(names))):
                 self.client.delete([f"{self.prefix}/{name}"])
@@ -698,7 +736,7 @@ class ObjectShardWriter:
             stamps["removed"] = (*stamps["removed"], *(Removed(n, now) for n in names))
             candidate = state.successor(chunks=(*state.chunks[:first], replaced, *state.chunks[first + len(names):]),
                                         compacted_at_ms=now, **stamps)
-            if self.versions.try_commit(candidate):
+            if self._commit(candidate):
                 self._adopt(candidate)
                 return candidate
             state = self._know(self.versions.latest(state))
@@ -734,7 +772,7 @@ class ObjectShardWriter:
             stamps["removed"] = (*stamps["removed"], *(Removed(c.name, removed_at) for c in chunks[:drop]))
             candidate = state.successor(chunks=chunks[drop:], log_start_seq=chunks[drop].base_seq,
                                         retained_at_ms=removed_at, **stamps)
-            if self.versions.try_commit(candidate):
+            if self._commit(candidate):
                 self._adopt(candidate)
                 return report
             state = self._know(self.versions.latest(state))
