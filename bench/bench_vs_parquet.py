@@ -28,11 +28,13 @@ of everything but the hash index files vs the Parquet file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,44 +43,129 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from msgindex.storage import hash_run
+from msgindex.storage.disk_usage import disk_usage
 from msgindex.storage.store import StoreSettings, open_store
 
-TOPICS = ["orders", "payments", "users", "events"]
-PARTITIONS = 8
+TOPIC_NAMES = ["orders", "payments", "users", "events"]  # then topic-4, topic-5, ...
 BASE_MS = 1_700_000_000_000
 SPAN_MS = 3 * 3600 * 1000
-ZIPF_A = 1.2
 LATENCY_BLOCK = 25  # random-key lookups timed in alternating blocks of this many per side
 # Between blocks: DuckDB's worker threads linger up to ~0.3 s after a query and slow what runs
 # next on 2 cores (a msgindex lookup 2x at 0.05 s, unchanged from 0.3 s on).
 LATENCY_PAUSE_S = 0.3
 
 
-def generate(count: int, seed: int) -> pa.Table:
-    """APPEND_SCHEMA rows (see the module docstring), made with numpy and Arrow kernels."""
+@dataclass(frozen=True)
+class Shape:
+    """A workload: how many topics, what keys look like and how they are drawn, how many records
+    carry extra keys. A record's keys are [key] + its extra keys; keys render as
+    prefix + number (zero-padded to `digits` when > 0) + suffix."""
+
+    topics: int = 4
+    partitions: int = 8
+    key_prefix: str = "key-"
+    key_digits: int = 0
+    key_suffix: str = ""
+    distinct_keys: int = 0  # 0: numpy's unbounded Zipf over all integers
+    skew: float = 1.2  # Zipf exponent; 0 with distinct_keys: uniform
+    extra_share: float = 0.12  # records with extra keys
+    extra_max: int = 1  # such a record has 1..extra_max of them
+    extra_pool: int = 0  # extra keys drawn uniformly from this many (0: as many as records)
+    extra_prefix: str = "ext-"
+    extra_digits: int = 0
+    jitter_ms: int = 5000  # timestamps spread evenly over SPAN_MS, each moved by up to +-jitter
+
+    def describe(self) -> str:
+        keys = (f"{self.distinct_keys:,} keys" if self.distinct_keys else "unbounded keys")
+        drawn = f"Zipf({self.skew:g})" if self.skew else "uniformly"
+        return (f"{self.topics} topics x {self.partitions} partitions; {keys} like "
+                f"{self.key(1234)!r} drawn {drawn}; {self.extra_share:.0%} of records with 1-{self.extra_max} extra "
+                f"keys like {self.extra(12345)!r} from a pool of "
+                f"{f'{self.extra_pool:,}' if self.extra_pool else 'one per record'}; timestamps +-{self.jitter_ms / 1000:g} s")
+
+    def key(self, number: int) -> str:
+        return f"{self.key_prefix}{number:0{self.key_digits}d}{self.key_suffix}" if self.key_digits else \
+            f"{self.key_prefix}{number}{self.key_suffix}"
+
+    def extra(self, number: int) -> str:
+        return f"{self.extra_prefix}{number:0{self.extra_digits}d}" if self.extra_digits else f"{self.extra_prefix}{number}"
+
+
+# Named shapes (--shape); flags override any field. `project` is the workload this benchmark
+# always ran (same rows as before shapes existed); `long-keys` is issue 23's; `uniform-ids` has
+# many keys of a few records each and none hot (order or request ids); `hot-tenants` has few keys,
+# the hottest on ~40% of the records (tenant or device ids).
+SHAPES = {
+    "project": Shape(),
+    "long-keys": Shape(key_prefix="acct:", key_digits=7, key_suffix=":v2", distinct_keys=300_000, skew=1.1,
+                       extra_max=3, extra_pool=2_000_000, extra_prefix="trace-", extra_digits=7, jitter_ms=4000),
+    "uniform-ids": Shape(topics=12, partitions=4, key_prefix="ord-", key_digits=12, distinct_keys=2_000_000, skew=0.0,
+                         extra_share=0.3, extra_max=2, extra_pool=4_000_000, extra_prefix="cust-", extra_digits=9,
+                         jitter_ms=2000),
+    "hot-tenants": Shape(topics=3, partitions=16, key_prefix="tenant/", key_digits=5, distinct_keys=2_000, skew=1.6,
+                         extra_share=0.5, extra_max=1, extra_pool=200_000, extra_prefix="user/", extra_digits=6,
+                         jitter_ms=8000),
+}
+
+
+def topic_names(count: int) -> list[str]:
+    return [TOPIC_NAMES[i] if i < len(TOPIC_NAMES) else f"topic-{i}" for i in range(count)]
+
+
+def _rendered(numbers: np.ndarray, prefix: str, digits: int, suffix: str = "") -> pa.Array:
+    text = pa.array(numbers).cast(pa.string())
+    if digits:
+        text = pc.utf8_lpad(text, digits, "0")
+    return pc.binary_join_element_wise(pa.scalar(prefix), text, pa.scalar(suffix), "")
+
+
+def _key_numbers(rng: np.random.Generator, shape: Shape, count: int) -> np.ndarray:
+    if not shape.distinct_keys:
+        return np.minimum(rng.zipf(shape.skew, count) - 1, 1 << 40)
+    if not shape.skew:
+        return rng.integers(0, shape.distinct_keys, count)
+    weights = np.arange(1, shape.distinct_keys + 1, dtype=np.float64) ** -shape.skew
+    cdf = np.cumsum(weights)
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(count) * cdf[-1]), shape.distinct_keys - 1)
+    return rng.permutation(shape.distinct_keys)[ranks]  # the hottest keys are not the lowest numbers
+
+
+def generate(count: int, seed: int, shape: Shape = SHAPES["project"]) -> pa.Table:
+    """APPEND_SCHEMA rows of `shape` (see Shape), made with numpy and Arrow kernels."""
     rng = np.random.default_rng(seed)
-    ids = np.minimum(rng.zipf(ZIPF_A, count) - 1, 1 << 40)
-    topic = rng.integers(0, len(TOPICS), count)
-    partition = rng.integers(0, PARTITIONS, count).astype(np.int32)
-    group = topic * PARTITIONS + partition
+    ids = _key_numbers(rng, shape, count)
+    topic = rng.integers(0, shape.topics, count)
+    partition = rng.integers(0, shape.partitions, count).astype(np.int32)
+    group = topic * shape.partitions + partition
     order = np.argsort(group, kind="stable")
-    per_group = np.bincount(group, minlength=len(TOPICS) * PARTITIONS)
+    per_group = np.bincount(group, minlength=shape.topics * shape.partitions)
     offsets = np.empty(count, np.int64)
     offsets[order] = np.arange(count) - np.repeat(np.cumsum(per_group) - per_group, per_group)
-    timestamps = BASE_MS + (np.arange(count) * (SPAN_MS / count)).astype(np.int64) + rng.integers(-5000, 5000, count)
-    keys = pc.binary_join_element_wise(pa.scalar("key-"), pa.array(ids).cast(pa.string()), "")
-    extra = rng.random(count) < 0.12
-    extra_keys = pc.binary_join_element_wise(pa.scalar("ext-"), pa.array(rng.integers(0, count, count)).cast(pa.string()), "")
+    timestamps = BASE_MS + (np.arange(count) * (SPAN_MS / count)).astype(np.int64) + rng.integers(
+        -shape.jitter_ms, shape.jitter_ms, count)
+    keys = _rendered(ids, shape.key_prefix, shape.key_digits, shape.key_suffix)
+    has_extra = rng.random(count) < shape.extra_share
+    extras_of = has_extra.astype(np.int64)
+    if shape.extra_max > 1:
+        extras_of[has_extra] = rng.integers(1, shape.extra_max + 1, int(has_extra.sum()))
+    extra_count = int(extras_of.sum())
+    pool = shape.extra_pool or count
+    extra_numbers = rng.integers(0, pool, count if shape.extra_max == 1 else extra_count)
+    if shape.extra_max == 1:  # (drawn per record, as this benchmark always did: same rows)
+        extra_numbers = extra_numbers[has_extra]
+    extra_keys = _rendered(extra_numbers, shape.extra_prefix, shape.extra_digits)
     list_offsets = np.zeros(count + 1, np.int32)
-    np.cumsum(1 + extra, out=list_offsets[1:])
+    np.cumsum(1 + extras_of, out=list_offsets[1:])
     take = np.empty(int(list_offsets[-1]), np.int64)
     take[list_offsets[:-1]] = np.arange(count)
-    take[list_offsets[:-1][extra] + 1] = count + np.flatnonzero(extra)
+    firsts = np.repeat(list_offsets[:-1] + 1, extras_of)
+    within = np.arange(extra_count) - np.repeat(np.cumsum(extras_of) - extras_of, extras_of)
+    take[firsts + within] = count + np.arange(extra_count)
     values = pa.concat_arrays([keys, extra_keys]).take(pa.array(take))
     key_lists = pa.ListArray.from_arrays(pa.array(list_offsets), values,
                                          type=pa.list_(pa.field("item", pa.string(), nullable=False)))
     return pa.table({
-        "topic": pa.array(np.array(TOPICS, dtype=object)[topic], pa.string()),
+        "topic": pa.array(np.array(topic_names(shape.topics), dtype=object)[topic], pa.string()),
         "partition": pa.array(partition), "offset": pa.array(offsets), "timestamp_ms": pa.array(timestamps),
         "key": keys, "keys": key_lists,
         "commit_log_offset": pa.array(np.full(count, -1, np.int64)), "size": pa.array(np.full(count, -1, np.int32)),
@@ -121,8 +208,14 @@ def median_time(fn, runs: int) -> tuple[float, object]:
     return statistics.median(t for t, _ in results), results[0][1]
 
 
-def tree_bytes(path: Path, skip: str | None = None) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and (skip is None or skip not in p.parts))
+HASH_KINDS = ("hash_index_files", "hash_runs")
+
+
+def store_bytes_goal(records: int) -> float:
+    """Issue 23's goal for the whole store / the Parquet copy: 8x at 500k records, 5x at 5M
+    (linear in log10(records) between, flat outside)."""
+    position = min(max(np.log10(records / 500_000), 0.0), 1.0)
+    return 8.0 - 3.0 * position
 
 
 def main() -> None:
@@ -133,17 +226,29 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs of each bulk query (median)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="project",
+                        help="named workload shape (the flags below override its fields)")
+    for name, value in dataclasses.asdict(Shape()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None,
+                            help=f"workload: Shape.{name}")
     args = parser.parse_args()
+    overrides = {name: getattr(args, name) for name in dataclasses.asdict(Shape()) if getattr(args, name) is not None}
+    shape = dataclasses.replace(SHAPES[args.shape], **overrides)
     import duckdb  # a benchmark dependency only (the `bench` extra)
 
     work = Path(tempfile.mkdtemp(prefix="msgindex-vs-parquet-", dir=args.dir))
     try:
-        t, table = timed(lambda: generate(args.records, args.seed))
+        t, table = timed(lambda: generate(args.records, args.seed, shape))
+        print(f"shape {args.shape}{' with ' + str(overrides) if overrides else ''}: {shape.describe()}")
         print(f"generated {args.records:,} records in {t:.1f} s")
         print(f"load average {os.getloadavg()[0]:.1f} (2 cores shared with other jobs)")
         t_store, _ = timed(lambda: write_store(table, work / "store", args.append_rows))
         t_parquet, _ = timed(lambda: write_parquet(table, work / "rows.parquet"))
         print(f"msgindex store written in {t_store:.1f} s; Parquet in {t_parquet:.1f} s")
+        usage = disk_usage(work / "store")
+        bytes_pq = (work / "rows.parquet").stat().st_size
+        bytes_store = max(usage.apparent, usage.allocated)
+        bytes_mi = sum(max(k.apparent, k.allocated) for name, k in usage.kinds.items() if name not in HASH_KINDS)
 
         counts = pc.value_counts(table.column("key"))
         keys_by_count = counts.field("values").take(pc.sort_indices(pc.negate(counts.field("counts"))))
@@ -228,9 +333,6 @@ def main() -> None:
             t_bare_mi, hot_bare = median_time(lambda: store.lookup(hot_key), args.runs)
             t_bare_duck, _ = median_time(lambda: duck_key(hot_key), args.runs)
             assert hot_bare.equals(hot)
-        bytes_mi = tree_bytes(work / "store", skip="index")
-        bytes_hash = tree_bytes(work / "store") - bytes_mi
-        bytes_pq = (work / "rows.parquet").stat().st_size
 
         def line(name, mi, duck, goal):
             print(f"| {name} | {mi * 1000:,.2f} ms | {duck * 1000:,.2f} ms | {mi / duck:.3f} | {goal} |")
@@ -252,9 +354,17 @@ def main() -> None:
         line(f"1% time window (median of {args.runs})", statistics.median(t for t, _ in win_mi),
              statistics.median(t for t, _ in win_duck), "<= 2")
         print(f"| bytes (all but hash files) | {bytes_mi:,} | {bytes_pq:,} | {bytes_mi / bytes_pq:.3f} | <= 1.5 |")
+        print(f"| bytes, whole store | {bytes_store:,} | {bytes_pq:,} | {bytes_store / bytes_pq:.3f} | "
+              f"<= {store_bytes_goal(args.records):.1f} |")
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
-        print(f"hash index files and runs: {bytes_hash:,} bytes (index files preallocated, sparse on disk); "
-              f"log {bytes_mi / args.records:.2f} B/record, Parquet {bytes_pq / args.records:.2f} B/record")
+        print(f"\nbytes per record by kind (Parquet: {bytes_pq / args.records:.2f} B/record; "
+              f"'x Parquet' = the kind's bytes / the Parquet file's)")
+        print("| kind | files | apparent bytes | allocated bytes | B/record | x Parquet |")
+        print("|---|---|---|---|---|---|")
+        for name, row in usage.report(args.records).items():
+            larger = max(row["apparent_bytes"], row["allocated_bytes"])
+            print(f"| {name} | {row['files']} | {row['apparent_bytes']:,} | {row['allocated_bytes']:,} | "
+                  f"{row['bytes_per_record']} | {larger / bytes_pq:.3f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

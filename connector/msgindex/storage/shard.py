@@ -185,7 +185,7 @@ def validate_broker_name(broker: str) -> None:
 
 
 def max_sparse_index_bytes(settings: StoreSettings) -> int:
-    """Preallocated size of a segment's sparse indexes: room for every entry a full segment can
+    """Maximum size of a segment's sparse indexes: room for every entry a full segment can
     get, at most Kafka's default segment.index.bytes (the log rolls early if an index fills)."""
     interval = max(settings.index_interval_bytes, bf.HEADER_SIZE)
     return min(TIME_INDEX_ENTRY_BYTES * (settings.segment_bytes // interval + 3), DEFAULT_MAX_INDEX_BYTES)
@@ -759,8 +759,8 @@ class ShardReader(_Committed):
         next commit): its hash index files and hash runs are memory-mapped, and one changed in
         place since (truncated, zeroed, overwritten) would make lookups miss entries silently
         or, past the file's new end, kill the process with SIGBUS. One stat per file of the
-        shard's ``index/`` directory: a committed index file of the same inode whose size
-        changed is a CorruptFileError, one whose mtime changed is checked against the commit
+        shard's ``index/`` directory: a committed index file of the same inode that shrank is a
+        CorruptFileError (writers only ever grow one), one whose mtime changed is checked against the commit
         again (``verify.check_index_file``: header, slot count); a hash run that changed is
         dropped, and reloaded (and verified) at its next use. A file replaced by a rename is
         harmless: the mapping keeps the old inode. It runs at most every CHECK_INTERVAL_S (a
@@ -779,9 +779,9 @@ class ShardReader(_Committed):
             before, after = self._mapped.get(state.name), now.get(state.name)
             if before is None or after is None or before.inode != after.inode:
                 continue
-            if after.size != before.size:
+            if after.size < before.size:  # (a writer grows a file ahead of its entries: never shrinks it)
                 raise CorruptFileError(
-                    f"{index_file.path}: hash index file changed size under an open reader ({before.size} -> "
+                    f"{index_file.path}: hash index file shrank under an open reader ({before.size} -> "
                     f"{after.size} bytes): it was truncated or rewritten in place")
             if after.mtime_ns != before.mtime_ns:
                 verify.check_index_file(index_file, state, active=n == last, log=self._log,

@@ -319,8 +319,6 @@ class LogSegment:
             self.min_timestamp = int(directory.min_timestamps.min())
             self.max_timestamp = int(directory.max_timestamps.max())
         self._rebuild_indexes()
-        if self.writable:
-            self._resize_indexes()
 
     def _cut_to(self, state: SegmentState) -> None:
         file_size = os.fstat(self._fd).st_size
@@ -336,7 +334,6 @@ class LogSegment:
         self._load_indexes(state)
         if self.writable:
             self._restore_state_machine()
-            self._resize_indexes()
 
     def _load_indexes(self, state: SegmentState | None) -> None:
         """Open both indexes (cut to `state`'s entry counts), rebuilding them when missing or
@@ -362,12 +359,6 @@ class LogSegment:
                     getattr(self, attribute).close_handler()
             self._walk_to(self.size, verify=True)
             self._rebuild_indexes()
-
-    def _resize_indexes(self) -> None:
-        """A writer's active indexes are preallocated once, when it opens the segment: they are
-        never trimmed or regrown per commit (readers copy only committed entries anyway)."""
-        self.offset_index.resize(self.max_index_bytes)
-        self.time_index.resize(self.max_index_bytes)
 
     def _check_indexes(self) -> None:
         count = self.next_seq - self.base_seq
