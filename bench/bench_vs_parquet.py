@@ -1,28 +1,34 @@
 """msgindex vs what a Spark engineer builds instead: the same metadata in key-sorted zstd Parquet,
 queried with DuckDB. Same rows, same machine, same run; ratios msgindex / DuckDB printed.
 
-Rows: `--records` messages over 4 topics x 8 partitions, Zipf(1.2) keys (the hottest key holds
-~18% of the records, a few more hold several %), ~12% with an extra key, timestamps spread over
-3 hours with +-5 s jitter (not monotonic). Each message's keys are [key] (+ the extra key).
+Rows: `--records` messages of a workload *shape* (``Shape``, ``--shape`` and a flag per field):
+topics and partitions, keys (length, how many distinct ones, Zipf skew), the share of messages
+with extra keys and where those come from, timestamp jitter (never monotonic). The default shape,
+`project`, is the workload this benchmark always ran: 4 topics x 8 partitions, Zipf(1.2) keys (the
+hottest key on ~18% of the records), ~12% with an extra key, timestamps over 3 hours +-5 s.
 
 * msgindex: one store, one shard, written through ``Store.writer().append(arrow_table)`` in
   batches of `--append-rows`; queried with ``Store.lookup`` / ``Store.scan`` (Arrow results).
   The hot key is measured twice: on the store as written (the writer seals each commit's
   entries into hash runs when due), and after deleting those derived runs (lookups then scan the
   hash index file's keyHash column).
-* Parquet: the rows with their keys exploded (one row per (message, key), ``first_key`` marking
-  the message's first key, so a time scan returns each message once), sorted by the exploded key,
-  zstd; queried with DuckDB (``.to_arrow_table()`` results, 2 threads), which prunes row groups by key statistics.
+* Parquet, two files, queried with DuckDB (``.to_arrow_table()`` results, 2 threads), which
+  prunes row groups by key statistics: the *compact* copy (the same rows, one per message,
+  sorted by key, zstd, written by DuckDB itself: the bytes baseline, and the faster file for the
+  benchmark's lookups, which ask for messages' keys) and the *exploded* one (one row per (message,
+  key), ``first_key`` marking each message's first, sorted by that key, 122,880-row groups: what
+  answers a lookup of any key, as msgindex does). Each ratio is against the faster of the two.
 
-Measured: random key p50/p99 (keys drawn uniformly from the distinct keys; both sides timed in
+Measured: random key p50/p99 (keys drawn uniformly from the distinct keys; every side timed in
 alternating blocks of LATENCY_BLOCK keys after a pause, each block's first query, on a CPU that
 was idle, timed apart; msgindex's also alone, before DuckDB first runs in the process, since
-DuckDB's lingering worker threads slow a lookup timed after one), the hottest key,
-1,000 random keys in one call, a 1% time window (each side's runs back to back, medians); bytes
-of everything but the hash index files vs the Parquet file.
+DuckDB's lingering worker threads slow a lookup timed after one), the hottest key, 1,000 random
+keys in one call, a 1% time window (each side's runs back to back, medians); bytes of everything
+but the hash index files and of the whole store vs the compact Parquet file, and bytes per
+record by kind of file.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/bench_vs_parquet.py --records 10000000
+    .venv/bin/python bench/bench_vs_parquet.py --records 5000000 --shape long-keys
 """
 
 from __future__ import annotations
@@ -172,13 +178,43 @@ def generate(count: int, seed: int, shape: Shape = SHAPES["project"]) -> pa.Tabl
     })
 
 
-def write_parquet(table: pa.Table, path: Path) -> None:
+def write_exploded(table: pa.Table, path: Path) -> None:
+    """One row per (message, key), sorted by that key (``lookup_key``; ``first_key`` marks each
+    message's first row, so that a time scan returns each message once): what answers a lookup of
+    any key of a message, as msgindex does."""
     parents = pc.list_parent_indices(table.column("keys")).to_numpy()
     first = np.r_[True, parents[1:] != parents[:-1]]
     exploded = table.take(pa.array(parents)).append_column("lookup_key", pc.list_flatten(table.column("keys")))
     exploded = exploded.append_column("first_key", pa.array(first))
     # DuckDB's own row-group size (122,880 rows): small enough for key statistics to prune well
     pq.write_table(exploded.sort_by("lookup_key"), path, compression="zstd", row_group_size=122_880)
+
+
+def write_compact(db, table: pa.Table, path: Path) -> None:
+    """The same rows, one per message, sorted by key, zstd, written by DuckDB (its own row groups):
+    the smallest Parquet copy a user gets from the rows, the bytes baseline. It answers lookups of
+    the messages' keys (``key``) by row-group pruning; an extra key (in ``keys``) would need a scan."""
+    db.register("input_rows", table)
+    db.execute(f"COPY (SELECT * FROM input_rows ORDER BY key) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+    db.unregister("input_rows")
+
+
+class Duck:
+    """DuckDB's queries over one Parquet file (Arrow results, as msgindex returns)."""
+
+    def __init__(self, db, path: Path, key_column: str, one_row_per_message: str) -> None:
+        self.db, self.source, self.key_column, self.once = db, f"read_parquet('{path}')", key_column, one_row_per_message
+
+    def key(self, key: str) -> pa.Table:
+        return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.key_column} = ?", params=[key]).to_arrow_table()
+
+    def keys(self, keys: list[str]) -> pa.Table:
+        return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.key_column} IN (SELECT unnest(?))",
+                           params=[keys]).to_arrow_table()
+
+    def window(self, begin: int, end: int) -> pa.Table:
+        return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.once} timestamp_ms BETWEEN ? AND ?",
+                           params=[begin, end]).to_arrow_table()
 
 
 def write_store(table: pa.Table, root: Path, append_rows: int) -> None:
@@ -242,11 +278,16 @@ def main() -> None:
         print(f"shape {args.shape}{' with ' + str(overrides) if overrides else ''}: {shape.describe()}")
         print(f"generated {args.records:,} records in {t:.1f} s")
         print(f"load average {os.getloadavg()[0]:.1f} (2 cores shared with other jobs)")
+        db = duckdb.connect()
+        db.execute("PRAGMA threads=2")
         t_store, _ = timed(lambda: write_store(table, work / "store", args.append_rows))
-        t_parquet, _ = timed(lambda: write_parquet(table, work / "rows.parquet"))
-        print(f"msgindex store written in {t_store:.1f} s; Parquet in {t_parquet:.1f} s")
+        t_compact, _ = timed(lambda: write_compact(db, table, work / "compact.parquet"))
+        t_exploded, _ = timed(lambda: write_exploded(table, work / "exploded.parquet"))
+        print(f"msgindex store written in {t_store:.1f} s; compact Parquet in {t_compact:.1f} s, exploded in "
+              f"{t_exploded:.1f} s")
         usage = disk_usage(work / "store")
-        bytes_pq = (work / "rows.parquet").stat().st_size
+        bytes_compact = (work / "compact.parquet").stat().st_size
+        bytes_exploded = (work / "exploded.parquet").stat().st_size
         bytes_store = max(usage.apparent, usage.allocated)
         bytes_mi = sum(max(k.apparent, k.allocated) for name, k in usage.kinds.items() if name not in HASH_KINDS)
 
@@ -270,28 +311,18 @@ def main() -> None:
             alone = [timed(lambda: store.lookup(key))[0] for key in random_keys]
         q_alone = np.percentile(alone, [50, 99])
 
-        db = duckdb.connect()
-        db.execute("PRAGMA threads=2")
-        source = f"read_parquet('{work / 'rows.parquet'}')"
-
-        def duck_key(key):
-            return db.sql(f"SELECT * FROM {source} WHERE lookup_key = ?", params=[key]).to_arrow_table()
-
-        def duck_keys(keys):
-            return db.sql(f"SELECT * FROM {source} WHERE lookup_key IN (SELECT unnest(?))", params=[keys]).to_arrow_table()
-
-        def duck_window(begin, end):
-            return db.sql(f"SELECT * FROM {source} WHERE first_key AND timestamp_ms BETWEEN ? AND ?",
-                          params=[begin, end]).to_arrow_table()
-
+        ducks = {"compact": Duck(db, work / "compact.parquet", "key", ""),
+                 "exploded": Duck(db, work / "exploded.parquet", "lookup_key", "first_key AND")}
         with open_store(work / "store") as store:
             def mi_window(begin, end):
                 return pa.Table.from_batches(list(store.scan(begin_ms=begin, end_ms=end)))
 
             store.lookup(random_keys[0])  # open the reader, warm caches on both sides
-            duck_key(random_keys[0])
+            for duck in ducks.values():
+                duck.key(random_keys[0])
             rows = {}
-            lat_mi, lat_duck = [], []
+            lat = {"msgindex": [], **{name: [] for name in ducks}}
+            after_idle = {name: [] for name in lat}
             # Alternate blocks of keys, each started after a pause, rather than single queries:
             # DuckDB's worker threads keep working after a query returns and, on 2 cores, slow
             # the next lookup (one-key p50 0.14 ms alone vs 0.6-0.8 ms right after a DuckDB
@@ -300,71 +331,77 @@ def main() -> None:
             # Python loop of 0.13 ms takes 2x as long then, a one-key lookup ~1.4 ms instead of
             # ~0.2. That first query of each block is a key of its own, timed apart ("after an
             # idle pause") so that it neither hides nor makes the steady p50/p99.
-            after_idle_mi, after_idle_duck = [], []
+            sides = {"msgindex": store.lookup, **{name: duck.key for name, duck in ducks.items()}}
             for block in range(0, len(random_keys), LATENCY_BLOCK):
                 keys = random_keys[block : block + LATENCY_BLOCK]
                 wake = wake_keys[block // LATENCY_BLOCK]
-                time.sleep(LATENCY_PAUSE_S)  # each side starts with the other one idle
-                after_idle_mi.append(timed(lambda: store.lookup(wake))[0])
-                got = [timed(lambda: store.lookup(key)) for key in keys]
-                time.sleep(LATENCY_PAUSE_S)
-                after_idle_duck.append(timed(lambda: duck_key(wake))[0])
-                want = [timed(lambda: duck_key(key)) for key in keys]
-                for key, (t_mi, g), (t_duck, w) in zip(keys, got, want):
-                    assert g.num_rows == w.num_rows, (key, g.num_rows, w.num_rows)
-                    lat_mi.append(t_mi)
-                    lat_duck.append(t_duck)
-            q_mi, q_duck = np.percentile(lat_mi, [50, 99]), np.percentile(lat_duck, [50, 99])
-            t_hot_mi, hot = median_time(lambda: store.lookup(hot_key), args.runs)
-            t_hot_duck, hot_duck = median_time(lambda: duck_key(hot_key), args.runs)
-            assert hot.num_rows == hot_duck.num_rows
-            rows["hot"] = hot.num_rows
-            many_mi = [timed(lambda: store.lookup(keys)) for keys in key_sets]
-            many_duck = [timed(lambda: duck_keys(keys)) for keys in key_sets]
-            assert [r.num_rows for _, r in many_mi] == [r.num_rows for _, r in many_duck]
-            rows["many"] = many_mi[0][1].num_rows
-            win_mi = [timed(lambda: mi_window(*w)) for w in windows]
-            win_duck = [timed(lambda: duck_window(*w)) for w in windows]
-            assert [r.num_rows for _, r in win_mi] == [r.num_rows for _, r in win_duck]
-            rows["window"] = win_mi[0][1].num_rows
+                answers = {}
+                for name, lookup in sides.items():
+                    time.sleep(LATENCY_PAUSE_S)  # each side starts with the others idle
+                    after_idle[name].append(timed(lambda: lookup(wake))[0])
+                    answers[name] = [timed(lambda: lookup(key)) for key in keys]
+                    lat[name] += [t for t, _ in answers[name]]
+                for n, key in enumerate(keys):
+                    assert len({answer[n][1].num_rows for answer in answers.values()}) == 1, key
+            quantiles = {name: np.percentile(times, [50, 99]) for name, times in lat.items()}
+            t_hot, hot = {}, {}
+            for name, lookup in sides.items():
+                t_hot[name], hot[name] = median_time(lambda: lookup(hot_key), args.runs)
+            assert len({answer.num_rows for answer in hot.values()}) == 1
+            rows["hot"] = hot["msgindex"].num_rows
+            many = {"msgindex": [timed(lambda: store.lookup(keys)) for keys in key_sets],
+                    **{name: [timed(lambda: duck.keys(keys)) for keys in key_sets] for name, duck in ducks.items()}}
+            assert len({tuple(r.num_rows for _, r in results) for results in many.values()}) == 1
+            rows["many"] = many["msgindex"][0][1].num_rows
+            win = {"msgindex": [timed(lambda: mi_window(*w)) for w in windows],
+                   **{name: [timed(lambda: duck.window(*w)) for w in windows] for name, duck in ducks.items()}}
+            assert len({tuple(r.num_rows for _, r in results) for results in win.values()}) == 1
+            rows["window"] = win["msgindex"][0][1].num_rows
         runs = remove_hash_runs(work / "store")
+        t_bare = {}
         with open_store(work / "store") as store:
             store.lookup(hot_key)
-            t_bare_mi, hot_bare = median_time(lambda: store.lookup(hot_key), args.runs)
-            t_bare_duck, _ = median_time(lambda: duck_key(hot_key), args.runs)
-            assert hot_bare.equals(hot)
+            sides["msgindex"] = store.lookup
+            for name, lookup in sides.items():
+                t_bare[name], answer = median_time(lambda: lookup(hot_key), args.runs)
+                assert answer.num_rows == rows["hot"]
 
-        def line(name, mi, duck, goal):
-            print(f"| {name} | {mi * 1000:,.2f} ms | {duck * 1000:,.2f} ms | {mi / duck:.3f} | {goal} |")
+        def line(name, values, goal):
+            best = min(values[duck] for duck in ducks)
+            print(f"| {name} | {values['msgindex'] * 1000:,.2f} ms | {values['compact'] * 1000:,.2f} ms | "
+                  f"{values['exploded'] * 1000:,.2f} ms | {values['msgindex'] / best:.3f} | {goal} |")
+
+        def medians(results):
+            return {name: statistics.median(t for t, _ in times) for name, times in results.items()}
 
         print(f"\n{args.records:,} records; hot key {hot_key!r}: {rows['hot']:,} rows "
               f"({rows['hot'] / args.records:.1%}); 1,000 keys: {rows['many']:,} rows; 1% window: {rows['window']:,} rows")
-        print("| measure | msgindex | DuckDB on Parquet | ratio msgindex/DuckDB | goal |")
-        print("|---|---|---|---|---|")
-        line(f"random key p50 ({args.random_keys} keys)", q_mi[0], q_duck[0], "<= 0.1")
-        line("random key p99", q_mi[1], q_duck[1], "p99 <= 1 ms")
+        print("| measure | msgindex | DuckDB, compact Parquet | DuckDB, exploded Parquet | ratio msgindex / the faster "
+              "DuckDB | goal |")
+        print("|---|---|---|---|---|---|")
+        line(f"random key p50 ({args.random_keys} keys)", {name: q[0] for name, q in quantiles.items()}, "<= 0.1")
+        line("random key p99", {name: q[1] for name, q in quantiles.items()}, "p99 <= 1 ms")
         print(f"| random key p50 / p99, msgindex alone (timed before DuckDB first ran in the process) | "
-              f"{q_alone[0] * 1000:,.2f} / {q_alone[1] * 1000:,.2f} ms | | | p99 <= 1 ms |")
-        line(f"random key after an idle pause, median of {len(after_idle_mi)}", statistics.median(after_idle_mi),
-             statistics.median(after_idle_duck), "")
-        line(f"hot key ({rows['hot']:,} rows, median of {args.runs}), {runs} hash runs as written", t_hot_mi, t_hot_duck, "<= 2")
-        line("hot key, hash runs deleted (lookups scan the keyHash column)", t_bare_mi, t_bare_duck, "<= 2")
-        line(f"1,000 keys (median of {args.runs})", statistics.median(t for t, _ in many_mi),
-             statistics.median(t for t, _ in many_duck), "<= 0.5")
-        line(f"1% time window (median of {args.runs})", statistics.median(t for t, _ in win_mi),
-             statistics.median(t for t, _ in win_duck), "<= 2")
-        print(f"| bytes (all but hash files) | {bytes_mi:,} | {bytes_pq:,} | {bytes_mi / bytes_pq:.3f} | <= 1.5 |")
-        print(f"| bytes, whole store | {bytes_store:,} | {bytes_pq:,} | {bytes_store / bytes_pq:.3f} | "
-              f"<= {store_bytes_goal(args.records):.1f} |")
+              f"{q_alone[0] * 1000:,.2f} / {q_alone[1] * 1000:,.2f} ms | | | | p99 <= 1 ms |")
+        line(f"random key after an idle pause, median of {len(after_idle['msgindex'])}",
+             {name: statistics.median(times) for name, times in after_idle.items()}, "")
+        line(f"hot key ({rows['hot']:,} rows, median of {args.runs}), {runs} hash runs as written", t_hot, "<= 2")
+        line("hot key, hash runs deleted (lookups scan the keyHash column)", t_bare, "<= 2")
+        line(f"1,000 keys (median of {args.runs})", medians(many), "<= 0.5")
+        line(f"1% time window (median of {args.runs})", medians(win), "<= 2")
+        goal = store_bytes_goal(args.records)
+        for what, mine, limit in (("all but hash files", bytes_mi, 1.5), ("whole store", bytes_store, goal)):
+            print(f"| bytes, {what} | {mine:,} | {bytes_compact:,} | {bytes_exploded:,} | {mine / bytes_compact:.3f} "
+                  f"(exploded: {mine / bytes_exploded:.3f}) | <= {limit:g} x compact |")
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
-        print(f"\nbytes per record by kind (Parquet: {bytes_pq / args.records:.2f} B/record; "
-              f"'x Parquet' = the kind's bytes / the Parquet file's)")
-        print("| kind | files | apparent bytes | allocated bytes | B/record | x Parquet |")
+        print(f"\nbytes per record by kind (compact Parquet: {bytes_compact / args.records:.2f} B/record, exploded "
+              f"{bytes_exploded / args.records:.2f}; 'x compact' = the kind's bytes / the compact Parquet file's)")
+        print("| kind | files | apparent bytes | allocated bytes | B/record | x compact |")
         print("|---|---|---|---|---|---|")
         for name, row in usage.report(args.records).items():
             larger = max(row["apparent_bytes"], row["allocated_bytes"])
             print(f"| {name} | {row['files']} | {row['apparent_bytes']:,} | {row['allocated_bytes']:,} | "
-                  f"{row['bytes_per_record']} | {larger / bytes_pq:.3f} |")
+                  f"{row['bytes_per_record']} | {larger / bytes_compact:.3f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

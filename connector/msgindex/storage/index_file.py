@@ -613,6 +613,22 @@ class IndexFile:
             cur = prev
         return found
 
+    def first_entry_from(self, phy_offset: int, limit: int) -> int:
+        """The first entry of [FIRST_INDEX, limit) whose phyOffset is >= `phy_offset` (`limit`
+        when none), by binary search: a shard's files index records in log order, so their
+        entries' phyOffsets never decrease. A damaged entry can mislead the search, and only
+        into ending it just after that entry: a caller that bounds its walks with the answer
+        checks the entry before it (``ShardReader._candidates``)."""
+        low, high = FIRST_INDEX, max(min(limit, self.capacity), FIRST_INDEX)
+        mm, base, unpack_phy = self._buffer(), self._entries_offset + 4, _PHY_STRUCT.unpack_from
+        while low < high:
+            middle = (low + high) // 2
+            if unpack_phy(mm, base + middle * ENTRY_SIZE)[0] < phy_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def candidates(self, key_or_hash: str | int, *, limit_index_count: int | None = None) -> list[tuple[int, int, int]]:
         """(entry index, phyOffset, approximate store time ms) of every entry in the key's chain
         whose hash equals the key's, newest first, with no time-based early stop.
@@ -647,14 +663,15 @@ class IndexFile:
         return results
 
     def candidate_arrays(self, hashes: np.ndarray, *, limit_index_count: int | None = None,
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                         floor_entry: int = FIRST_INDEX) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``candidates`` of many precomputed key hashes as flat int64 arrays: (position in
         `hashes`, entry index, phyOffset, approximate store time ms). Each key's hits appear
         newest first (keys' hits may interleave); callers that only need the offsets skip
         building a Python tuple per hit. Identical to ``reference_candidates`` for every key, on
         any bytes (corrupt files included), as long as the entries a hash run covers are those it
         was built from (runs only ever cover committed entries, which never change; a sampled
-        fingerprint catches a run left from other bytes).
+        fingerprint catches a run left from other bytes). With `floor_entry`, a walk ends below
+        that entry (a chain only points backwards): the hits are reference_candidates' from it on.
 
         How: the chains of all keys are walked in lock-step with numpy (one gather per step)
         while many keys are still walking; the few left walk on one by one (a plain Python step
@@ -673,9 +690,10 @@ class IndexFile:
             for k, key_hash in enumerate(hashes.tolist()):
                 slot = key_hash % self.hash_slot_num
                 head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot))]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot),
+                                                                       floor_entry)]
         else:
-            self._walk_lock_step(hashes, limit, runs, pieces)
+            self._walk_lock_step(hashes, limit, runs, pieces, floor_entry)
         return _assemble(pieces, begin_ts)
 
     def _lookup_setup(self, limit_index_count: int | None) -> tuple[int, int, RunSet]:
@@ -686,7 +704,7 @@ class IndexFile:
             runs = _NO_RUNS
         return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
 
-    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list) -> None:
+    def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list, floor: int) -> None:
         """The chains of all `hashes` a numpy step at a time; hands the last few walks, and those
         that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys, diffs)."""
         slots = hashes % self.hash_slot_num
@@ -697,7 +715,7 @@ class IndexFile:
         tops = runs.tops(slots)  # (runs, keys)
         at_top: list[tuple[np.ndarray, np.ndarray]] = []
         for _ in range(_VECTOR_STEPS):
-            alive = (cur > INVALID_INDEX) & (cur < self.capacity)
+            alive = (cur >= floor) & (cur > INVALID_INDEX) & (cur < self.capacity)
             if tops.shape[0]:
                 reached = alive & (tops == cur).any(axis=0)
                 if reached.any():
@@ -717,13 +735,14 @@ class IndexFile:
             for k, start in zip(keys.tolist(), starts.tolist()):
                 key_hash = int(hashes[k])
                 slot = key_hash % self.hash_slot_num
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot))]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot),
+                                                                       floor)]
 
     def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
-                      jumps: dict[int, tuple[HashRun, int]]) -> list[tuple]:
-        """The hits of one chain from entry `cur` on, newest first, as pieces (entries,
-        phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and runs.
-        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it)."""
+                      jumps: dict[int, tuple[HashRun, int]], floor: int = FIRST_INDEX) -> list[tuple]:
+        """The hits of one chain from entry `cur` down to entry `floor`, newest first, as pieces
+        (entries, phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and
+        runs. `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it)."""
         pieces: list[tuple] = []
         entries: list[int] = []
         phys: list[int] = []
@@ -732,7 +751,8 @@ class IndexFile:
             self._cover(cur)
         capacity, mm, base, unpack_entry = self.capacity, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
         hops, probe_from, scans = 0, cur, True
-        while INVALID_INDEX < cur < capacity:
+        floor = max(floor, FIRST_INDEX)
+        while floor <= cur < capacity:
             if cur in jumps:
                 run, after = jumps[cur]
                 hits = run.hits(key_hash, limit)
@@ -740,7 +760,9 @@ class IndexFile:
                     if entries:
                         pieces.append((entries, phys, diffs))
                         entries, phys, diffs = [], [], []
-                    pieces.append((hits.entries, hits.phy_offsets, hits.time_diffs))
+                    above = hits.entries >= floor
+                    pieces.append((hits.entries[above], hits.phy_offsets[above], hits.time_diffs[above]) if floor >
+                                  FIRST_INDEX else (hits.entries, hits.phy_offsets, hits.time_diffs))
                     cur, hops, probe_from = after, 0, after
                     continue
                 jumps = {top: jump for top, jump in jumps.items() if jump[0] is not run}
@@ -750,8 +772,9 @@ class IndexFile:
                         pieces.append((entries, phys, diffs))
                         entries, phys, diffs = [], [], []
                     # scan down to just above the next run's top: the walk then jumps over that run
-                    floor = max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1
-                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces)
+                    scan_floor = max(max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1, floor)
+                    cur, scans = self._scan_chain(key_hash, slot, cur, scan_floor, limit, 2 * (probe_from - cur),
+                                                  pieces)
                     hops, probe_from = 0, cur
                     continue
                 hops, probe_from = 0, cur
@@ -851,10 +874,16 @@ class IndexFile:
         view.flags.writeable = False
         return view
 
+    def entry(self, index: int) -> IndexEntry:
+        """Entry `index` as stored (an IndexError past the file's room)."""
+        if not 0 <= index < self.capacity:
+            raise IndexError(f"{self.path}: no entry {index} (room for {self.capacity})")
+        return IndexEntry(index, *ENTRY_STRUCT.unpack_from(self._buffer(), self._entries_offset + index * ENTRY_SIZE))
+
     def iter_entries(self) -> Iterator[IndexEntry]:
         """Every written entry, oldest first."""
         for index in range(FIRST_INDEX, min(self.index_count, self.capacity)):
-            yield IndexEntry(index, *ENTRY_STRUCT.unpack_from(self._buffer(), self._entries_offset + index * ENTRY_SIZE))
+            yield self.entry(index)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -420,23 +420,15 @@ class MetadataLog:
         yield from in_order(read, tasks)
 
     def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
-        """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
-        cheaper than ``gather`` up to ~70-110 scattered records (shard.FEW_CANDIDATES), dearer above."""
+        """The records of a few sorted unique `seqs`, read record by record (``LogSegment.records_at``):
+        cheaper than ``gather`` up to a few hundred scattered records (shard.FEW_CANDIDATES), dearer above."""
         found: list[MessageRecord] = []
         seqs = list(seqs)
         done = 0
         while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
             segment = self._segment_of(seqs[done])
             end = bisect.bisect_left(seqs, segment.next_seq, done)
-            directory = segment.batches()
-            blocks = directory.block_of(np.array(seqs[done:end], dtype=np.int64))
-            reader, last = None, -1
-            for seq, block, block_base in zip(seqs[done:end], blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
-                if block != last:  # seqs are sorted: a block's records come together
-                    batch = directory.block_batches[block].item()
-                    reader, last = bf.BlockRecords(segment.read_block(block, directory), directory.topic_tables[batch],
-                                                   segment.path, directory.positions[batch].item()), block
-                found.append(reader.record(seq - block_base))
+            found += segment.records_at(np.array(seqs[done:end], dtype=np.int64))
             done = end
         return found
 

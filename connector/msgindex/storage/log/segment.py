@@ -46,6 +46,7 @@ from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from msgindex.storage.mapped_file import raise_if_storage_full
+from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -583,13 +584,19 @@ class LogSegment:
             raise CorruptFileError(f"{self.path}: {read} bytes at byte {position} where {wanted} were "
                                    f"committed (the file was truncated)")
 
-    def read_block(self, block: int, directory: BatchDirectory) -> bytes:
-        """``read_blocks`` of one block, with Python ints: a lookup of a few records reads
-        each from its own block, and numpy's per-call cost was most of such a read."""
-        position, length = directory.block_positions[block].item(), directory.block_lengths[block].item()
-        data = memoryview(self.read_bytes(position, length))
-        return bf.decompress_block(data, directory.block_raw_lengths[block].item(), directory.block_crcs[block].item(),
-                                   self.path, directory.positions[directory.block_batches[block]].item())
+    def records_at(self, seqs: np.ndarray) -> list[MessageRecord]:
+        """The records of sorted unique `seqs` (all in this segment's extent), each block holding
+        some read once (``bf.read_records``: no numpy or Arrow per call, what a lookup of tens to
+        hundreds of scattered records needs)."""
+        directory = self.batches()
+        blocks = directory.block_of(seqs)
+        distinct, firsts = np.unique(blocks, return_index=True)
+        batches = directory.block_batches[distinct]
+        return bf.read_records(self._fd, self.path, bf.BlockLocations(
+            *(column[distinct] for column in (directory.block_positions, directory.block_lengths,
+                                              directory.block_raw_lengths, directory.block_crcs)),
+            directory.positions[batches], [directory.topic_tables[batch] for batch in batches.tolist()]),
+            np.append(firsts, len(seqs)), seqs - directory.block_base_seqs[blocks], self._check_read)
 
     def block_set(self, blocks: np.ndarray, directory: BatchDirectory | None = None) -> bf.BlockSet:
         """The blocks `blocks` (sorted indexes in the directory), read, checked, decompressed."""
