@@ -13,7 +13,8 @@ Header::
                                         the block table and the topic table
     8      4     batch_length      u32  bytes of the whole batch, this header included
     12     1     version           u8   BATCH_VERSION
-    13     1     codec             u8   CODEC_LZ4: every block is one LZ4 block (raw, no frame)
+    13     1     codec             u8   CODEC_LZ4: every block is one LZ4 block (raw, no frame;
+                                        written by LZ4HC, LZ4_WRITER)
     14     2     block_count       u16  >= 1
     16     8     base_seq          i64  sequence number of the batch's first record
     24     4     record_count      i32  >= 1
@@ -166,6 +167,13 @@ assert BLOCK_HEADER_STRUCT.size == BLOCK_HEADER_DTYPE.itemsize == BLOCK_HEADER_S
 TEXT = pa.large_binary()
 ITEMS = pa.large_list(pa.field("item", TEXT, nullable=False))
 LZ4 = pa.Codec("lz4_raw")
+# Writers compress blocks with LZ4HC (level 3, its lowest): the same LZ4 block format, decoded by
+# the same code as fast, 6-12% fewer bytes than LZ4's fast mode on bench/bench_vs_parquet.py's four
+# workload shapes (200,000-record batches: long keys 14.86 -> 13.48 B/record, project 11.90 ->
+# 10.84), for 0.3-0.5 us more CPU a record in encode_batch (0.6-0.8 -> 1.05-1.2 us). Levels 6-12
+# gain under 2% more at 2-5x the compression time.
+LZ4_WRITE_LEVEL = 3
+LZ4_WRITER = pa.Codec("lz4_raw", compression_level=LZ4_WRITE_LEVEL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +358,7 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
     blocks, entries = [], []
     for start in range(0, n, block_records):
         raw = record.block(start, min(start + block_records, n))
-        compressed = LZ4.compress(raw, asbytes=True)
+        compressed = LZ4_WRITER.compress(raw, asbytes=True)
         blocks.append(compressed)
         entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), len(raw),
                                                zlib.crc32(compressed)))
