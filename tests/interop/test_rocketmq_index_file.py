@@ -4,6 +4,12 @@ The same random call sequences go to RocketMQ's ``IndexFile.putKey`` (Java harne
 ``put_key`` and msgindex's vectorized ``put_keys``: the three files must be byte-identical. Then
 RocketMQ's ``selectPhyOffset`` queries both its own and msgindex's files, and msgindex queries both:
 all four answers must agree. Everything runs in one JVM launch.
+
+msgindex grows a file ahead of its entries instead of allocating RocketMQ's full size at once
+(index_file's module docstring). The scenarios run with growth steps of GROWTH_STEP entries, so
+most of msgindex's files are shorter than RocketMQ's when written: byte-identical then means equal
+up to msgindex's length, RocketMQ's tail all zeros; and RocketMQ's own IndexFile loads the short
+file (extending it to its full size with zeros) and answers alike.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import pytest
 
 from msgindex import IndexFile
 from msgindex.errors import ToolMissingError
-from msgindex.storage import hash_run
+from msgindex.storage import hash_run, index_file
 from msgindex.storage.index_file import index_file_name, reference_candidates
 from msgindex.storage.java_hash import index_hashes
 from tests.interop.rocketmq_harness import Script, harness_classpath, parse_query
@@ -25,6 +31,7 @@ T0 = 1_700_000_000_000
 WIDE = (-(2**62), 2**62)
 MIN_VALUE_KEYS = ["polygenelubricants", "GydZG_", "DESIGNING WORKHOUSES"]
 SCENARIOS = 63
+GROWTH_STEP = 4  # entries: scenario files hold 2-6,500 entries
 
 
 @dataclass
@@ -107,6 +114,8 @@ class Run:
     one: Path
     many: Path
     put_results: list[bool]
+    one_bytes: bytes  # msgindex's files as msgindex left them (RocketMQ's load may extend them)
+    many_bytes: bytes
     java_on_java: list[list[int]] = field(default_factory=list)
     java_on_msgindex: list[list[int]] = field(default_factory=list)
     java_put_results: list[bool] = field(default_factory=list)
@@ -121,6 +130,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
     root = tmp_path_factory.mktemp("rocketmq")
     name = index_file_name(T0, utc=True)  # RocketMQ's MappedFile parses the name as a number
     script, results = Script(), []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(index_file, "GROWTH_ENTRIES", GROWTH_STEP)
+        _write_scenarios(root, name, script, results)
+    lines = iter(script.run(heap="256m", timeout=600))
+    for run in results:
+        run.java_put_results = [next(lines) == "put true" for _ in run.scenario.puts]
+        run.java_on_java = [parse_query(next(lines)) for _ in run.scenario.queries]
+        run.java_on_msgindex = [parse_query(next(lines)) for _ in run.scenario.queries]
+    assert next(lines, None) is None
+    return results
+
+
+def _write_scenarios(root: Path, name: str, script: Script, results: list[Run]) -> None:
     for i, sc in enumerate(scenarios()):
         folders = [root / f"s{i}" / side for side in ("java", "one", "many")]
         for folder in folders:
@@ -131,7 +153,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
         with IndexFile.create(many, sc.slots, sc.num, sc.end_phy, sc.end_ts) as g:
             for lo, hi in zip(sc.chunks, sc.chunks[1:]):
                 g.put_keys(*zip(*sc.puts[lo:hi]))
-        results.append(Run(sc, java, one, many, put_results))
+        results.append(Run(sc, java, one, many, put_results, one.read_bytes(), many.read_bytes()))
         script.create(java, sc.slots, sc.num, sc.end_phy, sc.end_ts)
         for p in sc.puts:
             script.put(*p)
@@ -140,25 +162,44 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
             script.open(target, sc.slots, sc.num)
             for q in sc.queries:
                 script.query(*q)
-    lines = iter(script.run(heap="256m", timeout=600))
-    for run in results:
-        run.java_put_results = [next(lines) == "put true" for _ in run.scenario.puts]
-        run.java_on_java = [parse_query(next(lines)) for _ in run.scenario.queries]
-        run.java_on_msgindex = [parse_query(next(lines)) for _ in run.scenario.queries]
-    assert next(lines, None) is None
-    return results
+
+
+def same_as_rocketmqs(ours: bytes, rocketmqs: bytes) -> bool:
+    """msgindex's bytes are RocketMQ's up to msgindex's length, and RocketMQ's past it are zeros."""
+    return len(ours) <= len(rocketmqs) and rocketmqs[: len(ours)] == ours and not any(rocketmqs[len(ours):])
 
 
 def test_put_key_files_are_byte_identical_to_rocketmq(runs: list[Run]) -> None:
     assert len(runs) == SCENARIOS
     for i, run in enumerate(runs):
         assert run.put_results == run.java_put_results, f"scenario {i}"
-        assert run.one.read_bytes() == run.java.read_bytes(), f"scenario {i}: put_key bytes differ"
+        assert same_as_rocketmqs(run.one_bytes, run.java.read_bytes()), f"scenario {i}: put_key bytes differ"
 
 
 def test_put_keys_files_are_byte_identical_to_rocketmq(runs: list[Run]) -> None:
     for i, run in enumerate(runs):
-        assert run.many.read_bytes() == run.java.read_bytes(), f"scenario {i}: put_keys bytes differ"
+        assert same_as_rocketmqs(run.many_bytes, run.java.read_bytes()), f"scenario {i}: put_keys bytes differ"
+        assert run.many_bytes == run.one_bytes, f"scenario {i}: put_keys and put_key grew the file differently"
+
+
+def test_files_grow_with_their_entries_and_are_full_size_once_full(runs: list[Run]) -> None:
+    """msgindex's file ends within a growth step past its last entry (or at the full size), so
+    the byte-identity above compared short files too, and RocketMQ loaded them."""
+    short = 0
+    for i, run in enumerate(runs):
+        sc = run.scenario
+        full = IndexFile.file_size(sc.slots, sc.num)
+        with IndexFile.open(run.java, sc.slots, sc.num, read_only=True) as rocketmq:
+            count = rocketmq.index_count
+        entries_at = full - sc.num * 20
+        room = (len(run.one_bytes) - entries_at) // 20
+        assert room == min(sc.num, -(-max(count, 1) // GROWTH_STEP) * GROWTH_STEP), f"scenario {i}"
+        assert len(run.one_bytes) == entries_at + room * 20
+        short += len(run.one_bytes) < full
+        # RocketMQ's MappedFile maps the full size when it loads a file, extending a short one
+        # with zeros (and then answered as on its own file: test_queries_agree_both_ways)
+        assert run.one.stat().st_size == full and same_as_rocketmqs(run.one.read_bytes(), run.java.read_bytes())
+    assert short >= 15, short
 
 
 def test_scenarios_cover_the_edge_rules(runs: list[Run]) -> None:

@@ -335,4 +335,89 @@ def test_compiled_blocks_are_built_where_a_compiler_is() -> None:
         pytest.skip("no C compiler on this machine: msgindex installs without its compiled block reader")
     if ctypes.util.find_library("lz4") is None:
         pytest.skip("no LZ4 shared library on this machine: the compiled block reader does not import")
-    assert bf._compiled_blocks is not None, "msgindex.storage.log._blocks was not built: `make setup`"
+    assert bf.compiled_blocks is not None, "msgindex.storage.log._blocks was not built: `make setup`"
+
+
+def _blocks_and_raws(batch: bytes) -> tuple[list[bytes], list[bytes], bf.BatchHead]:
+    """One encoded batch's blocks: compressed, and decompressed."""
+    head = bf.check_head(batch, 0, len(batch))
+    compressed, at = [], head.header.blocks_offset
+    for length in head.blocks["length"].tolist():
+        compressed.append(batch[at : at + length])
+        at += length
+    raws = [pa.Codec("lz4_raw").decompress(c, int(r), asbytes=True) for c, r in zip(compressed, head.blocks["raw_length"])]
+    return compressed, raws, head
+
+
+def _read_or_error(read, *args) -> list[MessageRecord] | str:
+    try:
+        return read(*args)
+    except CorruptFileError as error:
+        return str(error)
+    except UnicodeDecodeError:  # a text rewritten, checksums made right, into bytes no writer stores
+        return "UnicodeDecodeError"
+
+
+def _short_read(read: int, wanted: int, position: int) -> None:
+    if read != wanted:
+        raise CorruptFileError(f"file: {read} bytes at byte {position} where {wanted} were committed")
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(record_strategy(any_text), min_size=1, max_size=40),
+       st.sampled_from(["none", "scribble", "raw", "section", "truncate"]), st.data())
+def test_compiled_record_reader_answers_as_python(tmp_path_factory, batch, damage, data):
+    """read_records through the compiled reader (_blocks.read_records) and its oracle
+    (python_read_records, BlockRecords): the same records for any rows of any blocks, the same
+    error on any damage: bytes of a block changed (its checksum catches them), its decompressed
+    bytes changed and its checksum made right (the decoders' own checks must catch widths, counts,
+    ends, texts, topics), the file cut short."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    crcs = [zlib.crc32(c) for c in compressed]
+    victim = data.draw(st.integers(0, len(compressed) - 1))
+    if damage == "scribble":
+        damaged = bytearray(compressed[victim])
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] ^= data.draw(st.integers(1, 255))
+        compressed[victim] = bytes(damaged)
+    elif damage in ("raw", "section"):
+        damaged = bytearray(raws[victim])
+        fields = bf.BLOCK_HEADER_STRUCT.unpack_from(damaged, 0)
+        records, texts, widths = fields[0], fields[1], fields[3 : 3 + len(bf.SECTIONS)]
+        at, sections = bf.BLOCK_HEADER_SIZE, [(0, 12)]  # (first byte, bytes): the counts, then each section
+        for n, width in enumerate(widths):
+            size = width * (texts if n == len(bf.COLUMNS) else records)
+            sections.append((at, size))
+            at += size
+        for _ in range(data.draw(st.integers(1, 3))):
+            if damage == "raw":
+                where = data.draw(st.integers(0, len(damaged) - 1))
+            else:  # a byte of a counted field or a column: what the decoders' checks are for
+                first, size = data.draw(st.sampled_from([s for s in sections if s[1]]))
+                where = first + data.draw(st.integers(0, size - 1))
+            damaged[where] = data.draw(st.integers(0, 255))
+        raws[victim] = bytes(damaged)
+        compressed[victim] = bf.LZ4.compress(raws[victim], asbytes=True)
+        crcs[victim] = zlib.crc32(compressed[victim])
+    path = tmp_path_factory.mktemp("blocks") / "file"
+    content = b"".join(compressed)
+    if damage == "truncate":
+        content = content[: data.draw(st.integers(0, len(content) - 1))]
+    path.write_bytes(content)
+    starts = np.cumsum([0] + [len(c) for c in compressed[:-1]])
+    counts = head.blocks["records"].astype(np.int64)
+    chosen = sorted(data.draw(st.sets(st.integers(0, len(compressed) - 1), min_size=1)))
+    rows_of = [sorted(data.draw(st.sets(st.integers(0, int(counts[b]) - 1), min_size=1))) for b in chosen]
+    blocks = bf.BlockLocations(starts[chosen], np.array([len(compressed[b]) for b in chosen]),
+                               np.array([len(raws[b]) for b in chosen]), np.array([crcs[b] for b in chosen]),
+                               np.array(chosen) * 1000, [head.topics] * len(chosen))
+    firsts = np.cumsum([0] + [len(rows) for rows in rows_of])
+    rows = np.array([row for rows in rows_of for row in rows], dtype=np.int64)
+    with open(path, "rb") as f:
+        compiled = _read_or_error(bf.read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
+        python = _read_or_error(bf.python_read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
+    if damage == "none":
+        base = np.cumsum([0, *counts.tolist()])
+        assert compiled == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
+    assert compiled == (python.split(" (")[0] if isinstance(python, str) else python)

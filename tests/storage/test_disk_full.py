@@ -27,9 +27,12 @@ WRITER = textwrap.dedent("""
     import sys
     from msgindex.errors import MsgIndexError
     from msgindex.storage.message import MessageRecord
+    from msgindex.storage import index_file
     from msgindex.storage.store import open_store
 
     root, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if len(sys.argv) > 4:
+        index_file.GROWTH_ENTRIES = int(sys.argv[4])
     store = open_store(root)
     try:
         with store.writer("b") as writer:
@@ -43,9 +46,9 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def _write(root: Path, first: int, last: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WRITER, str(root), str(first), str(last)],
-                          capture_output=True, text=True, timeout=300)
+def _write(root: Path, first: int, last: int, growth: int | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WRITER, str(root), str(first), str(last),
+                           *([] if growth is None else [str(growth)])], capture_output=True, text=True, timeout=300)
 
 
 def _committed(output: str) -> list[int]:
@@ -115,3 +118,51 @@ def test_a_log_write_on_a_full_disk_is_storage_full_naming_the_segment(tmp_path,
         with store.writer("b") as writer:
             assert writer.append(records).appended == 10
         assert sum(b.num_rows for b in store.scan()) == 20
+
+
+# One hash index file whose full size (8 MB) is twice the disk: it grows in steps of 80 KB ahead of
+# its entries, so the store fits until the data does not
+GROWING = dict(hash_slot_num=4096, index_num=400_000, segment_bytes=256 << 10, index_interval_bytes=4096)
+GROWTH_STEP = 4096  # entries
+
+
+def test_a_hash_index_file_that_grows_into_a_full_disk_is_a_clear_error_and_loses_nothing(small_disk):
+    """Growing a hash index file (index_file: allocated ahead of its writer in steps) on a disk that
+    fills up: StorageFullError naming a file of the store, never a signal; the file keeps a length
+    of whole entries; once space is back the shard resumes exactly where its checkpoint says."""
+    from msgindex.storage.index_file import IndexFile
+    from msgindex.storage.settings import StoreSettings
+
+    root = small_disk / "index"
+    open_store(root, create=True, settings=StoreSettings(**GROWING)).close()
+    assert IndexFile.file_size(GROWING["hash_slot_num"], GROWING["index_num"]) > os.statvfs(small_disk).f_blocks * \
+        os.statvfs(small_disk).f_frsize  # the old full-size allocation could not even start
+    first = _write(root, 0, 2, GROWTH_STEP)
+    assert first.returncode == 0 and _committed(first.stdout) == [0, 1], first.stdout + first.stderr
+    filler = fill_disk(small_disk, leave_bytes=400 << 10)
+
+    full = _write(root, 2, 400, GROWTH_STEP)  # 1,000 entries a batch: a step every ~4 batches
+    assert full.returncode == 3, f"expected a clean error, got status {full.returncode}: {full.stderr[-2000:]}"
+    error = full.stdout.splitlines()[-1]
+    # growing by 80 KB is the largest write by far (a batch's log bytes are a few KB)
+    assert error.startswith(f"error StorageFullError: {root}/broker=b/index/") and "no space left to allocate" in error, error
+    committed = [0, 1] + _committed(full.stdout)
+    assert len(committed) > 6  # it grew at least once before the disk was full
+    [index] = [p for p in (root / "broker=b" / "index").iterdir() if p.name.isdigit()]
+    entries_at = 40 + 4 * GROWING["hash_slot_num"]
+    assert (index.stat().st_size - entries_at) % (20 * GROWTH_STEP) == 0  # whole steps, nothing half-grown
+
+    again = _write(root, committed[-1] + 1, committed[-1] + 2, GROWTH_STEP)
+    assert again.returncode not in (-signal.SIGBUS, -signal.SIGSEGV), again.stderr[-2000:]
+    assert again.returncode in (0, 3), again.stderr[-2000:]
+    committed += _committed(again.stdout)
+
+    filler.unlink()
+    more = _write(root, committed[-1] + 1, committed[-1] + 9, GROWTH_STEP)  # grows again
+    assert more.returncode == 0, more.stdout + more.stderr
+    committed += _committed(more.stdout)
+    with open_store(root) as store:
+        for batch in committed:
+            assert store.lookup(f"k{batch}-7").num_rows == 1, f"batch {batch} lost"
+        assert store.lookup("shared3").num_rows == len(committed) * len(range(3, 500, 7))
+        assert sum(b.num_rows for b in store.scan()) == 500 * len(committed)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import zlib
 
+import pyarrow as pa
 import pytest
 
 from msgindex.storage import hot_keys
 from msgindex.storage import shard as shard_module
 from msgindex.storage.inspect import inspect_path
-from msgindex.storage.message import MessageRecord
+from msgindex.storage.message import MessageRecord, encode_text
 from msgindex.storage.repair import repair_store
 from msgindex.storage.store import StoreSettings, open_store
 from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record, model_lookup, table_rows
@@ -196,3 +198,144 @@ def test_the_hot_keys_of_a_stretch_are_counted_exactly(tmp_path, monkeypatch, bu
     else:
         assert sorted(hot) == sorted(over) and min(counts[k] for k in over) < 2 * threshold, (counts, threshold)
     assert sorted(key.decode() for key in hot_keys.HotKeyCopy.open(copy).groups) == sorted(hot)
+
+
+def test_walks_end_where_the_copies_end(tmp_path, monkeypatch):
+    """A lookup whose keys the copies hold walks each hash chain only down to the first entry past
+    the copies (ShardReader._floor_entry): the chains below are never read, the answers stay the log's."""
+    from msgindex.storage.index_file import FIRST_INDEX, IndexFile
+
+    root = tmp_path / "store"
+    model = write_store(root, batches=24)
+    floors = []
+    original = IndexFile.candidate_arrays
+
+    def spy(self, hashes, *, limit_index_count=None, floor_entry=FIRST_INDEX):
+        floors.append(floor_entry)
+        return original(self, hashes, limit_index_count=limit_index_count, floor_entry=floor_entry)
+
+    monkeypatch.setattr(IndexFile, "candidate_arrays", spy)
+    with open_store(root) as store:
+        random_lookups(store, model, seed=3)
+    assert max(floors) > FIRST_INDEX and floors.count(FIRST_INDEX) < len(floors)
+
+
+def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch):
+    """An entry past the copies' end whose phyOffset was rewritten to a record before it misleads
+    the binary search for where walks may end (to just past that entry); the entry is checked
+    against its record, found wrong, and the lookup walks every entry, as it would without copies."""
+    from msgindex.storage.index_file import ENTRY_SIZE, FIRST_INDEX, HEADER_SIZE, SLOT_SIZE, IndexFile
+    from msgindex.storage.java_hash import index_hash
+    from msgindex.storage.message import index_key
+
+    root = tmp_path / "store"
+    rng = random.Random(8)
+    records = [MessageRecord("orders", 0, n, BASE + n, "HOT" if rng.random() < 0.4 else f"k{n}",
+                             ("HOT",) if rng.random() < 0.4 else (f"k{n}",)) for n in range(3_300)]
+    settings = StoreSettings(hash_slot_num=7, index_num=10_000, segment_bytes=30_000, index_interval_bytes=300)
+    with open_store(root, create=True, settings=settings) as store, store.writer("b") as writer:
+        for start in range(0, len(records), 250):
+            writer.append(records[start : start + 250])
+    key = "HOT"
+    assert all(encode_text(key) in hot_keys.HotKeyCopy.open(path).groups for path in copies_of(root))
+    with open_store(root) as store:
+        store.lookup(key)
+        store.lookup(key)  # (the copies are consulted from the second lookup of a reader on)
+        reader = store.reader("b")
+        copied = reader._copied_rows(shard_module._WantedKeys.of(list(reader.topics), [key]))
+        from_seq = copied.covered_below(len(reader.topics))
+        state, index_file = reader.index_files()[-1]
+        assert from_seq > 0 and state.header.end_phy_offset >= from_seq
+        boundary = index_file.first_entry_from(from_seq, state.index_count)
+        path, count = index_file.path, state.index_count
+        entries = index_file.entry_array()
+        probe, low, high = None, FIRST_INDEX, count
+        while low < high:  # the search's own path: its first probe at or past the boundary
+            middle = (low + high) // 2
+            if middle >= boundary:
+                probe = middle
+                break
+            low = middle + 1
+        assert probe is not None
+        entry_hash = int(entries[probe]["key_hash"])
+        del entries
+    stray = next(seq for seq in range(from_seq) if entry_hash not in {
+        index_hash(index_key(records[seq].topic, k)) for k in records[seq].keys})
+    with open(path, "r+b") as f:  # (a valid-looking seq before the copies' end, of a record without the key)
+        f.seek(HEADER_SIZE + settings.hash_slot_num * SLOT_SIZE + probe * ENTRY_SIZE + 4)
+        f.write(stray.to_bytes(8, "big"))
+    with IndexFile.open(path, settings.hash_slot_num, settings.index_num, read_only=True) as damaged:
+        assert damaged.first_entry_from(from_seq, count) == probe + 1  # misled
+    floors = []
+    original = shard_module.ShardReader._floor_entry
+    monkeypatch.setattr(shard_module.ShardReader, "_floor_entry",
+                        lambda self, *a: floors.append(original(self, *a)) or floors[-1])
+    with open_store(root) as store:
+        store.lookup(key)
+        walked = store.lookup(key)
+    assert floors and floors[-1] == FIRST_INDEX  # refused: every entry walked
+    monkeypatch.setattr(shard_module.ShardReader, "_floor_entry", lambda self, *a: FIRST_INDEX)
+    with open_store(root) as store:
+        store.lookup(key)
+        assert walked.equals(store.lookup(key))
+
+
+def test_stored_rows_are_shown_again_exactly(tmp_path):
+    """STORED_SCHEMA (key dictionary, keys split into lead and rest, timestamp steps) gives back
+    the shown rows exactly, whatever a row's keys are: none, the key first or elsewhere, repeated,
+    no key, texts shown escaped."""
+    rng = random.Random(4)
+    texts = ["HOT", "k1", "", "ключ", "\\xff", "a\\x5cxb", "🔑"]
+    rows = []
+    stamp = BASE
+    for n in range(400):
+        key = rng.choice([*texts, None])
+        keys = [rng.choice(texts) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+        if key is not None and rng.random() < 0.6:
+            keys = [key, *keys]
+        stamp += rng.choice([0, 0, 1, 17, 4_000])
+        rows.append({"topic": rng.choice(["orders", "Aa", "BB"]), "partition": rng.randint(0, 3), "offset": n,
+                     "key": key, "keys": keys, "timestamp": stamp * 1000,
+                     "commit_log_offset": rng.choice([None, n * 100]), "size": rng.choice([None, 7]), "seq": 10 * n})
+    schema = hot_keys.COPY_SCHEMA
+    columns = [pa.array([row["topic"] for row in rows]).dictionary_encode().cast(schema.field("topic").type)]
+    columns += [pa.array([row[name] for row in rows], schema.field(name).type) for name in schema.names[1:]]
+    table = pa.Table.from_arrays(columns, schema=schema)
+    copy = table.cast(hot_keys.COPY_SCHEMA)
+    stored = hot_keys.stored(copy)
+    assert stored.schema == hot_keys.STORED_SCHEMA
+    assert hot_keys.shown(stored).equals(copy)
+    assert hot_keys.shown(hot_keys.stored(copy.slice(0, 0))).equals(copy.slice(0, 0))
+
+
+def test_a_version_1_copy_is_still_read(tmp_path, monkeypatch):
+    """Copies written before version 2 (COPY_SCHEMA streams as is) answer like the log, as before."""
+    root = tmp_path / "store"
+    model = write_store(root)
+    for path in copies_of(root):  # the same copies, written as version 1 wrote them
+        copy = hot_keys.HotKeyCopy.open(path)
+        groups = [(key, copy.rows(group)) for key, group in sorted(copy.groups.items())]
+        streams = []
+        for _key, table in groups:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, hot_keys.COPY_SCHEMA,
+                                   options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+                writer.write_table(table)
+            streams.append(sink.getvalue().to_pybytes())
+        directory, position = bytearray(), hot_keys.HEADER_SIZE + sum(hot_keys.GROUP_STRUCT.size + len(k) for k, _ in groups)
+        for (key, table), stream in zip(groups, streams):
+            directory += hot_keys.GROUP_STRUCT.pack(position, len(stream), table.num_rows, zlib.crc32(stream), len(key))
+            directory += key
+            position += len(stream)
+        fields = [hot_keys.MAGIC, 1, len(groups), copy.start_seq, copy.end_seq, copy.log_fingerprint, len(directory),
+                  zlib.crc32(directory), 0]
+        fields[-1] = zlib.crc32(hot_keys.HEADER_STRUCT.pack(*fields)[:hot_keys.HEADER_CRC_OFFSET])
+        path.write_bytes(hot_keys.HEADER_STRUCT.pack(*fields) + bytes(directory) + b"".join(streams))
+        assert hot_keys.HotKeyCopy.open(path).version == 1
+    used = []
+    original = hot_keys.part_of
+    monkeypatch.setattr(hot_keys, "part_of", lambda *a: used.append(1) or original(*a))
+    with open_store(root) as store:
+        random_lookups(store, model, seed=2)
+    assert len(used) > 50
+    assert not inspect_path(root)["problems"]

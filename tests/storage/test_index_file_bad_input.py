@@ -16,6 +16,7 @@ from msgindex.storage.java_hash import index_hash
 T0 = 1_700_000_000_000
 SLOTS, NUM = 8, 16
 SIZE = IndexFile.file_size(SLOTS, NUM)
+ENTRIES_AT = HEADER_SIZE + 4 * SLOTS
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -24,13 +25,24 @@ def write(path: Path, data: bytes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("size", [0, 1, HEADER_SIZE - 1, HEADER_SIZE, SIZE - 1, SIZE + 1, SIZE * 2])
+@pytest.mark.parametrize("size", [0, 1, HEADER_SIZE - 1, HEADER_SIZE, ENTRIES_AT - 1, SIZE + 1, SIZE * 2])
 def test_wrong_sizes_name_the_file_and_both_sizes(tmp_path: Path, size: int) -> None:
     path = write(tmp_path / "20240101000000000", b"\0" * size)
     with pytest.raises(CorruptFileError) as err:
         IndexFile.open(path, SLOTS, NUM)
     assert str(path) in str(err.value)
     assert f"{size} bytes" in str(err.value) and str(SIZE) in str(err.value)
+
+
+@pytest.mark.parametrize("size", [ENTRIES_AT, ENTRIES_AT + 20, SIZE - 20, SIZE - 1])
+def test_a_short_file_holds_the_entries_it_has_room_for(tmp_path: Path, size: int) -> None:
+    """A file msgindex is still growing (index_file's module docstring) ends before its full size:
+    the entries it has room for are read, the rest are the zeros RocketMQ's sparse tail holds (a
+    partial last entry is an allocation still under way)."""
+    path = write(tmp_path / "20240101000000000", b"\0" * size)
+    with IndexFile.open(path, SLOTS, NUM, read_only=True) as f:
+        assert f.capacity == (size - ENTRIES_AT) // 20 and f.entry_count == 0 and not f.is_full
+        assert f.candidates("k") == [] and f.select_phy_offsets("k", 64, 0, 2**62) == []
 
 
 def test_missing_file(tmp_path: Path) -> None:

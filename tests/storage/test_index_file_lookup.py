@@ -66,6 +66,13 @@ def assert_lookups_match_the_walk(f: IndexFile, hashes: list[int], limit: int | 
     for h, want in zip(hashes, expected):
         assert f.candidates(h, limit_index_count=limit) == want
         assert per_key(f.candidate_arrays(np.array([h]), limit_index_count=limit), 1) == [want]
+    # a floor ends every walk below it: the walk's answer from the floor on
+    for floor in {2, f.index_count // 3, f.index_count // 2 + 1, f.index_count - 1, f.index_count + 3}:
+        above = [[c for c in want if c[0] >= floor] for want in expected]
+        assert per_key(f.candidate_arrays(np.array(hashes, np.int64), limit_index_count=limit, floor_entry=floor),
+                       len(hashes)) == above, floor
+        for h, want in zip(hashes, above):
+            assert per_key(f.candidate_arrays(np.array([h]), limit_index_count=limit, floor_entry=floor), 1) == [want]
 
 
 puts_st = st.lists(

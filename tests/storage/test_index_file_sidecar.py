@@ -275,16 +275,26 @@ def assert_runs_cover_only_committed(index_dir: Path, index_files) -> None:
 
 @pytest.fixture
 def shard_store(tmp_path: Path, sealing):
-    """A TINY store whose shard "b" committed 4 batches of 20 records (files roll every 8 entries)."""
+    """A TINY store whose shard "b" committed 4 batches of 20 records (files roll every 8 entries),
+    with the hash runs a writer sealed before writers stopped sealing them (hash_run's docstring):
+    over each file's committed entries."""
     rng = random.Random(5)
     with open_store(tmp_path / "store", create=True, settings=TINY) as store:
         with store.writer("b") as writer:
             for batch_id in range(4):
                 writer.append(make_batch(rng, batch_id * 20, 20))
+            assert not list((tmp_path / "store" / "broker=b" / "index").glob("*" + hash_run.SUFFIX))
+            committed = {state.name: state.index_count for state in writer.checkpoint.index_files}
+            files = [IndexFile.open(path, TINY.hash_slot_num, TINY.index_num) for path in writer.index_file_paths()]
+            try:
+                hash_run.seal_committed(files, committed)
+            finally:
+                for index_file in files:
+                    index_file.close()
         yield store
 
 
-def test_a_shard_seals_full_files_over_committed_entries_only(shard_store) -> None:
+def test_runs_of_an_older_writer_cover_committed_entries_and_answer_alike(shard_store) -> None:
     shard = shard_store.root / "broker=b"
     index_dir = shard / "index"
     runs = sorted(index_dir.glob("*" + hash_run.SUFFIX))
@@ -292,10 +302,13 @@ def test_a_shard_seals_full_files_over_committed_entries_only(shard_store) -> No
     assert_runs_cover_only_committed(index_dir, read_checkpoint(shard / CHECKPOINT_FILE).index_files)
     with shard_store.reader("b") as reader:
         with_runs = all_keys_lookup(reader)
+    saved = {run: run.read_bytes() for run in runs}
     for run in runs:
         run.unlink()
     with shard_store.reader("b") as reader:
         assert all_keys_lookup(reader) == with_runs
+    for run, data in saved.items():
+        run.write_bytes(data)
 
     # a batch that fills files but dies before its checkpoint: runs cover only committed entries
     lost = make_batch(random.Random(9), 80, 40)
@@ -318,13 +331,23 @@ def test_retention_drops_a_run_with_its_file(shard_store) -> None:
         assert not oldest.exists() and not list(oldest.parent.glob(oldest.name + "*"))
 
 
-def test_a_run_that_cannot_be_written_does_not_fail_the_append(shard_store, monkeypatch, caplog) -> None:
+def test_a_run_that_cannot_be_written_does_not_fail_the_sealing(tmp_path: Path, monkeypatch, caplog, sealing) -> None:
     def disk_full(path, data):
         raise OSError(28, "No space left on device")
 
+    path = tmp_path / "f"
+    hot_file(path)
     monkeypatch.setattr(hash_run, "write_atomically", disk_full)
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        assert hash_run.seal_committed([f], {path.name: f.index_count}) == 0
+    assert "hash run not written" in caplog.text and not run_path(path).exists()
+
+
+def test_writers_no_longer_seal_runs(shard_store) -> None:
+    """Appends that fill and roll files leave the runs there are and add none."""
+    index_dir = shard_store.root / "broker=b" / "index"
+    before = sorted(index_dir.glob("*" + hash_run.SUFFIX))
     with shard_store.writer("b") as writer:
-        before = writer.checkpoint.record_count
-        writer.append(make_batch(random.Random(3), 500, 30))  # rolls, tries to seal
-        assert writer.checkpoint.record_count == before + 30
-    assert "hash run not written" in caplog.text
+        writer.append(make_batch(random.Random(3), 500, 30))
+        writer.append(make_batch(random.Random(4), 600, 30))
+    assert sorted(index_dir.glob("*" + hash_run.SUFFIX)) == before

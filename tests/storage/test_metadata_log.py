@@ -82,8 +82,8 @@ def records():
 def block_reader(request, monkeypatch) -> str:
     """Reads through the compiled block reader (storage/log/_blocks.c) or its Python oracle."""
     if request.param == "python":
-        monkeypatch.setattr(bf, "_compiled_blocks", None)
-    elif bf._compiled_blocks is None:
+        monkeypatch.setattr(bf, "compiled_blocks", None)
+    elif bf.compiled_blocks is None:
         pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
     return request.param
 
@@ -540,3 +540,4 @@ def test_readers_of_later_commits_reuse_walked_heads_but_not_a_rewritten_file(tm
             (tmp_path / "other" / f"00000000000000000000{suffix}").read_bytes())
     with open_log(path, writable=False, committed=rewritten) as reader:
         assert reader.read_many(range(900)) == other
+

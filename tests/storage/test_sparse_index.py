@@ -94,20 +94,49 @@ def test_truncate_to_follows_kafka(tmp_path):
 def test_trim_reopen_and_reset(tmp_path):
     path = tmp_path / "00000000000000000005.timeindex"
     index = TimeIndex.open(path, 5, 12 * 100 + 7, writable=True)
-    assert path.stat().st_size == 1200  # preallocated, rounded down to whole entries
+    assert path.stat().st_size == 0 and index.max_entries == 100  # grows with its entries
     for i in range(10):
         index.maybe_append(1000 + i, 5 + i)
+    assert path.stat().st_size == 1200  # a growth step, but at most max_index_bytes in whole entries
     index.close()
     assert path.stat().st_size == 120  # trimmed on close
     again = TimeIndex.open(path, 5, 1200, writable=True)
     assert again.entries == 10 and again.last_entry() == (1009, 14)
     again.sanity_check(record_count=10)
     again.reset()
-    assert again.entries == 0 and path.stat().st_size == 1200
+    assert again.entries == 0 and path.stat().st_size == 120  # kept: appends write over it
     again.close()
     assert path.stat().st_size == 0
     empty = TimeIndex.open(path, 5, 1200, writable=False)  # a zero-length index is an empty index
     assert empty.entries == 0 and empty.lookup(99) == (NO_TIMESTAMP, 5)
+
+
+@pytest.mark.parametrize("kind", [OffsetIndex, TimeIndex])
+def test_a_writers_index_grows_in_steps_ahead_of_its_entries(tmp_path, kind):
+    """Every byte under a writer's mapping is allocated (mapped_file), so the file grows with its
+    entries, by whole GROWTH_BYTES, instead of taking max_index_bytes when it is created."""
+    from msgindex.storage.log.sparse_index import GROWTH_BYTES, round_down
+
+    path = tmp_path / f"00000000000000000000{'.index' if kind is OffsetIndex else '.timeindex'}"
+    index = kind.open(path, 0, 10 << 20, writable=True)
+    step = round_down(GROWTH_BYTES, kind.ENTRY.size)
+    per_step = step // kind.ENTRY.size
+    sizes = []
+    for start in range(0, 3 * per_step, 1000):
+        seqs = np.arange(start + 1, start + 1001, dtype=np.int64)
+        if kind is OffsetIndex:
+            index.append_many(seqs, seqs * 8)
+        else:
+            index.maybe_append_many(seqs * 3, seqs)
+        sizes.append(path.stat().st_size)
+        assert sizes[-1] == -(-index.entries // per_step) * step
+        assert path.stat().st_blocks * 512 >= sizes[-1]  # allocated, no hole under the mapping
+    assert sizes[0] == step and sizes[-1] == 4 * step and index.max_entries == (10 << 20) // kind.ENTRY.size
+    entries = index.entries
+    index.close()
+    assert path.stat().st_size == entries * kind.ENTRY.size  # trimmed on close, as Kafka does
+    again = kind.open(path, 0, 10 << 20, writable=False)
+    assert again.entries == entries
 
 
 def test_committed_entry_count_hides_later_entries(tmp_path):

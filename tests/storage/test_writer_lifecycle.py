@@ -4,6 +4,7 @@ another process committed (adopt), a writer died mid-append (roll back) -- acros
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -80,7 +81,9 @@ def test_two_processes_alternating_on_one_shard(tmp_path):
 
 
 def test_unchanged_shard_takes_the_fast_path_and_locking_is_required(tmp_path):
-    with open_store(tmp_path / "s", create=True, settings=TINY) as store:
+    # one segment for all the batches: its sparse indexes hold entries, and room for more
+    settings = dataclasses.replace(TINY, segment_bytes=100_000)
+    with open_store(tmp_path / "s", create=True, settings=settings) as store:
         writer = store.writer(BROKER, hold_lock=False)
         with pytest.raises(InvalidAppendError, match="while holding the lock"):
             writer.append(_batches(1, 1)[0])

@@ -25,7 +25,7 @@ from msgindex.errors import InvalidOptionError
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.spark.runtime.session import hadoop_url
 from msgindex.storage.location import StoreLocation, parse_location
-from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.storage.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 from msgindex.times import parse_duration_ms
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="where malformed metadata events, and records whose timestamp msgindex cannot store, "
                            "are set aside (default: <path>/_quarantine)")
     sink.add_argument("--hash-slots", type=int, metavar="N",
-                      help=f"hash slots per index file (new store; default {DEFAULT_HASH_SLOT_NUM:,})")
+                      help=f"hash slots per index file (new store; default {STORE_HASH_SLOT_NUM:,})")
     sink.add_argument("--index-num", type=int, metavar="N",
                       help=f"entries per index file (new store; default {DEFAULT_INDEX_NUM:,})")
     sink.add_argument("--segment-bytes", type=int, metavar="N", help="metadata-log segment size (new store; default 1 GiB)")

@@ -78,17 +78,18 @@ static int as_int64(PyObject *value, int64_t *out) {
     return 1;
 }
 
-/* select_phy_offsets(buffer, key, hash_slot_num, index_num, max_num, begin, end) -> list | None */
+/* select_phy_offsets(buffer, key, hash_slot_num, capacity, max_num, begin, end) -> list | None
+ * capacity: the entries the buffer has room for (index_num once the file is full size) */
 static PyObject *select_phy_offsets(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "select_phy_offsets takes 7 arguments");
         return NULL;
     }
-    int64_t slot_num, index_num, max_num, begin, end;
-    if (!PyUnicode_Check(args[1]) || !as_int64(args[2], &slot_num) || !as_int64(args[3], &index_num) ||
+    int64_t slot_num, capacity, max_num, begin, end;
+    if (!PyUnicode_Check(args[1]) || !as_int64(args[2], &slot_num) || !as_int64(args[3], &capacity) ||
         !as_int64(args[4], &max_num) || !as_int64(args[5], &begin) || !as_int64(args[6], &end) || slot_num <= 0 ||
-        index_num <= 0 || slot_num > INT32_MAX || index_num > INT32_MAX) {
+        capacity <= 0 || slot_num > INT32_MAX || capacity > INT32_MAX) {
         Py_RETURN_NONE;
     }
     Py_buffer view;
@@ -97,7 +98,7 @@ static PyObject *select_phy_offsets(PyObject *module, PyObject *const *args, Py_
         Py_RETURN_NONE;
     }
     const int64_t entries_at = HEADER_SIZE + slot_num * SLOT_SIZE;
-    if ((int64_t)view.len < entries_at + index_num * ENTRY_SIZE) { /* not the layout it is said to be */
+    if ((int64_t)view.len < entries_at + capacity * ENTRY_SIZE) { /* not the layout it is said to be */
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
@@ -106,8 +107,8 @@ static PyObject *select_phy_offsets(PyObject *module, PyObject *const *args, Py_
     int64_t begin_ts = read_i64(file + BEGIN_TIMESTAMP_AT);
     int64_t count = read_i32(file + INDEX_COUNT_AT);
     int64_t cur = read_i32(file + HEADER_SIZE + (int64_t)(key_hash % slot_num) * SLOT_SIZE);
-    /* a walk never goes past indexCount, nor past the file (a full file's count is index_num) */
-    int64_t last = count < index_num - 1 ? count : index_num - 1;
+    /* a walk never goes past indexCount, nor past the file's room */
+    int64_t last = count < capacity - 1 ? count : capacity - 1;
     PyObject *found = PyList_New(0);
     if (found == NULL || cur <= INVALID_INDEX || cur > last || count <= FIRST_INDEX || max_num <= 0) {
         PyBuffer_Release(&view);
@@ -145,7 +146,7 @@ static PyObject *select_phy_offsets(PyObject *module, PyObject *const *args, Py_
 
 static PyMethodDef methods[] = {
     {"select_phy_offsets", (PyCFunction)(void (*)(void))select_phy_offsets, METH_FASTCALL,
-     "select_phy_offsets(buffer, key, hash_slot_num, index_num, max_num, begin, end): RocketMQ's "
+     "select_phy_offsets(buffer, key, hash_slot_num, capacity, max_num, begin, end): RocketMQ's "
      "selectPhyOffset over an IndexFile's bytes, or None where the Python walk must answer."},
     {NULL, NULL, 0, NULL},
 };

@@ -17,6 +17,12 @@ oldest one leaves the range or ends the walk). A file's runs form a chain of ran
 that a growing file (the active one) gets a run for each new committed stretch instead of
 rebuilding one over everything (``seal_committed`` merges them back when there are many).
 
+Writers no longer seal runs (20 bytes per entry of a hot slot, ~1 B/record of a Zipf workload's
+store): a shard's hot keys come from their hot-key copies, and walks end where the copies do
+(``ShardReader._floor_entry``), so a run saved ~nothing its bytes paid for (BENCHMARKS.md).
+Readers still use the runs a store holds (those written before, or by ``seal_committed`` from a
+tool: bench_index_file.py), and verification checks them.
+
 Runs are derived and never required: a lookup uses a run only when it is intact (checksums),
 fits the index file (sizing, a fingerprint of its entries, the file still holds them) and the walk
 reaches its ``top`` exactly; otherwise it walks or scans the index file itself. Since the hash

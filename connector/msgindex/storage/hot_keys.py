@@ -29,7 +29,20 @@ Layout (little-endian: msgindex's own format)::
     directory  variable  per group, sorted by key: GROUP_STRUCT (position and length of its stream
                          in the file, rows, CRC-32 of the stream, key length), then the key as the
                          log stores it (``encode_text``)
-    streams    variable  per group, an Arrow IPC stream of COPY_SCHEMA (zstd buffers)
+    streams    variable  per group, an Arrow IPC stream of STORED_SCHEMA (zstd buffers; a version-1
+                         copy: of COPY_SCHEMA itself)
+
+A group's rows are stored as they are shown (COPY_SCHEMA) but for three columns that zstd cannot
+shrink as shown (a hot key's rows repeat one key, and their timestamps rise): STORED_SCHEMA's
+
+    key              the row's key, dictionary-encoded
+    keys_lead        whether the row's keys start with its key (the usual message: key == keys[0])
+    keys_rest        its keys past that one (all of them when not keys_lead): the extra keys
+    timestamp_step   ms since the row before (the first row: ms since the epoch); rows are in
+                     RESULT_ORDER, timestamp first, so every step but the first is >= 0
+
+(``stored`` and ``shown`` turn one into the other; the rest is as shown.) Version 1 stored COPY_SCHEMA
+as is: 17-18 bytes a row on bench_vs_parquet's workloads, where version 2 takes 7-8.
 
 A stretch holding a timestamp outside the timestamp rule (stores from before the rule) gets a copy
 with no groups: rows are ordered by their stored millisecond, which such rows do not show.
@@ -69,7 +82,8 @@ logger = logging.getLogger(__name__)
 DIRECTORY = "hotkeys"  # in the shard directory
 SUFFIX = ".hotkeys"
 MAGIC = b"MIHOTKEY"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
 HEADER_SIZE = 64
 # magic, version, groups, start_seq, end_seq, log_fingerprint, directory_length, directory_crc | header_crc | spare
 _HEADER_FIELDS_BEFORE_CRC = "<8sIIqqIII"
@@ -81,6 +95,14 @@ GROUP_STRUCT = struct.Struct("<QIIII")
 # dictionary (a hot key lives in a few topics).
 COPY_SCHEMA = pa.schema([field.with_type(pa.dictionary(pa.int32(), pa.string())) if field.name == "topic" else field
                          for field in ROW_SCHEMA if field.name != "broker"])
+STORED_SCHEMA = pa.schema([
+    *(COPY_SCHEMA.field(name) for name in ("topic", "partition", "offset")),
+    pa.field("key", pa.dictionary(pa.int32(), pa.string()), nullable=True),
+    pa.field("keys_lead", pa.bool_(), nullable=False),
+    COPY_SCHEMA.field("keys").with_name("keys_rest"),
+    pa.field("timestamp_step", pa.int64(), nullable=False),
+    *(COPY_SCHEMA.field(name) for name in ("commit_log_offset", "size", "seq")),
+])
 COMPRESSION = "zstd"  # 10M records, the hot key's 1.79M rows: 12.9 B/row, read back in ~55 ms (LZ4: 24 B, 31 ms)
 
 # Policy (measured on bench_vs_parquet's 10M records: BENCHMARKS.md). A stretch is short enough
@@ -140,8 +162,9 @@ class HotKeyCopy:
     rows are read on demand (``rows``)."""
 
     def __init__(self, path: Path, start_seq: int, end_seq: int, log_fingerprint: int,
-                 groups: dict[bytes, Group]) -> None:
+                 groups: dict[bytes, Group], version: int = VERSION) -> None:
         self.path = path
+        self.version = version
         self.start_seq = start_seq
         self.end_seq = end_seq
         self.log_fingerprint = log_fingerprint
@@ -175,8 +198,9 @@ class HotKeyCopy:
             raise CorruptFileError(f"{path}: hot-key copy is {size} bytes, shorter than its {HEADER_SIZE}-byte header")
         magic, version, group_count, start, end, fingerprint, directory_length, directory_crc, header_crc = (
             HEADER_STRUCT.unpack(head))
-        if magic != MAGIC or version != VERSION:
-            raise CorruptFileError(f"{path}: not a hot-key copy of version {VERSION} (magic {magic!r}, version {version})")
+        if magic != MAGIC or version not in READ_VERSIONS:
+            raise CorruptFileError(f"{path}: not a hot-key copy of version {' or '.join(map(str, READ_VERSIONS))} "
+                                   f"(magic {magic!r}, version {version})")
         if zlib.crc32(head[:HEADER_CRC_OFFSET]) != header_crc:
             raise CorruptFileError(f"{path}: hot-key copy header fails its checksum")
         if (start, end) != parse_copy_name(path.name):
@@ -199,7 +223,7 @@ class HotKeyCopy:
             groups[key] = Group(key, position, length, rows, crc)
         if at != directory_length:
             raise CorruptFileError(f"{path}: hot-key copy directory holds {directory_length - at} bytes past its groups")
-        return cls(path, start, end, fingerprint, groups)
+        return cls(path, start, end, fingerprint, groups, version)
 
     def fits(self, log: MetadataLog) -> bool:
         """True when the log's blocks holding this copy's stretch are the ones it was copied from."""
@@ -219,10 +243,16 @@ class HotKeyCopy:
         except (pa.ArrowException, ValueError) as error:
             raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} is not an Arrow stream "
                                    f"({error})") from error
-        if table.schema != COPY_SCHEMA or table.num_rows != group.rows:
+        if table.schema != (COPY_SCHEMA if self.version == 1 else STORED_SCHEMA) or table.num_rows != group.rows:
             raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} holds {table.num_rows} rows "
                                    f"of another shape than the {group.rows} its directory lists")
-        return table
+        if self.version == 1:
+            return table
+        try:
+            return shown(table)
+        except (pa.ArrowException, ValueError) as error:  # (only a rewrite with matching checksums gets here)
+            raise CorruptFileError(f"{self.path}: hot-key copy group at {group.position} does not decode ({error})") \
+                from error
 
 
 _OPENED: OrderedDict[tuple[int, int, int, int], HotKeyCopy] = OrderedDict()
@@ -439,13 +469,64 @@ def _hot_groups(records: bf.DecodedRows, min_share: float, min_rows: int, max_sh
     return groups
 
 
+def stored(table: pa.Table) -> pa.Table:
+    """A group's COPY_SCHEMA rows (in RESULT_ORDER) as STORED_SCHEMA (module docstring)."""
+    table = table.cast(COPY_SCHEMA)
+    key, keys = table.column("key").combine_chunks(), table.column("keys").combine_chunks()
+    starts, lengths = keys.offsets.to_numpy()[:-1], pc.list_value_length(keys).to_numpy(zero_copy_only=False)
+    values = keys.values
+    lead = np.zeros(len(table), dtype=bool)
+    has = (lengths > 0) & key.is_valid().to_numpy(zero_copy_only=False)
+    if has.any():
+        firsts = values.take(pa.array(starts[has]))
+        lead[np.flatnonzero(has)] = pc.equal(firsts, key.filter(pa.array(has))).to_numpy(zero_copy_only=False)
+    rest_lengths = lengths - lead
+    rest_offsets = np.zeros(len(table) + 1, dtype=np.int32)
+    np.cumsum(rest_lengths, out=rest_offsets[1:])
+    rest_values = values.take(pa.array(bf._ranges(starts + lead, rest_lengths)))
+    stamps = stamps_ms(table)
+    steps = np.diff(stamps, prepend=np.int64(0))
+    columns = {name: table.column(name) for name in ("topic", "partition", "offset")}
+    columns.update(key=key.dictionary_encode(), keys_lead=pa.array(lead),
+                   keys_rest=pa.ListArray.from_arrays(pa.array(rest_offsets), rest_values,
+                                                      type=STORED_SCHEMA.field("keys_rest").type),
+                   timestamp_step=pa.array(steps, pa.int64()))
+    columns.update({name: table.column(name) for name in ("commit_log_offset", "size", "seq")})
+    return pa.table(columns, schema=STORED_SCHEMA)
+
+
+def shown(table: pa.Table) -> pa.Table:
+    """``stored``'s inverse: STORED_SCHEMA rows as COPY_SCHEMA."""
+    count = table.num_rows
+    key = table.column("key").combine_chunks()
+    key = key.dictionary.take(key.indices)
+    rest = table.column("keys_rest").combine_chunks()
+    lead = table.column("keys_lead").to_numpy(zero_copy_only=False).astype(bool)
+    rest_offsets = rest.offsets.to_numpy().astype(np.int64)
+    rest_lengths = np.diff(rest_offsets)
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(rest_lengths + lead, out=offsets[1:])
+    take = np.empty(int(offsets[-1]), dtype=np.int64)
+    take[offsets[:-1][lead]] = np.flatnonzero(lead)  # a leading key is the row's key
+    owner, within = bf._ranges_owner(rest_lengths)
+    take[offsets[owner] + lead[owner] + within] = count + rest_offsets[owner] + within
+    values = pa.concat_arrays([key.cast(pa.string()), rest.values.cast(pa.string())]).take(pa.array(take))
+    stamps = np.cumsum(table.column("timestamp_step").to_numpy()) * 1000
+    columns = [table.column(name) for name in ("topic", "partition", "offset")]
+    columns += [key, pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values,
+                                               type=COPY_SCHEMA.field("keys").type),
+                pa.array(stamps, pa.int64()).cast(COPY_SCHEMA.field("timestamp").type)]
+    columns += [table.column(name) for name in ("commit_log_offset", "size", "seq")]
+    return pa.Table.from_arrays(columns, schema=COPY_SCHEMA)
+
+
 def encode(start_seq: int, end_seq: int, log_fingerprint: int, groups: list[tuple[bytes, pa.Table]]) -> bytes:
     """A copy file's bytes (see the module docstring) for `groups`: (key, COPY_SCHEMA rows)."""
     streams = []
     for _key, table in groups:
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, COPY_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=COMPRESSION)) as writer:
-            writer.write_table(table.cast(COPY_SCHEMA))
+        with pa.ipc.new_stream(sink, STORED_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=COMPRESSION)) as writer:
+            writer.write_table(stored(table))
         streams.append(sink.getvalue().to_pybytes())
     directory_length = sum(GROUP_STRUCT.size + len(key) for key, _ in groups)
     position = HEADER_SIZE + directory_length

@@ -17,6 +17,20 @@ answers, but never walk a long chain one Python step per entry: dense chains (ho
 scanned with numpy in verified windows, and a file's hash runs (``hash_run``: derived sidecars,
 never required) answer whole stretches of a chain by binary search.
 
+Length. RocketMQ maps a file at its full size (``file_size``: 420 MB at the default sizing) and
+leaves the pages it has not written unallocated (a sparse file). msgindex writes through a mapping
+too, and a write into an unallocated page when the filesystem is full kills the process (SIGBUS,
+see ``mapped_file``), so it never writes into a hole; and it never allocates what it has not
+written either: a file holds the header, the slot table (written at random positions, so
+allocated whole when the file is created) and the entries up to its *capacity*, every byte of it
+allocated. The writer grows the file in steps of GROWTH_ENTRIES entries just ahead of the entries
+it writes (``_reserve``), up to the full size. A file's length is thus ``file_size`` or shorter by
+whole entries, and the entries past its end are zeros, as in RocketMQ's sparse tail: its bytes are
+RocketMQ's up to its length, and a full file's are RocketMQ's exactly (tests/interop: RocketMQ's
+own IndexFile loads a short file, extending it to its full size, and answers alike). A reader maps
+the length it finds; a slot pointing past it (a writer has grown the file since) makes it map the
+file again at its new length (``_cover``). A file never shrinks.
+
 The mapped bytes are the single source of truth, header included: a writer writes the header right
 after each put (as RocketMQ does), so readers in other processes always see what is on disk.
 Write order within a put is entry, then slot, then header: a concurrent reader that follows the
@@ -26,6 +40,7 @@ slot finds a complete entry.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -42,7 +57,7 @@ from msgindex.storage import entry_sums, hash_run
 from msgindex.storage.hash_run import HashRun, RunSet
 from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
 from msgindex.storage.java_hash import index_hash, index_hashes
-from msgindex.storage.mapped_file import map_file, preallocate
+from msgindex.storage.mapped_file import grow_mapping, map_file, preallocate
 from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 try:  # optional (setup.py): absent without a C compiler at install, and where msgindex arrives as a zip
@@ -77,6 +92,10 @@ assert _HASH_PREV_STRUCT.size == _HASH_DIFF_PREV_STRUCT.size == ENTRY_SIZE == 4 
 
 
 _ZERO_RUN_ENTRIES = 4096  # rollback: an all-zero run this long ends the written entries
+# A writer grows its file by whole steps of this many entries (1.25 MiB) ahead of the entries it
+# writes: at most that much is allocated and not yet written, and a 20M-entry file is grown ~300
+# times as it fills (each a fallocate and a new mapping: tens of us).
+GROWTH_ENTRIES = 1 << 16
 
 # Chain lookups (candidates / candidate_arrays); figures measured in bench/bench_index_file.py.
 # Fewer walks than this go one Python step per entry (~0.5 us) rather than a numpy step for all
@@ -186,31 +205,70 @@ class IndexFile:
         self.hash_slot_num = int(hash_slot_num)
         self.index_num = int(index_num)
         self.read_only = read_only
-        self._mm = map_file(self.path, expected_size=self.file_size(hash_slot_num, index_num),
-                            writable=not read_only)
         self._slots_offset = HEADER_SIZE
         self._entries_offset = HEADER_SIZE + self.hash_slot_num * SLOT_SIZE
-        self._last_entry = self.index_num - 1  # the highest entry index the file has room for
-        self._slots = np.frombuffer(self._mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
-        self._entries = np.frombuffer(self._mm, ENTRY_DTYPE, self.index_num, self._entries_offset)
         self._runs: RunSet | None = None  # loaded at the first lookup
         self._guard: entry_sums.EntryGuard | None = None  # see guard_entries
+        self._mm = None
+        try:  # a length that cannot be right is refused before mapping (an empty file cannot be mapped)
+            info = os.stat(self.path)
+        except OSError:
+            info = None  # map_file says what is wrong with the path
+        if info is not None and stat.S_ISREG(info.st_mode):
+            self.capacity_of(info.st_size, self.hash_slot_num, self.index_num, self.path)
+        self._use(map_file(self.path, writable=not read_only))
+
+    def _use(self, mm) -> None:
+        """Read and write through the mapping `mm` of the whole file from now on. A mapping
+        replaced by a longer one is not closed: views of it (a lookup in another thread, arrays
+        handed out) keep it alive until they are dropped, then it is unmapped."""
+        try:
+            capacity = self.capacity_of(len(mm), self.hash_slot_num, self.index_num, self.path)
+        except CorruptFileError:
+            mm.close()
+            raise
+        self._mm = mm
+        self.capacity = capacity  # entries the file has room for now (index_num once full size)
+        self._last_entry = capacity - 1  # the highest entry index the file has room for
+        self._slots = np.frombuffer(mm, SLOT_DTYPE, self.hash_slot_num, self._slots_offset)
+        self._entries = np.frombuffer(mm, ENTRY_DTYPE, capacity, self._entries_offset)
 
     # ----------------------------------------------------------------- creating and opening
     @staticmethod
     def file_size(hash_slot_num: int, index_num: int) -> int:
-        """Bytes of a file with this sizing (the file does not record it)."""
+        """Bytes of a full-size file with this sizing (the file does not record it): RocketMQ's
+        length for every file, msgindex's once the file is full (see the module docstring)."""
         return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
+
+    @classmethod
+    def capacity_of(cls, length: int, hash_slot_num: int, index_num: int, path: Path | str = "index file") -> int:
+        """Entries a file of `length` bytes has room for: the whole entries that follow its header
+        and slot table (a partial last one is a writer still growing it, on a filesystem whose
+        allocation writes zeros). CorruptFileError naming `path` when the header and slot table do
+        not fit, or the file is longer than the sizing allows: truncated, or the wrong sizing."""
+        entries_offset = HEADER_SIZE + hash_slot_num * SLOT_SIZE
+        full = cls.file_size(hash_slot_num, index_num)
+        if length < entries_offset:
+            raise CorruptFileError(
+                f"{path}: file is {length} bytes, shorter than the {entries_offset}-byte header and slot table of "
+                f"an index file with {hash_slot_num} slots, {full} bytes when full (truncated, or opened with the "
+                f"wrong sizing)")
+        if length > full:
+            raise CorruptFileError(
+                f"{path}: file is {length} bytes, longer than the {full} bytes of an index file with "
+                f"{hash_slot_num} slots and {index_num} entries (opened with the wrong sizing, or not an index file)")
+        return (length - entries_offset) // ENTRY_SIZE
 
     @classmethod
     def create(cls, path: str | os.PathLike, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM,
                index_num: int = DEFAULT_INDEX_NUM, end_phy_offset: int = 0,
                end_timestamp: int = 0) -> IndexFile:
-        """A new zero-filled file. Like RocketMQ's constructor, positive `end_phy_offset` /
+        """A new zero-filled file: its header, slot table and first GROWTH_ENTRIES entries (see
+        the module docstring). Like RocketMQ's constructor, positive `end_phy_offset` /
         `end_timestamp` (the previous full file's end) become both begin and end of this one."""
         path = Path(path)
         check_sizing(path, hash_slot_num, index_num)
-        preallocate(path, cls.file_size(hash_slot_num, index_num))
+        preallocate(path, cls.file_size(hash_slot_num, min(index_num, GROWTH_ENTRIES)))
         index = cls(path, hash_slot_num, index_num, read_only=False)
         phy = end_phy_offset if end_phy_offset > 0 else 0
         ts = end_timestamp if end_timestamp > 0 else 0
@@ -231,6 +289,37 @@ class IndexFile:
             index.close()
             raise
         return index
+
+    def _reserve(self, entries: int) -> None:
+        """Make room for entries [0, `entries`) before writing them: grow the file to the next
+        whole step of GROWTH_ENTRIES (at most index_num), its new bytes allocated first."""
+        if entries <= self.capacity:
+            return
+        capacity = min(self.index_num, -(-entries // GROWTH_ENTRIES) * GROWTH_ENTRIES)
+        old_size = self._entries_offset + self.capacity * ENTRY_SIZE
+        self._use(grow_mapping(self.path, old_size, self.file_size(self.hash_slot_num, capacity)))
+
+    def _cover(self, entry: int) -> bool:
+        """A reader met `entry` past its mapping (a slot a writer wrote after growing the file):
+        map the file at its length now. Whether `entry` is then inside it (if not, nothing wrote
+        there: a damaged slot, read as the end of its chain, as RocketMQ reads an index past
+        indexCount)."""
+        if entry < self.capacity or entry >= self.index_num:
+            return entry < self.capacity
+        try:
+            length = os.stat(self.path).st_size
+        except OSError:  # gone (retention): this mapping is all there is
+            return False
+        if length > self._entries_offset + self.capacity * ENTRY_SIZE:
+            self._use(map_file(self.path, writable=not self.read_only))
+        return entry < self.capacity
+
+    def follow_growth(self) -> None:
+        """Map the file again if its header counts entries past this mapping (a writer grew the
+        file since it was mapped): RocketMQ's walks, and reports, go up to the header's indexCount."""
+        count = _WALK_HEADER_STRUCT.unpack_from(self._buffer(), 0)[1]
+        if count > self.capacity:
+            self._cover(min(count, self.index_num) - 1)
 
     def _validate_header(self) -> None:
         raw_count = HEADER_STRUCT.unpack_from(self._mm, 0)[5]
@@ -290,6 +379,7 @@ class IndexFile:
         count = h.index_count
         if count >= self.index_num:
             return False
+        self._reserve(count + 1)
         key_hash = index_hash(key)
         slot_pos = self._slots_offset + (key_hash % self.hash_slot_num) * SLOT_SIZE
         prev = _SLOT_STRUCT.unpack_from(self._mm, slot_pos)[0]
@@ -340,6 +430,7 @@ class IndexFile:
         hashes = np.asarray(hashes[:n], dtype=np.int32)
         offsets = _int64_array("phy_offsets", phy_offsets)[:n]
         stamps = _int64_array("store_timestamps", store_timestamps)[:n]
+        self._reserve(count + n)
         slots = hashes % np.int32(self.hash_slot_num)  # hashes are >= 0
         prevs, chain_heads = self._resolve_prevs(slots, count)
         first = count <= FIRST_INDEX
@@ -406,7 +497,7 @@ class IndexFile:
                 f"{self.path}: cannot roll back to index_count {index_count}: the file's header "
                 f"only reached {on_disk} (the file lost committed entries)"
             )
-        end = min(max(self._written_end(index_count), on_disk, int(self._slots.max()) + 1), self.index_num)
+        end = min(max(self._written_end(index_count), on_disk, int(self._slots.max()) + 1), self.capacity)
         changed = end > index_count or self.header != header
         if end > index_count:
             undone = self._entries[index_count:end]
@@ -432,9 +523,9 @@ class IndexFile:
     def _written_end(self, start: int) -> int:
         """One past the last non-zero entry at or after `start`. A batch writes its entries
         contiguously, so the search ends at the first chunk of all-zero entries."""
-        raw = self._entries.view(np.uint8).reshape(self.index_num, ENTRY_SIZE)
+        raw = self._entries.view(np.uint8).reshape(self.capacity, ENTRY_SIZE)
         end = start
-        while start < self.index_num:
+        while start < self.capacity:
             written = np.flatnonzero(raw[start : start + _ZERO_RUN_ENTRIES].any(axis=1))
             if written.size == 0:
                 break
@@ -458,8 +549,11 @@ class IndexFile:
         Walked by the compiled module where it was built (``_index_walk.c``: within 2x of the
         JVM's call, which Python cannot be), else by ``python_select_phy_offsets``, its oracle."""
         mm = self._mm
+        if mm is not None and self.capacity < self.index_num:
+            self.follow_growth()
+            mm = self._mm
         if mm is not None and _compiled_walk is not None:
-            found = _compiled_walk.select_phy_offsets(mm, key, self.hash_slot_num, self.index_num, max_num, begin, end)
+            found = _compiled_walk.select_phy_offsets(mm, key, self.hash_slot_num, self.capacity, max_num, begin, end)
             if found is not None:
                 return found
         return self.python_select_phy_offsets(key, max_num, begin, end)
@@ -467,6 +561,8 @@ class IndexFile:
     def python_select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
         """``select_phy_offsets`` walked in Python (the compiled walk's oracle, and the walk
         wherever the compiled module is absent)."""
+        if self._mm is not None and self.capacity < self.index_num:
+            self.follow_growth()
         mm = self._mm
         if mm is None:
             self._buffer()  # raises: closed
@@ -474,7 +570,7 @@ class IndexFile:
         key_hash = index_hash(key)
         begin_ts, count = _WALK_HEADER_STRUCT.unpack_from(mm, 0)
         cur = _SLOT_STRUCT.unpack_from(mm, self._slots_offset + key_hash % self.hash_slot_num * SLOT_SIZE)[0]
-        # a walk never goes past indexCount, nor past the file (a full file's count is index_num)
+        # a walk never goes past indexCount, nor past the file's room (index_num once full size)
         last = self._last_entry if count > self._last_entry else count
         found: list[int] = []
         if cur <= INVALID_INDEX or cur > last or count <= FIRST_INDEX or max_num <= 0:
@@ -530,6 +626,22 @@ class IndexFile:
             cur = prev
         return found
 
+    def first_entry_from(self, phy_offset: int, limit: int) -> int:
+        """The first entry of [FIRST_INDEX, limit) whose phyOffset is >= `phy_offset` (`limit`
+        when none), by binary search: a shard's files index records in log order, so their
+        entries' phyOffsets never decrease. A damaged entry can mislead the search, and only
+        into ending it just after that entry: a caller that bounds its walks with the answer
+        checks the entry before it (``ShardReader._candidates``)."""
+        low, high = FIRST_INDEX, max(min(limit, self.capacity), FIRST_INDEX)
+        mm, base, unpack_phy = self._buffer(), self._entries_offset + 4, _PHY_STRUCT.unpack_from
+        while low < high:
+            middle = (low + high) // 2
+            if unpack_phy(mm, base + middle * ENTRY_SIZE)[0] < phy_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def candidates(self, key_or_hash: str | int, *, limit_index_count: int | None = None) -> list[tuple[int, int, int]]:
         """(entry index, phyOffset, approximate store time ms) of every entry in the key's chain
         whose hash equals the key's, newest first, with no time-based early stop.
@@ -567,14 +679,15 @@ class IndexFile:
         return results
 
     def candidate_arrays(self, hashes: np.ndarray, *, limit_index_count: int | None = None,
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                         floor_entry: int = FIRST_INDEX) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``candidates`` of many precomputed key hashes as flat int64 arrays: (position in
         `hashes`, entry index, phyOffset, approximate store time ms). Each key's hits appear
         newest first (keys' hits may interleave); callers that only need the offsets skip
         building a Python tuple per hit. Identical to ``reference_candidates`` for every key, on
         any bytes (corrupt files included), as long as the entries a hash run covers are those it
         was built from (runs only ever cover committed entries, which never change; a sampled
-        fingerprint catches a run left from other bytes).
+        fingerprint catches a run left from other bytes). With `floor_entry`, a walk ends below
+        that entry (a chain only points backwards): the hits are reference_candidates' from it on.
 
         How: the chains of all keys are walked in lock-step with numpy (one gather per step)
         while many keys are still walking; the few left walk on one by one (a plain Python step
@@ -594,10 +707,10 @@ class IndexFile:
             for k, key_hash in enumerate(hashes.tolist()):
                 slot = key_hash % self.hash_slot_num
                 head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
-                pieces += [(k, *piece)
-                           for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot), touched)]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot),
+                                                                       touched, floor_entry)]
         else:
-            self._walk_lock_step(hashes, limit, runs, pieces, touched)
+            self._walk_lock_step(hashes, limit, runs, pieces, touched, floor_entry)
         self._check_touched(touched, limit)
         return _assemble(pieces, begin_ts)
 
@@ -621,17 +734,19 @@ class IndexFile:
         return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
 
     def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list,
-                        touched: entry_sums.Touched) -> None:
+                        touched: entry_sums.Touched, floor: int) -> None:
         """The chains of all `hashes` a numpy step at a time; hands the last few walks, and those
         that reach a run's top of their slot, to ``_chain_pieces``. Appends (who, entries, phys,
         diffs) to `pieces` and the chunks of the entries it read (``entry_sums``) to `touched`."""
         slots = hashes % self.hash_slot_num
         cur = self._slots[slots].astype(np.int64)
+        if cur.size and int(cur.max()) >= self.capacity:
+            self._cover(int(cur.max()))
         who = np.arange(hashes.size)
         tops = runs.tops(slots)  # (runs, keys)
         at_top: list[tuple[np.ndarray, np.ndarray]] = []
         for _ in range(_VECTOR_STEPS):
-            alive = (cur > INVALID_INDEX) & (cur < self.index_num)
+            alive = (cur >= floor) & (cur > INVALID_INDEX) & (cur < self.capacity)
             if tops.shape[0]:
                 reached = alive & (tops == cur).any(axis=0)
                 if reached.any():
@@ -652,23 +767,27 @@ class IndexFile:
             for k, start in zip(keys.tolist(), starts.tolist()):
                 key_hash = int(hashes[k])
                 slot = key_hash % self.hash_slot_num
-                pieces += [(k, *piece)
-                           for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot), touched)]
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, start, limit, runs.jumps(slot),
+                                                                       touched, floor)]
 
     def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
-                      jumps: dict[int, tuple[HashRun, int]], touched: entry_sums.Touched) -> list[tuple]:
-        """The hits of one chain from entry `cur` on, newest first, as pieces (entries,
-        phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and runs.
-        `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it);
+                      jumps: dict[int, tuple[HashRun, int]], touched: entry_sums.Touched,
+                      floor: int = FIRST_INDEX) -> list[tuple]:
+        """The hits of one chain from entry `cur` down to entry `floor`, newest first, as pieces
+        (entries, phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and
+        runs. `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it);
         the chunks of the entries read (``entry_sums``) are added to `touched`."""
         pieces: list[tuple] = []
         entries: list[int] = []
         phys: list[int] = []
         diffs: list[int] = []
-        index_num, mm, base, unpack_entry = self.index_num, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
+        if cur >= self.capacity:  # (a chain only points backwards: only its head can be past the mapping)
+            self._cover(cur)
+        capacity, mm, base, unpack_entry = self.capacity, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
         touch, shift = touched.chunks.append, entry_sums.CHUNK_SHIFT
         hops, probe_from, scans = 0, cur, True
-        while INVALID_INDEX < cur < index_num:
+        floor = max(floor, FIRST_INDEX)
+        while floor <= cur < capacity:
             if cur in jumps:
                 run, after = jumps[cur]
                 hits = run.hits(key_hash, limit)
@@ -676,7 +795,9 @@ class IndexFile:
                     if entries:
                         pieces.append((entries, phys, diffs))
                         entries, phys, diffs = [], [], []
-                    pieces.append((hits.entries, hits.phy_offsets, hits.time_diffs))
+                    above = hits.entries >= floor
+                    pieces.append((hits.entries[above], hits.phy_offsets[above], hits.time_diffs[above]) if floor >
+                                  FIRST_INDEX else (hits.entries, hits.phy_offsets, hits.time_diffs))
                     cur, hops, probe_from = after, 0, after
                     continue
                 jumps = {top: jump for top, jump in jumps.items() if jump[0] is not run}
@@ -686,9 +807,9 @@ class IndexFile:
                         pieces.append((entries, phys, diffs))
                         entries, phys, diffs = [], [], []
                     # scan down to just above the next run's top: the walk then jumps over that run
-                    floor = max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1
-                    cur, scans = self._scan_chain(key_hash, slot, cur, floor, limit, 2 * (probe_from - cur), pieces,
-                                                  touched)
+                    scan_floor = max(max((top for top in jumps if top < cur), default=INVALID_INDEX) + 1, floor)
+                    cur, scans = self._scan_chain(key_hash, slot, cur, scan_floor, limit, 2 * (probe_from - cur),
+                                                  pieces, touched)
                     hops, probe_from = 0, cur
                     continue
                 hops, probe_from = 0, cur
@@ -715,7 +836,7 @@ class IndexFile:
         on, whether scanning may be tried again): a window whose entries are not exactly what
         the walk would visit ends the scanning for this chain, the walk then goes on from there."""
         window = max(window, _MIN_SCAN_WINDOW)
-        while floor <= cur < self.index_num and cur > INVALID_INDEX:
+        while floor <= cur < self.capacity and cur > INVALID_INDEX:
             low = max(floor, cur - window + 1)
             touched.add_range(low, cur)
             scanned = self._scan_window(key_hash, slot, low, cur, limit)
@@ -786,14 +907,20 @@ class IndexFile:
     def entry_array(self) -> np.ndarray:
         """Read-only structured view (``ENTRY_DTYPE``) of entries [0, index_count): row i is entry i
         (row 0 is the never-written entry 0)."""
-        view = self._entries[: self.index_count].view()
+        view = self._entries[: min(self.index_count, self.capacity)].view()
         view.flags.writeable = False
         return view
 
+    def entry(self, index: int) -> IndexEntry:
+        """Entry `index` as stored (an IndexError past the file's room)."""
+        if not 0 <= index < self.capacity:
+            raise IndexError(f"{self.path}: no entry {index} (room for {self.capacity})")
+        return IndexEntry(index, *ENTRY_STRUCT.unpack_from(self._buffer(), self._entries_offset + index * ENTRY_SIZE))
+
     def iter_entries(self) -> Iterator[IndexEntry]:
         """Every written entry, oldest first."""
-        for index in range(FIRST_INDEX, self.index_count):
-            yield IndexEntry(index, *ENTRY_STRUCT.unpack_from(self._buffer(), self._entries_offset + index * ENTRY_SIZE))
+        for index in range(FIRST_INDEX, min(self.index_count, self.capacity)):
+            yield self.entry(index)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -853,13 +980,15 @@ def reference_candidates(index_file: IndexFile, key_or_hash: str | int, *,
     ``candidate_arrays`` must answer (their test oracle). Entries at or past the limit (default:
     the header's indexCount) are skipped but followed; a prev that does not point backwards ends
     the walk; times are beginTimestamp + timeDiff s in Java long arithmetic."""
-    mm = index_file._buffer()
     key_hash = index_hash(key_or_hash) if isinstance(key_or_hash, str) else int(key_or_hash)
     begin_ts, count = index_file._walk_header()
     limit = count if limit_index_count is None else limit_index_count
-    cur = _SLOT_STRUCT.unpack_from(mm, index_file._slots_offset + (key_hash % index_file.hash_slot_num) * SLOT_SIZE)[0]
+    cur = _SLOT_STRUCT.unpack_from(index_file._buffer(), index_file._slots_offset
+                                   + (key_hash % index_file.hash_slot_num) * SLOT_SIZE)[0]
+    index_file._cover(cur)
+    mm = index_file._buffer()
     found = []
-    while INVALID_INDEX < cur < index_file.index_num:
+    while INVALID_INDEX < cur < index_file.capacity:
         stored_hash, phy, diff, prev = ENTRY_STRUCT.unpack_from(mm, index_file._entries_offset + cur * ENTRY_SIZE)
         if cur < limit and stored_hash == key_hash:
             found.append((cur, phy, _stamp(begin_ts, diff)))

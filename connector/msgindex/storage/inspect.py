@@ -31,6 +31,7 @@ import numpy as np
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
 from msgindex.storage import entry_sums, hash_run, hot_keys
 from msgindex.storage.checkpoint import CHECKPOINT_FILE
+from msgindex.storage.disk_usage import DiskUsage, disk_usage
 from msgindex.storage.durable import is_temporary
 from msgindex.storage.index_file import (
     DEFAULT_HASH_SLOT_NUM,
@@ -334,14 +335,20 @@ def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM
     """Header, fill and hash-chain statistics of one index file."""
     path = Path(path)
     check_sizing(path, hash_slot_num, index_num)
-    expected = IndexFile.file_size(hash_slot_num, index_num)
-    actual = path.stat().st_size
-    if actual != expected:
-        raise CorruptFileError(
-            f"{path}: {actual} bytes, but an index file with {hash_slot_num} slots and {index_num} entries "
-            f"is {expected} bytes; pass the file's real sizing (--hash-slots, --index-num) or the file is damaged"
-        )
+    full = IndexFile.file_size(hash_slot_num, index_num)
+    info = path.stat()
+    try:
+        IndexFile.capacity_of(info.st_size, hash_slot_num, index_num, path)
+    except CorruptFileError as bad:
+        raise CorruptFileError(f"{bad}; pass the file's real sizing (--hash-slots, --index-num) or the file is "
+                               f"damaged") from None
     with IndexFile.open(path, hash_slot_num, index_num, read_only=True) as index_file:
+        index_file.follow_growth()  # a writer may be ahead of the length just read
+        if index_file.index_count > index_file.capacity:
+            raise CorruptFileError(
+                f"{path}: header counts {index_file.entry_count} entries, but the file ({info.st_size} bytes) has room "
+                f"for {max(index_file.capacity - FIRST_INDEX, 0)}: truncated, or opened with the wrong sizing (pass "
+                f"the file's real sizing: --hash-slots, --index-num)")
         header = index_file.header
         slots = index_file.slot_array()
         entries = index_file.entry_array()[FIRST_INDEX:]
@@ -355,7 +362,11 @@ def inspect_index_file(path: Path, *, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM
             "is": KIND_DESCRIPTIONS["index_file"],
             "hash_slot_num": hash_slot_num,
             "index_num": index_num,
-            "file_bytes": actual,
+            "file_bytes": info.st_size,
+            "allocated_bytes": info.st_blocks * 512,
+            # msgindex grows a file ahead of its entries (RocketMQ's is full size, sparse)
+            "full_size_bytes": full,
+            "room_for_entries": max(index_file.capacity - FIRST_INDEX, 0),
             "header": {name: getattr(header, name) for name in header.__dataclass_fields__},
             "entries": int(entries.size),
             "capacity": index_num - FIRST_INDEX,
@@ -519,7 +530,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None, *, verify: bo
         "topics": list(checkpoint.topics),
         "segments": segments,
         "index_files": index_files,
-        "bytes": sum(_tree_bytes(directory / sub) for sub in (LOG_DIR, INDEX_DIR, hot_keys.DIRECTORY)),
+        **_usage(disk_usage(directory), summary["records"]),
     }
     if verify:
         report["problems"] = problems
@@ -549,7 +560,7 @@ def inspect_store(root: Path, *, verify: bool = True) -> dict[str, Any]:
             "settings": store.settings.to_dict(),
             "brokers": [shard["broker"] for shard in shards],
             "records": sum(shard.get("records", 0) for shard in shards),
-            "bytes": sum(shard.get("bytes", 0) for shard in shards),
+            **_usage(disk_usage(root), sum(shard.get("records", 0) for shard in shards)),
             "shards": shards,
             **({"problems": problems} if verify or problems else {}),
         }
@@ -568,10 +579,16 @@ def _settings_near(path: Path) -> StoreSettings | None:
     return None
 
 
-def _tree_bytes(directory: Path) -> int:
-    if not directory.is_dir():
-        return 0
-    return sum(entry.stat().st_size for entry in directory.iterdir() if entry.is_file())
+def _usage(usage: DiskUsage, records: int) -> dict[str, Any]:
+    """What the files take on disk: in all (the larger of their lengths and their allocated
+    blocks), and per kind and per record (``disk_usage``)."""
+    by_kind = usage.report(records)
+    return {
+        "bytes": max(usage.apparent, usage.allocated),
+        "bytes_per_record": {kind: row["bytes_per_record"] for kind, row in by_kind.items()},
+        "disk_usage": {kind: {"files": row["files"], "bytes": row["apparent_bytes"],
+                              "allocated_bytes": row["allocated_bytes"]} for kind, row in by_kind.items()},
+    }
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ Two ways a mapped page can kill the process with SIGBUS, and how every mapping h
   allocate the block at the moment of the write and has no way to report it but a signal. So a
   file that will be written through a mapping gets its blocks allocated up front
   (``posix_fallocate``; glibc writes zeros itself on filesystems without it): a full disk is then
-  a StorageFullError naming the file when it is created or opened, never a signal later.
+  a StorageFullError naming the file when it is created, opened or grown, never a signal later.
+  A file that grows (``grow_mapping``: a hash index file follows its writer in bounded steps) has
+  the blocks of its new bytes allocated before it is mapped at its new length, so a writer only
+  ever writes into allocated pages, and the bytes on disk follow the data.
 """
 
 from __future__ import annotations
@@ -39,24 +42,39 @@ def preallocate(path: Path, size: int) -> None:
             raise
 
 
-def allocate(fd: int, size: int, path: Path) -> None:
-    """Make sure the first `size` bytes of the open file `fd` have disk blocks (growing the file
-    to `size` if shorter): StorageFullError naming `path` when the filesystem has no room."""
-    if size <= 0:
+def allocate(fd: int, size: int, path: Path, *, grown_from: int = 0) -> None:
+    """Make sure bytes [grown_from, size) of the open file `fd` have disk blocks (growing the file
+    to `size` if shorter): StorageFullError naming `path` when the filesystem has no room. A file
+    `grown_from` bytes long is then cut back to that length: a failed allocation may have
+    extended it part of the way, and nobody maps past its old end yet."""
+    if size <= grown_from:
         return
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, grown_from, size - grown_from)
     except OSError as error:
+        if grown_from and os.fstat(fd).st_size > grown_from:
+            os.ftruncate(fd, grown_from)
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageFullError(
-                f"{path}: no space left to allocate {size:,} bytes on its filesystem (free some space; "
+                f"{path}: no space left to allocate {size - grown_from:,} bytes on its filesystem (free some space; "
                 f"nothing was written)"
             ) from None
         raise
 
 
-def map_file(path: Path, *, expected_size: int | None = None, writable: bool = False) -> mmap.mmap:
-    """Map `path` whole. With `expected_size`, a file of any other length is a CorruptFileError."""
+def grow_mapping(path: Path, old_size: int, new_size: int) -> mmap.mmap:
+    """Grow `path` from `old_size` to `new_size` bytes, their blocks allocated (``allocate``),
+    and map it whole, writable."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        allocate(fd, new_size, path, grown_from=old_size)
+        return mmap.mmap(fd, new_size, access=mmap.ACCESS_WRITE)
+    finally:
+        os.close(fd)
+
+
+def map_file(path: Path, *, writable: bool = False) -> mmap.mmap:
+    """Map `path` whole (its length checked by the caller: the format knows what it may be)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
@@ -68,11 +86,6 @@ def map_file(path: Path, *, expected_size: int | None = None, writable: bool = F
         raise CorruptFileError(f"{path}: cannot open ({error.strerror})") from None
     try:
         size = os.fstat(fd).st_size
-        if expected_size is not None and size != expected_size:
-            raise CorruptFileError(
-                f"{path}: file is {size} bytes, the format needs exactly {expected_size} "
-                f"(truncated, or opened with the wrong sizing)"
-            )
         if size == 0:
             raise CorruptFileError(f"{path}: file is empty (0 bytes)")
         if writable:

@@ -171,10 +171,11 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
     them (texts through arrow_text, -1 commit-log offset / size as null), one record at a time:
     for tools holding MessageRecords, and the tests' reference for the log's vectorized rendering."""
     shown_broker = arrow_text(broker)
+    topics = {topic: arrow_text(topic) for topic in {r.topic for r in records}}
     rows = [
         (
             shown_broker,
-            arrow_text(r.topic),
+            topics[r.topic],
             r.partition,
             r.offset,
             None if r.key is None else arrow_text(r.key),

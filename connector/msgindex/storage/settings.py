@@ -10,19 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.int_limits import INT32_MAX
+from msgindex.storage.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 
 
 @dataclass(frozen=True)
 class StoreSettings:
     """Sizing of a store's files, fixed when the store is created (persisted in its manifest).
 
-    hash_slot_num / index_num: RocketMQ IndexFile sizing (defaults are RocketMQ's: a 420 MB file);
+    hash_slot_num / index_num: RocketMQ IndexFile sizing (defaults: RocketMQ's entries per file,
+    a fifth of its slots: rocketmq_sizing says why);
     segment_bytes: metadata-log segment roll size; index_interval_bytes: log bytes between two
     sparse offset/time index entries (Kafka's index.interval.bytes)."""
 
-    hash_slot_num: int = DEFAULT_HASH_SLOT_NUM
+    hash_slot_num: int = STORE_HASH_SLOT_NUM
     index_num: int = DEFAULT_INDEX_NUM
     segment_bytes: int = 1 << 30
     index_interval_bytes: int = 4096

@@ -59,9 +59,10 @@ from msgindex.storage.checkpoint import (
 from msgindex.storage.durable import fsync_directory, is_temporary, write_atomically
 from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
 from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
+from msgindex.storage.index_file import FIRST_INDEX, IndexFile, index_file_name, parse_index_file_name
 from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
-from msgindex.storage.index_file import IndexFile, index_file_name, parse_index_file_name
+from msgindex.storage.java_hash import index_hash
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
@@ -73,6 +74,7 @@ from msgindex.storage.message import (
     MessageRecord,
     arrow_text,
     decode_text,
+    index_key,
     stored_window,
     timestamp_problem,
 )
@@ -99,10 +101,11 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
-# Up to this many hash candidates a lookup reads and checks them record by record: ~24 us a
-# scattered record, against ~1 ms of numpy and Arrow calls plus 10-20 us a record on the
-# vectorized path (they cross at 70-110 candidates on 1M and 10M stores; BENCHMARKS.md).
-FEW_CANDIDATES = 64
+# Up to this many hash candidates a lookup reads and checks them record by record, against ~1 ms
+# of numpy and Arrow calls plus 10-20 us a scattered record on the vectorized path: ~24 us a record
+# read in Python (the two cross at 70-110 candidates on 1M and 10M stores), ~10 us with the
+# compiled record reader (bf.read_records: they cross at 250-300 on a 5M store; BENCHMARKS.md).
+FEW_CANDIDATES = 256 if bf.compiled_blocks is not None else 64
 # A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
 # long as the writer keeps committing, up to this long: a writer that appends and applies retention
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of
@@ -184,7 +187,7 @@ def validate_broker_name(broker: str) -> None:
 
 
 def max_sparse_index_bytes(settings: StoreSettings) -> int:
-    """Preallocated size of a segment's sparse indexes: room for every entry a full segment can
+    """Maximum size of a segment's sparse indexes: room for every entry a full segment can
     get, at most Kafka's default segment.index.bytes (the log rolls early if an index fills)."""
     interval = max(settings.index_interval_bytes, bf.HEADER_SIZE)
     return min(TIME_INDEX_ENTRY_BYTES * (settings.segment_bytes // interval + 3), DEFAULT_MAX_INDEX_BYTES)
@@ -642,8 +645,6 @@ class ShardWriter(_Committed):
     def _roll(self, first_timestamp_ms: int) -> None:
         """Create the next hash index file. Like RocketMQ, it inherits the end offset and time of
         the full file before it; its name is data-derived and strictly increasing (see module doc)."""
-        # the full files get their hash runs, over what the last checkpoint committed of them
-        hash_run.seal_committed(self._files, {state.name: state.index_count for state in self._checkpoint.index_files})
         name_ms = min(max(first_timestamp_ms, MIN_NAME_MS), MAX_NAME_MS)
         end_phy_offset = end_timestamp = 0
         if self._files:
@@ -685,9 +686,8 @@ class ShardWriter(_Committed):
             source_ranges=ranges,
             extra=self._checkpoint.extra,
         ))
-        # Hash runs for the active file too (a store with default sizing has only that one file):
-        # they cover what this checkpoint committed and cost nothing until a run is due.
-        hash_run.seal_committed(self._files[-1:], {state.name: state.index_count for state in self._states})
+        # (No hash runs: hot keys' rows come from their copies and their walks end where the
+        # copies do, ShardReader._floor_entry; runs would add 20 bytes per hot entry for nothing.)
         # entry checksums over what this commit added to each file (entry_sums: after the checkpoint)
         counts = {state.name: state.index_count for state in self._states}
         for index_file in touched:
@@ -731,6 +731,7 @@ class ShardReader(_Committed, VerifiedReads):
         self._mapped: dict[str, _FileIdentity] = {}  # see check_unchanged
         self._checked_at = 0.0
         self._copies: list[hot_keys.HotKeyCopy] | None = None  # see _hot_key_copies
+        self._held: set[bytes] | None = None  # see _copied_keys
         self._copy_fitness: dict[Path, bool] = {}
         deadline = time.monotonic() + OPEN_RETRY_S
         checkpoint = read_committed(self.directory, broker)
@@ -779,8 +780,8 @@ class ShardReader(_Committed, VerifiedReads):
         next commit): its hash index files and hash runs are memory-mapped, and one changed in
         place since (truncated, zeroed, overwritten) would make lookups miss entries silently
         or, past the file's new end, kill the process with SIGBUS. One stat per file of the
-        shard's ``index/`` directory: a committed index file of the same inode whose size
-        changed is a CorruptFileError, one whose mtime changed is checked against the commit
+        shard's ``index/`` directory: a committed index file of the same inode that shrank is a
+        CorruptFileError (writers only ever grow one), one whose mtime changed is checked against the commit
         again (``verify.check_index_file``: header, slot count); a hash run that changed is
         dropped, and reloaded (and verified) at its next use. A file replaced by a rename is
         harmless: the mapping keeps the old inode. It runs at most every CHECK_INTERVAL_S (a
@@ -799,9 +800,9 @@ class ShardReader(_Committed, VerifiedReads):
             before, after = self._mapped.get(state.name), now.get(state.name)
             if before is None or after is None or before.inode != after.inode:
                 continue
-            if after.size != before.size:
+            if after.size < before.size:  # (a writer grows a file ahead of its entries: never shrinks it)
                 raise CorruptFileError(
-                    f"{index_file.path}: hash index file changed size under an open reader ({before.size} -> "
+                    f"{index_file.path}: hash index file shrank under an open reader ({before.size} -> "
                     f"{after.size} bytes): it was truncated or rewritten in place")
             if after.mtime_ns != before.mtime_ns:
                 index_file.guard_entries()  # its entries may have changed too: check them anew
@@ -875,15 +876,13 @@ class ShardReader(_Committed, VerifiedReads):
             return empty_rows()
         begin_ms, end_ms = window
         wanted = WantedKeys.of(topics, list(query.keys))
-        # Hot-key copies (hot_keys.py) are consulted once a lookup of this reader met many
-        # candidates; from then on, hash entries below what they hold are not even read.
-        copied = self._copied_rows(wanted) if self._copies else None
+        # Hot-key copies (hot_keys.py) answer the keys they hold; hash entries below what they
+        # hold are not even read (_floor_entry).
+        copied = self._copied_rows(wanted)
         from_seq = copied.covered_below(len(wanted.hashes)) if copied is not None else 0
         seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seq)
         if len(seqs) <= FEW_CANDIDATES and from_seq <= self._checkpoint.log_start_seq:
             return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
-        if copied is None and self._copies is None and len(seqs) >= hot_keys.MIN_ROWS and self._hot_key_copies():
-            copied = self._copied_rows(wanted)
         parts = []
         if copied is not None:
             wanted_partitions = None if query.partitions is None else np.array(sorted(set(query.partitions)), np.int64)
@@ -961,8 +960,10 @@ class ShardReader(_Committed, VerifiedReads):
                 continue
             if state.index_count > 1 and state.header.end_phy_offset < from_seq:
                 continue  # every entry of the file points below from_seq (phyOffsets only grow)
+            floor = self._floor_entry(index_file, state, from_seq) if from_seq > self._checkpoint.log_start_seq \
+                else FIRST_INDEX
             who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
-                wanted.hashes, limit_index_count=state.index_count)
+                wanted.hashes, limit_index_count=state.index_count, floor_entry=floor)
             inside = (phy_offsets >= low) & (phy_offsets < high)
             if not inside.all():
                 _check_entry_targets(index_file, phy_offsets[~inside], high)
@@ -972,17 +973,49 @@ class ShardReader(_Committed, VerifiedReads):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(seqs), np.concatenate(whos)
 
-    def _copied_rows(self, wanted: WantedKeys) -> hot_keys.CopiedRows:
+    def _floor_entry(self, index_file: IndexFile, state: IndexFileState, from_seq: int) -> int:
+        """The first committed entry of `index_file` pointing at or past `from_seq`: walks end
+        below it (a hot key's chain below its copies is never read). Its search can only be
+        misled by a damaged entry into ending just past that entry (``first_entry_from``), so the
+        entry before it must be what it says: an entry of a retained record below `from_seq`
+        that carries a key of its hash. Otherwise every entry is walked (and checked as usual)."""
+        floor = index_file.first_entry_from(from_seq, state.index_count)
+        if floor <= FIRST_INDEX:
+            return FIRST_INDEX
+        _index, key_hash, seq, _diff, _prev = index_file.entry(floor - 1)
+        if not self._checkpoint.log_start_seq <= seq < from_seq:
+            return FIRST_INDEX
+        record = self._log.read_few([seq])[0]
+        if key_hash not in {index_hash(index_key(record.topic, key)) for key in record.keys}:
+            return FIRST_INDEX
+        return floor
+
+    def _copied_rows(self, wanted: WantedKeys) -> hot_keys.CopiedRows | None:
+        """What the hot-key copies hold of the wanted keys (None: nothing, the usual case)."""
         copies = self._hot_key_copies()
+        if not copies:
+            return None
         # each copied wanted key's (topic, key) numbers: of 1,000 wanted keys, few are copied
-        copied = pa.array(sorted(set().union(*(copy.groups for copy in copies))), bf.TEXT)
-        numbers = np.flatnonzero(pc.is_in(wanted.keys, copied).to_numpy(zero_copy_only=False))
+        if len(wanted.keys) <= _FEW_WANTED:
+            held = self._copied_keys()
+            numbers = np.array([n for n, key in enumerate(wanted.keys.to_pylist()) if key in held], dtype=np.int64)
+        else:
+            copied = pa.array(sorted(self._copied_keys()), bf.TEXT)
+            numbers = np.flatnonzero(pc.is_in(wanted.keys, copied).to_numpy(zero_copy_only=False))
+        if not len(numbers):
+            return None
         key_numbers: dict[bytes, list[int]] = {}
         for number, key in zip(numbers.tolist(), wanted.keys.take(pa.array(numbers)).to_pylist()):
             key_numbers.setdefault(key, []).append(number)
         # the distinct wanted keys: a Query's keys are duplicate-free (query.normalize_keys)
         return hot_keys.read_copies(copies, self._copy_fits, key_numbers, len(wanted.hashes),
                                     self._checkpoint.log_start_seq, wanted.keys_per_topic)
+
+    def _copied_keys(self) -> set[bytes]:
+        """The keys some hot-key copy of the shard holds (encode_text bytes)."""
+        if self._held is None:
+            self._held = set().union(*(copy.groups for copy in self._hot_key_copies()))
+        return self._held
 
     def _hot_key_copies(self) -> list[hot_keys.HotKeyCopy]:
         """The shard's hot-key copies of committed, retained stretches (read once per reader;
@@ -1041,6 +1074,9 @@ class _FileIdentity(NamedTuple):
     inode: tuple[int, int]  # (st_dev, st_ino)
     size: int
     mtime_ns: int
+
+
+_FEW_WANTED = 16  # (topic, key) pairs checked against the copies' keys in Python, not with an Arrow kernel
 
 
 def index_entries(records: pa.Table | pa.RecordBatch | Sequence[MessageRecord], seqs: range) -> IndexEntries:

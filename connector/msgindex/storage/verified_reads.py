@@ -154,14 +154,18 @@ class VerifiedReads(ABC):
                     end_ms is not None and record.timestamp_ms > end_ms) or (
                     wanted_partitions is not None and record.partition not in wanted_partitions):
                 continue
-            if any(record.topic == wanted.texts[k][0] and wanted.texts[k][1] in record.keys for k in pairs[seq]):
+            # every pair is checked, as _verified's are: a record found under one wanted key may
+            # also be the target of another key's moved entry (the record that entry belongs to
+            # would then be missed silently)
+            unmatched = [k for k in pairs[seq] if record.topic != wanted.texts[k][0] or wanted.texts[k][1] not in record.keys]
+            if unmatched:  # a hash collision, or an entry that points at the wrong record
+                self._check_entry_target(seq, record.topic, record.keys, [int(wanted.hashes[k]) for k in unmatched])
+            if len(unmatched) < len(pairs[seq]):
                 matched.append((seq, record))
-            else:  # a hash collision, or an entry that points at the wrong record
-                self._check_entry_target(seq, record.topic, record.keys, [int(wanted.hashes[k]) for k in pairs[seq]])
         if not matched:
             return empty_rows()
-        matched.sort(key=lambda m: (m[1].timestamp_ms, arrow_text(m[1].topic).encode("utf-8"), m[1].partition,
-                                    m[1].offset, m[0]))
+        shown = {topic: arrow_text(topic).encode("utf-8") for topic in {record.topic for _, record in matched}}
+        matched.sort(key=lambda m: (m[1].timestamp_ms, shown[m[1].topic], m[1].partition, m[1].offset, m[0]))
         matched = matched[:max_results] if max_results is not None else matched
         return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
 

@@ -84,6 +84,11 @@ def check_index_file(index_file: IndexFile, state: IndexFileState, *, active: bo
     `log`, its newest committed entries must also index keys their records carry
     (``_check_newest_entries``)."""
     committed = state.header
+    if committed.index_count > index_file.capacity:
+        room = max(index_file.capacity - FIRST_INDEX, 0)
+        raise CorruptFileError(
+            f"{index_file.path}: hash index file has room for {room} entries, but the checkpoint committed "
+            f"{committed.index_count - FIRST_INDEX} (the file was truncated: committed entries are lost)")
     on_disk = index_file.header
     ahead = on_disk.index_count > committed.index_count
     if not ahead or exclusive or not active:

@@ -47,6 +47,7 @@ from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from msgindex.storage.mapped_file import raise_if_storage_full
+from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -448,8 +449,6 @@ class LogSegment(BatchReads):
             self.min_timestamp = int(directory.min_timestamps.min())
             self.max_timestamp = int(directory.max_timestamps.max())
         self._rebuild_indexes()
-        if self.writable:
-            self._resize_indexes()
 
     def _cut_to(self, state: SegmentState) -> None:
         file_size = os.fstat(self._fd).st_size
@@ -465,7 +464,6 @@ class LogSegment(BatchReads):
         self._load_indexes(state)
         if self.writable:
             self._restore_state_machine()
-            self._resize_indexes()
 
     def _load_indexes(self, state: SegmentState | None) -> None:
         """Open both indexes (cut to `state`'s entry counts), rebuilding them when missing or
@@ -491,12 +489,6 @@ class LogSegment(BatchReads):
                     getattr(self, attribute).close_handler()
             self._walk_to(self.size, verify=True)
             self._rebuild_indexes()
-
-    def _resize_indexes(self) -> None:
-        """A writer's active indexes are preallocated once, when it opens the segment: they are
-        never trimmed or regrown per commit (readers copy only committed entries anyway)."""
-        self.offset_index.resize(self.max_index_bytes)
-        self.time_index.resize(self.max_index_bytes)
 
     def _check_indexes(self) -> None:
         count = self.next_seq - self.base_seq
@@ -715,6 +707,20 @@ class LogSegment(BatchReads):
     def read_runs(self, buffer: memoryview, placed: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> None:
         for at, start, size in zip(placed.tolist(), starts.tolist(), sizes.tolist()):
             self.read_into(buffer[at : at + size], start)
+
+    def records_at(self, seqs: np.ndarray) -> list[MessageRecord]:
+        """The records of sorted unique `seqs` (all in this segment's extent), each block holding
+        some read once (``bf.read_records``: no numpy or Arrow per call, what a lookup of tens to
+        hundreds of scattered records needs)."""
+        directory = self.batches()
+        blocks = directory.block_of(seqs)
+        distinct, firsts = np.unique(blocks, return_index=True)
+        batches = directory.block_batches[distinct]
+        return bf.read_records(self._fd, self.path, bf.BlockLocations(
+            *(column[distinct] for column in (directory.block_positions, directory.block_lengths,
+                                              directory.block_raw_lengths, directory.block_crcs)),
+            directory.positions[batches], [directory.topic_tables[batch] for batch in batches.tolist()]),
+            np.append(firsts, len(seqs)), seqs - directory.block_base_seqs[blocks], self._check_read)
 
 
     # ---- appending -------------------------------------------------------------------------

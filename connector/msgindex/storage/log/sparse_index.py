@@ -3,9 +3,13 @@
 * ``OffsetIndex`` (``.index``): 8-byte entries ``relative seq i32 | log position i32``.
 * ``TimeIndex`` (``.timeindex``): 12-byte entries ``timestamp i64 | relative seq i32``.
 
-Both big-endian, relative to the segment's base sequence number, preallocated to
-``max_index_bytes`` rounded down to whole entries, memory-mapped, and trimmed to their entries on
-close/roll: a reopened file holds ``file length / entry size`` entries, exactly as Kafka reads it.
+Both big-endian, relative to the segment's base sequence number, memory-mapped, holding at most
+``max_index_bytes`` rounded down to whole entries, and trimmed to their entries on close/roll: a
+reopened file holds ``file length / entry size`` entries, exactly as Kafka reads it. Kafka
+preallocates an active index at its maximum size (sparse); a writer here grows the file in steps
+of GROWTH_BYTES ahead of its entries instead (every byte under a writable mapping is allocated, see
+``mapped_file``, so preallocating would take ~3 MB per index of a 1 GiB segment before its first
+entry).
 A reader that must not see a concurrent writer's uncommitted entries passes the committed
 ``entries`` count instead, and never touches a byte past it (the writer may trim the file).
 
@@ -41,6 +45,7 @@ from msgindex.storage.mapped_file import map_file, raise_if_storage_full
 # keep touching cold middle pages and fault them in; the warm section's pages stay cached.
 WARM_SECTION_BYTES = 8192
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: the time index's "last entry" when empty
+GROWTH_BYTES = 1 << 16  # a writer's index file grows by up to this much ahead of its entries
 MAX_RELATIVE = INT32_MAX  # entries hold seqs and positions relative to the segment as i32
 
 
@@ -64,7 +69,7 @@ def round_down(number: int, factor: int) -> int:
 
 
 class SparseIndex:
-    """What Kafka's OffsetIndex and TimeIndex share: a preallocated, memory-mapped array of
+    """What Kafka's OffsetIndex and TimeIndex share: a growing, memory-mapped array of
     fixed-size big-endian entries, searched for the largest entry <= a target."""
 
     ENTRY: ClassVar[struct.Struct]
@@ -87,15 +92,15 @@ class SparseIndex:
     @classmethod
     def open(cls, path: Path, base_seq: int, max_index_bytes: int, *, writable: bool,
              entries: int | None = None) -> SparseIndex:
-        """Open (a writer creates it preallocated when missing) the index at `path`. `entries`
+        """Open (a writer creates it empty when missing) the index at `path`. `entries`
         overrides Kafka's "length / entry size" rule for a file still being appended to."""
         index = cls(Path(path), base_seq, max_index_bytes, writable)
         if not index.path.exists():
             if not writable:
                 raise CorruptFileError(f"{index.path}: {cls.KIND} file does not exist")
             try:
-                with open(index.path, "xb") as f:
-                    f.truncate(round_down(max_index_bytes, cls.ENTRY.size))
+                with open(index.path, "xb"):
+                    pass  # grows with its entries (_reserve)
             except OSError as error:
                 raise_if_storage_full(error, index.path, "creating it")
                 raise
@@ -167,6 +172,9 @@ class SparseIndex:
 
     @property
     def max_entries(self) -> int:
+        """Entries the index can hold: a writer's grows its file up to max_index_bytes."""
+        if self.writable:
+            return round_down(self.max_index_bytes, self.ENTRY.size) // self.ENTRY.size
         return self._length // self.ENTRY.size
 
     @property
@@ -243,6 +251,7 @@ class SparseIndex:
         entries = np.empty(len(columns[0]), dtype=self.DTYPE)
         for name, values in zip(self.DTYPE.names, columns):
             entries[name] = values
+        self._reserve(self._entries + len(entries))
         start = self._entries * self.ENTRY.size
         self._buf[start : start + entries.nbytes] = entries.tobytes()
         self._entries += len(entries)
@@ -270,10 +279,18 @@ class SparseIndex:
         self._entries = entries
         self._after_load()
 
+    def _reserve(self, entries: int) -> None:
+        """Room for `entries` entries before writing them: the file grows to the next whole
+        GROWTH_BYTES (at most max_index_bytes)."""
+        needed = entries * self.ENTRY.size
+        if needed <= self._length:
+            return
+        step = round_down(GROWTH_BYTES, self.ENTRY.size)
+        self.resize(min(round_down(self.max_index_bytes, self.ENTRY.size), -(-needed // step) * step))
+
     def reset(self) -> None:
-        """Remove every entry and grow the file back to max_index_bytes."""
+        """Remove every entry (the file keeps its length: appends write over it)."""
         self.truncate_to_entries(0)
-        self.resize(self.max_index_bytes)
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to exactly its entries (Kafka does this on close and on roll)."""
@@ -291,9 +308,15 @@ class SparseIndex:
             self._buf = self._buf[:rounded] + bytearray(max(0, rounded - len(self._buf)))
             self._length = rounded
             return True
+        old = self._length
         self.close_handler()
         os.truncate(self.path, rounded)
-        self._map()
+        try:
+            self._map()
+        except BaseException:  # a full disk: no room for the new bytes; the index stays as it was
+            os.truncate(self.path, old)
+            self._map()
+            raise
         return True
 
     def flush(self) -> None:
