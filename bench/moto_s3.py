@@ -119,3 +119,9 @@ class Servers:
         for process in (self.proxy, self.moto):
             process.terminate()
             process.wait(timeout=10)
+
+
+def add_object_store_flag(parser, what: str) -> None:
+    """``--no-object-store`` (dest ``object_store``): a benchmark's object-store runs are on by default."""
+    parser.add_argument("--no-object-store", dest="object_store", action="store_false",
+                        help=f"skip {what} (moto's S3 server on loopback)")
