@@ -5,7 +5,9 @@ the benchmarks, each in its own process on loopback.
 ``AWS_*`` variables the CLI, the indexing job and Spark's ``s3a://`` connector read the same
 settings from, ``filesystem()`` a pyarrow ``S3FileSystem`` on the same server. ``slow=True``
 goes through the proxy, which adds ``latency_ms`` before every request it forwards (real S3's
-first-byte latency, ~10-30 ms, which loopback hides).
+first-byte latency, ~10-30 ms, which loopback hides); ``relay=True`` through a second one that
+adds nothing: what relaying every byte through a Python process costs by itself, so that
+``slow`` minus ``relay`` is the latency's share alone.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ PROXY = textwrap.dedent('''
     async def pipe(reader, writer, pause):
         try:
             while data := await reader.read(1 << 16):
-                if pause:
+                if pause and delay:
                     await asyncio.sleep(delay)  # before each request (or piece of one) goes on
                 writer.write(data)
                 await writer.drain()
@@ -69,7 +71,7 @@ class Servers:
     """moto's server and the latency proxy in front of it, both in their own processes."""
 
     def __init__(self, latency_ms: float = 20.0) -> None:
-        self.port, self.proxy_port = free_port(), free_port()
+        self.port, self.proxy_port, self.relay_port = free_port(), free_port(), free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
         self.moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
@@ -77,13 +79,15 @@ class Servers:
         self.proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(self.proxy_port), str(self.port),
                                        str(latency_ms)])
         wait_for(self.proxy_port, self.proxy, "the latency proxy")
+        self.relay = subprocess.Popen([sys.executable, "-c", PROXY, str(self.relay_port), str(self.port), "0"])
+        wait_for(self.relay_port, self.relay, "the relay")
 
-    def endpoint(self, *, slow: bool = False) -> str:
-        return f"http://127.0.0.1:{self.proxy_port if slow else self.port}"
+    def endpoint(self, *, slow: bool = False, relay: bool = False) -> str:
+        return f"http://127.0.0.1:{self.proxy_port if slow else self.relay_port if relay else self.port}"
 
-    def options(self, *, slow: bool = False) -> dict[str, str]:
-        return {"endpoint": self.endpoint(slow=slow), "access_key_id": ACCESS, "secret_access_key": SECRET,
-                "region": REGION, "allow_http": "true"}
+    def options(self, *, slow: bool = False, relay: bool = False) -> dict[str, str]:
+        return {"endpoint": self.endpoint(slow=slow, relay=relay), "access_key_id": ACCESS,
+                "secret_access_key": SECRET, "region": REGION, "allow_http": "true"}
 
     def env(self, *, slow: bool = False) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint(slow=slow), "AWS_ACCESS_KEY_ID": ACCESS,
@@ -116,7 +120,7 @@ class Servers:
                             endpoint_override=self.endpoint(slow=slow).removeprefix("http://"))
 
     def stop(self) -> None:
-        for process in (self.proxy, self.moto):
+        for process in (self.relay, self.proxy, self.moto):
             process.terminate()
             process.wait(timeout=10)
 
