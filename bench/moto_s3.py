@@ -75,12 +75,17 @@ class Servers:
         self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
         self.moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(self.port, self.moto, "moto's server")
-        self.proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(self.proxy_port), str(self.port),
-                                       str(latency_ms)])
-        wait_for(self.proxy_port, self.proxy, "the latency proxy")
-        self.relay = subprocess.Popen([sys.executable, "-c", PROXY, str(self.relay_port), str(self.port), "0"])
-        wait_for(self.relay_port, self.relay, "the relay")
+        self.proxy = self.relay = None
+        try:  # a server that did not start leaves none of the others running
+            wait_for(self.port, self.moto, "moto's server")
+            self.proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(self.proxy_port), str(self.port),
+                                           str(latency_ms)])
+            wait_for(self.proxy_port, self.proxy, "the latency proxy")
+            self.relay = subprocess.Popen([sys.executable, "-c", PROXY, str(self.relay_port), str(self.port), "0"])
+            wait_for(self.relay_port, self.relay, "the relay")
+        except BaseException:
+            self.stop()
+            raise
 
     def endpoint(self, *, slow: bool = False, relay: bool = False) -> str:
         return f"http://127.0.0.1:{self.proxy_port if slow else self.relay_port if relay else self.port}"
@@ -121,8 +126,9 @@ class Servers:
 
     def stop(self) -> None:
         for process in (self.relay, self.proxy, self.moto):
-            process.terminate()
-            process.wait(timeout=10)
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=10)
 
 
 def add_object_store_flag(parser, what: str) -> None:
