@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,103 +42,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from bench_vs_parquet import generate, write_parquet
+from moto_s3 import Servers
 
 import msgindex
 from msgindex.storage.objects.store import ObjectStore
 
-ACCESS, SECRET, REGION = "bench", "bench-secret", "us-east-1"
 # S3 Standard list prices (us-east-1): PUT, COPY, POST, LIST $0.005 / 1,000; GET and others $0.0004 / 1,000
 PRICE_PUT_LIST = 0.005 / 1000
 PRICE_GET = 0.0004 / 1000
 SECONDS_PER_MONTH = 30 * 24 * 3600
 PIPELINE_SHARDS = 10
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(port: int, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{what} exited with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{what} did not answer on port {port}")
-
-
-PROXY = textwrap.dedent('''
-    import asyncio, sys
-    listen, target, delay = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) / 1000
-    async def pipe(reader, writer, pause):
-        try:
-            while data := await reader.read(1 << 16):
-                if pause:
-                    await asyncio.sleep(delay)  # before each request (or piece of one) goes on
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-    async def handle(client_reader, client_writer):
-        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", target)
-        await asyncio.gather(pipe(client_reader, server_writer, True), pipe(server_reader, client_writer, False))
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", listen)
-        async with server:
-            await server.serve_forever()
-    asyncio.run(main())
-''')
-
-
-class Servers:
-    """moto's server and the latency proxy in front of it, both in their own processes."""
-
-    def __init__(self, latency_ms: float) -> None:
-        self.port, self.proxy_port = free_port(), free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
-        self.moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(self.port, self.moto, "moto's server")
-        self.proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(self.proxy_port), str(self.port),
-                                       str(latency_ms)])
-        wait_for(self.proxy_port, self.proxy, "the latency proxy")
-
-    def endpoint(self, *, slow: bool = False) -> str:
-        return f"http://127.0.0.1:{self.proxy_port if slow else self.port}"
-
-    def options(self, *, slow: bool = False) -> dict[str, str]:
-        return {"endpoint": self.endpoint(slow=slow), "access_key_id": ACCESS, "secret_access_key": SECRET,
-                "region": REGION, "allow_http": "true"}
-
-    def filesystem(self, *, slow: bool = False):
-        from pyarrow.fs import S3FileSystem
-
-        return S3FileSystem(access_key=ACCESS, secret_key=SECRET, region=REGION, scheme="http",
-                            endpoint_override=self.endpoint(slow=slow).removeprefix("http://"))
-
-    def stop(self) -> None:
-        for process in (self.proxy, self.moto):
-            process.terminate()
-            process.wait(timeout=10)
-
-
-def bucket_bytes(servers: Servers, bucket: str, prefix: str) -> int:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=servers.endpoint(), aws_access_key_id=ACCESS,
-                          aws_secret_access_key=SECRET, region_name=REGION)
-    total = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        total += sum(item["Size"] for item in page.get("Contents", ()))
-    return total
 
 
 def requests_of(store: ObjectStore, call) -> tuple[int, float, object]:
@@ -253,10 +166,7 @@ def main() -> None:
 
     servers = Servers(args.latency_ms)
     try:
-        import boto3
-
-        boto3.client("s3", endpoint_url=servers.endpoint(), aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
-                     region_name=REGION).create_bucket(Bucket="bench")
+        servers.create_bucket("bench")
         table = generate(args.records, args.seed)
         rng = np.random.default_rng(args.seed)
         distinct = pc.unique(table.column("key")).to_pylist()
@@ -274,10 +184,10 @@ def main() -> None:
             servers.filesystem().create_dir("bench/parquet")
             with servers.filesystem().open_output_stream("bench/parquet/rows.parquet") as out:
                 out.write(path.read_bytes())
-        store_bytes = bucket_bytes(servers, "bench", "index/")
+        store_bytes = servers.bucket_bytes("bench", "index/")
         live_bytes = sum(chunk.info.size for b in range(args.shards)
                          for chunk in written["store"].writer(f"b{b}").refresh().chunks)
-        parquet_bytes = bucket_bytes(servers, "bench", "parquet/")
+        parquet_bytes = servers.bucket_bytes("bench", "parquet/")
 
         store = msgindex.open("s3://bench/index", storage_options=servers.options())
         dataset = ds.dataset("bench/parquet/rows.parquet", filesystem=servers.filesystem(), format="parquet")
@@ -298,8 +208,12 @@ def main() -> None:
         slow.lookup(one_keys[0])
         parquet_filter(slow_dataset, [one_keys[0]])
         _, slow_times = lookups(slow, one_keys[:20])
+        relay = msgindex.open("s3://bench/index", storage_options=servers.options(relay=True))
+        relay.lookup(one_keys[0])
+        _, relay_times = lookups(relay, one_keys[:20])  # the same keys through a relay adding no delay
         slow_parquet = parquet_times(slow_dataset, [[k] for k in one_keys[:20]])
         slow_many = [requests_of(slow, lambda: slow.lookup(many))[1] for _ in range(3)]
+        relay_many = [requests_of(relay, lambda: relay.lookup(many))[1] for _ in range(3)]
         slow_parquet_many = parquet_times(slow_dataset, [many] * 3)
 
         per_append = written["per_append"]
@@ -337,6 +251,14 @@ def main() -> None:
         print(f"| 1,000 keys, +{args.latency_ms:g} ms a request | {ms(statistics.median(slow_many))} | "
               f"{ms(statistics.median(slow_parquet_many))} | "
               f"{statistics.median(slow_many) / statistics.median(slow_parquet_many):.3f} | <= 500 ms |")
+        # the latency's share alone: the same lookups through a relay that adds no delay; divided by
+        # the delay, the requests that waited one after another
+        latency_s = args.latency_ms / 1000
+        print(f"| the same through a relay adding no delay (its own cost: every byte through a Python process): "
+              f"one key, 1,000 keys | {ms(statistics.median(relay_times))}, {ms(statistics.median(relay_many))} | | | |")
+        print(f"| requests in series: (with the delay - through the relay) / {args.latency_ms:g} ms: one key, 1,000 keys "
+              f"| {(statistics.median(slow_times) - statistics.median(relay_times)) / latency_s:.1f}, "
+              f"{(statistics.median(slow_many) - statistics.median(relay_many)) / latency_s:.1f} | | | |")
         print(f"| bytes: chunks the newest versions list | {live_bytes:,} | {parquet_bytes:,} | "
               f"{live_bytes / parquet_bytes:.3f} | <= 3 |")
         print(f"| bytes in the bucket now (replaced chunks wait out the {written['store'].tuning.grace_s:g} s grace "

@@ -17,8 +17,16 @@ checkpoints, each run measured from query start (everything already produced) to
             (rows to Arrow in the JVM, to the Python workers, per-batch jobs); not a goal baseline;
   pipeline  the real job (msgindex.spark.pipeline.job.index_kafka): shards appended and committed.
 
-Prints records/s of each (median of --repeat runs), both ratios (pipeline/noop, goal >= 0.9;
-pipeline/parquet, goal >= 1.0), and where the pipeline's time goes.
+and, on an object store (moto's S3 server in its own process on loopback, started here; skipped
+with --no-object-store), where everything lives in one bucket, Spark's checkpoints included
+(``s3a://``, Hadoop's connector, as the job defaults to for an ``s3://`` index):
+
+  parquet-s3   the Parquet file sink writing into the bucket (the competitor there);
+  pipeline-s3  the real job with --path s3://bench/...: chunk PUTs + put-if-absent commits.
+
+Prints records/s of each (median of --repeat runs), the ratios (pipeline/noop, goal >= 0.9;
+pipeline/parquet, goal >= 1.0; pipeline-s3/pipeline, goal >= 0.8; pipeline-s3/parquet-s3), the
+object store's requests per micro-batch, and where the pipeline's time goes.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from moto_s3 import add_object_store_flag
+
 TOPIC_PARTITIONS = 3
 
 
-def _options(bootstrap: str, topic: str, path: Path, per_trigger: int, master: str | None, conf: dict):
+def _options(bootstrap: str, topic: str, path: Path | str, per_trigger: int, master: str | None, conf: dict):
     from msgindex.cli import index as index_job
 
     args = ["--bootstrap-servers", bootstrap, "--subscribe", topic, "--path", str(path), "--available-now",
@@ -53,14 +63,22 @@ def _count_rows(batches):
     yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
 
-def _arrow_floor(spark, options) -> tuple[float, int]:
-    """The pipeline's plan with a task function that only counts (see the module docstring)."""
-    from msgindex.spark.pipeline.job import kafka_stream, open_index
+def _planner(spark, options, scratch: Path):
+    """The pipeline's batch planner (its partition -> shard map kept in a local `scratch` store:
+    the baselines below store nothing of msgindex's)."""
     from msgindex.spark.pipeline.sink import BatchWriter, SinkConfig
+    from msgindex.storage.store import open_store
 
-    open_index(options).close()
-    planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
-                          source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism)
+    open_store(scratch, create=True).close()
+    return BatchWriter(SinkConfig(str(scratch), "records", str(scratch / "_quarantine")),
+                       source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism)
+
+
+def _arrow_floor(spark, options, scratch: Path) -> tuple[float, int]:
+    """The pipeline's plan with a task function that only counts (see the module docstring)."""
+    from msgindex.spark.pipeline.job import kafka_stream
+
+    planner = _planner(spark, options, scratch)
     counted = []
 
     def count_only(df, batch_id):
@@ -73,19 +91,18 @@ def _arrow_floor(spark, options) -> tuple[float, int]:
     return time.perf_counter() - started, sum(counted)
 
 
-def _baseline(spark, options, sink_format: str) -> tuple[float, int]:
-    """Seconds and rows of the same source and projection into one of Spark's own sinks."""
-    from msgindex.spark.pipeline.job import kafka_stream, open_index
+def _baseline(spark, options, sink_format: str, scratch: Path) -> tuple[float, int]:
+    """Seconds and rows of the same source and projection into one of Spark's own sinks (the
+    Parquet files go to <--path>/parquet, through Hadoop's connector on an object store)."""
+    from msgindex.spark.pipeline.job import kafka_stream
     from msgindex.spark.pipeline.kafka_records import project_records
-    from msgindex.spark.pipeline.sink import BatchWriter, SinkConfig
+    from msgindex.spark.runtime.session import hadoop_url
 
-    open_index(options).close()
-    planner = BatchWriter(SinkConfig(str(options.path), "records", str(options.quarantine)),
-                          source=options.kafka_source())
+    planner = _planner(spark, options, scratch)
     projected = project_records(kafka_stream(spark, options), planner._broker_column())
     writer = projected.writeStream.format(sink_format).option("checkpointLocation", options.checkpoint)
     if sink_format == "parquet":
-        writer = writer.option("path", str(options.path / "parquet"))
+        writer = writer.option("path", f"{hadoop_url(options.path) if options.on_object_store else options.path}/parquet")
     started = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
@@ -101,17 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each variant (the median is reported)")
     parser.add_argument("--cluster-workers", type=int, default=0,
                         help="run on a local Spark standalone cluster of N 1-core workers (default: local[2])")
+    add_object_store_flag(parser, "the runs into an S3 bucket")
     args = parser.parse_args(argv)
 
     from msgindex.kafka.admin import create_topics
     from msgindex.kafka.broker import LocalBroker, free_port
     from msgindex.kafka.loadgen import keyed_records, produce
     from msgindex.spark.pipeline.job import index_kafka
-    from msgindex.spark.runtime.session import build_spark_session
+    from msgindex.spark.runtime.session import build_spark_session, hadoop_url
     from msgindex.spark.runtime.standalone import LocalStandaloneCluster
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    broker = cluster = None
+    broker = cluster = servers = None
     bootstrap = args.bootstrap_servers
     master, conf = None, {}
     try:
@@ -124,30 +142,47 @@ def main(argv: list[str] | None = None) -> int:
             master = cluster.master_url
             conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                     "spark.executor.memory": "512m", "spark.pyspark.python": sys.executable}
+        names = ["noop", "parquet", "arrow", "pipeline"]
+        store_urls: list[str] = []
+        if args.object_store:
+            from moto_s3 import Servers
+
+            servers = Servers()
+            servers.create_bucket("bench")
+            servers.export_env()  # the job, Spark's s3a connector and the executors read AWS_*
+            names += ["parquet-s3", "pipeline-s3"]
+            store_urls = ["s3://bench/"]
         topic = f"bench-{int(time.time())}"
         create_topics(bootstrap, {topic: TOPIC_PARTITIONS})
         started = time.perf_counter()
         produce(bootstrap, keyed_records([topic], args.records, seed=3))
         print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f} s", flush=True)
-        spark = build_spark_session(app_name="bench-pipeline", master=master, extra_conf=conf)
+        # the first session's jars are the process's: Hadoop's S3 connector staged now if wanted
+        spark = build_spark_session(app_name="bench-pipeline", master=master, extra_conf=conf,
+                                    hadoop_urls=[hadoop_url(url) for url in store_urls], store_urls=store_urls)
         where = f"{master} ({args.cluster_workers} x 1-core executors)" if master else spark.sparkContext.master
         # warm-up: the JVM (noop) and the Python workers with msgindex imported (a pipeline run)
-        _baseline(spark, _options(bootstrap, topic, work / "warmup", args.records, master, conf), "noop")
+        _baseline(spark, _options(bootstrap, topic, work / "warmup", args.records, master, conf), "noop",
+                  work / "warmup-plan")
         index_kafka(_options(bootstrap, topic, work / "warmup-pipeline", args.records, master, conf))
+        if args.object_store:
+            index_kafka(_options(bootstrap, topic, "s3://bench/warmup", args.records, master, conf))
 
-        runs: dict[str, list[float]] = {"noop": [], "parquet": [], "arrow": [], "pipeline": []}
-        history: list = []
-        for rep in range(args.repeat):  # interleaved, so drifting machine load hits all three alike
+        runs: dict[str, list[float]] = {name: [] for name in names}
+        history: dict[str, list] = {}
+        for rep in range(args.repeat):  # interleaved, so drifting machine load hits all of them alike
             for name in runs:
-                options = _options(bootstrap, topic, work / f"{name}-{rep}", args.max_offsets_per_trigger, master, conf)
-                if name == "pipeline":
+                path = f"s3://bench/{name}-{rep}" if name.endswith("-s3") else work / f"{name}-{rep}"
+                options = _options(bootstrap, topic, path, args.max_offsets_per_trigger, master, conf)
+                scratch = work / f"plan-{name}-{rep}"
+                if name.startswith("pipeline"):
                     started = time.perf_counter()
-                    history = index_kafka(options)
-                    seconds, rows = time.perf_counter() - started, sum(s.records for s in history)
+                    history[name] = index_kafka(options)
+                    seconds, rows = time.perf_counter() - started, sum(s.records for s in history[name])
                 elif name == "arrow":
-                    seconds, rows = _arrow_floor(spark, options)
+                    seconds, rows = _arrow_floor(spark, options, scratch)
                 else:
-                    seconds, rows = _baseline(spark, options, name)
+                    seconds, rows = _baseline(spark, options, name.removesuffix("-s3"), scratch)
                 assert rows == args.records, f"{name} saw {rows} rows, not {args.records}"
                 runs[name].append(seconds)
                 print(f"run {rep + 1}/{args.repeat} {name:9s} {rows:,} rows in {seconds:6.1f} s = "
@@ -163,9 +198,20 @@ def main(argv: list[str] | None = None) -> int:
               f"pipeline/parquet = {rate['pipeline'] / rate['parquet']:.2f} (goal >= 1.0); "
               f"arrow floor/noop = {rate['arrow'] / rate['noop']:.2f}; pipeline/arrow floor = "
               f"{rate['pipeline'] / rate['arrow']:.2f}")
-        write = sum(s.write_seconds for s in history)
-        batches = sum(s.seconds for s in history)
-        print(f"where the time goes (last pipeline run): {len(history)} micro-batches, {batches:.1f} s inside "
+        if args.object_store:
+            requests = [s.requests for s in history["pipeline-s3"]]
+            print(f"object store: pipeline-s3/pipeline = {rate['pipeline-s3'] / rate['pipeline']:.2f} (goal >= 0.8); "
+                  f"pipeline-s3/parquet-s3 = {rate['pipeline-s3'] / rate['parquet-s3']:.2f}; "
+                  f"parquet-s3/parquet = {rate['parquet-s3'] / rate['parquet']:.2f}; requests the appends sent per "
+                  f"micro-batch (last run): {requests} (Spark's checkpoint through s3a not counted)")
+            for name in ("pipeline", "pipeline-s3"):
+                inside = sum(s.seconds for s in history[name])
+                print(f"  {name} (last run): {sum(s.write_seconds for s in history[name]):.1f} s in the tasks' appends, "
+                      f"{inside:.1f} s inside foreachBatch ({', '.join(f'{s.seconds:.1f}' for s in history[name])} s), "
+                      f"{runs[name][-1] - inside:.1f} s outside it (the job's start, Spark's checkpoint and offsets)")
+        write = sum(s.write_seconds for s in history["pipeline"])
+        batches = sum(s.seconds for s in history["pipeline"])
+        print(f"where the time goes (last pipeline run): {len(history['pipeline'])} micro-batches, {batches:.1f} s inside "
               f"foreachBatch; the tasks' shard appends (encode, hash index, fsync, commit) took {write:.1f} s summed "
               f"over tasks; Kafka read + projection alone ~{median['noop']:.1f} s (noop); + rows to Arrow, to the "
               f"Python workers and per-batch Python jobs ~{median['arrow'] - median['noop']:+.1f} s (arrow - noop); "
@@ -174,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+        if servers is not None:
+            servers.stop()
         if broker is not None:
             broker.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -12,6 +12,11 @@ checked. Then, in one SparkSession and one run, after an untimed warm-up of each
               a user does today)
 * 1000 keys:  ``where key IN (...)`` on both.
 
+Unless ``--no-object-store``, the same store is also written into an S3 bucket (moto's server in
+its own process on loopback, ``AWS_*`` set for Spark's Python workers) and the same msgindex
+queries run on ``load("s3://bench/store")`` in the same rounds ("s3" rows; goal: one key <= 1.5x
+the floor).
+
 Both sides must return the same (partition, offset) set, so the comparison is on equal answers.
 Prints absolute seconds and the ratios (baseline / msgindex), and Spark's own floor in the same
 session: a trivial JVM job (``spark.range(1).collect()``), a trivial Python one (``mapInArrow``
@@ -43,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from moto_s3 import add_object_store_flag
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 SPAN_MS = 3_600_000  # messages are spread over the last hour (older ones: Kafka's retention deletes them)
@@ -89,12 +95,13 @@ def produce(bootstrap: str, topic: str, partitions: int, messages: int, cardinal
 
 
 # --- msgindex store ------------------------------------------------------------------------------
-def build_store(root: Path, topic: str, partitions: int, messages: int, cardinality: int, value_bytes: int) -> float:
+def build_store(root: Path | str, topic: str, partitions: int, messages: int, cardinality: int, value_bytes: int,
+                storage_options: dict | None = None) -> float:
     from msgindex.storage.message import APPEND_SCHEMA
     from msgindex.storage.store import open_store
 
     started = time.perf_counter()
-    with open_store(root, create=True) as store, store.writer(SHARD) as writer:
+    with open_store(root, create=True, storage_options=storage_options) as store, store.writer(SHARD) as writer:
         for start in range(0, messages, APPEND_ROWS):
             ids = np.arange(start, min(start + APPEND_ROWS, messages), dtype=np.int64)
             keys = pa.array([f"user-{k}" for k in key_of(ids, cardinality).tolist()], pa.string())
@@ -251,10 +258,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the session (repeatable)")
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka scans (floor ratios only)")
+    add_object_store_flag(parser, "the queries on the same store in an S3 bucket")
     args = parser.parse_args(argv)
     cardinality = args.cardinality or max(args.messages // 10, 1)
-    with bench_data(args, cardinality, "bench", kafka=not args.no_kafka) as data:
+    servers = None
+    with bench_data(args, cardinality, "bench", kafka=not args.no_kafka) as data, contextlib.ExitStack() as cleanup:
         bootstrap, topic, store_root = data.bootstrap, data.topic, data.store
+        s3_root = "s3://bench/store"
+        if args.object_store:
+            from moto_s3 import Servers
+
+            servers = Servers()
+            cleanup.callback(servers.stop)
+            servers.create_bucket("bench")
+            servers.export_env()  # before the session starts: its Python workers read AWS_*
+            build_s = build_store(s3_root, topic, args.partitions, args.messages, cardinality, args.value_bytes,
+                                  servers.options())
+            print(f"build msgindex store in the bucket:              {build_s:8.1f} s "
+                  f"({args.messages / build_s:,.0f} msg/s)", flush=True)
         from msgindex.spark import enable_pushdown
         from msgindex.spark.runtime.session import build_spark_session
 
@@ -273,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(many)} keys, where": lambda: msgindex_ids(spark, store_root, many_cond),
             f"{len(many)} keys, option": lambda: msgindex_option_ids(spark, store_root, many),
         }
+        if args.object_store:
+            queries.update({
+                "1 key, where, s3": lambda: msgindex_ids(spark, s3_root, one_cond),
+                "1 key, option, s3": lambda: msgindex_option_ids(spark, s3_root, [one]),
+                f"{len(many)} keys, where, s3": lambda: msgindex_ids(spark, s3_root, many_cond),
+                f"{len(many)} keys, option, s3": lambda: msgindex_option_ids(spark, s3_root, many),
+            })
         # untimed warm-up of every query (JVM code, Python workers); then rounds that alternate
         # the floor and the queries, so that the machine's load falls on both alike
         for action in [*floor.values(), *queries.values()]:
@@ -303,20 +331,20 @@ def main(argv: list[str] | None = None) -> int:
                         f"(only msgindex: {sorted(mine - theirs)[:5]}, only Kafka: {sorted(theirs - mine)[:5]}); "
                         f"not the same answer, so no comparison")
                 kafka[label] = (best_s, [t for t, _ in scans])
-        goals = {"1 key": 1.25, f"{len(many)} keys": 2.0}
-        print(f"\n{'query':<22}{'rows':>8}{'seconds':>9}{'x floor':>9}{'goal':>7}"
+        goals = {"1 key": 1.25, f"{len(many)} keys": 2.0, "1 key s3": 1.5}
+        print(f"\n{'query':<26}{'rows':>8}{'seconds':>9}{'x floor':>9}{'goal':>7}"
               f"{'kafka scan s':>14}{'kafka/msgindex':>16}")
         for name in queries:
             label = name.split(",")[0]
             rows = len(runs[name][0][1])
-            goal = goals.get(label)
-            line = (f"{name:<22}{rows:>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x"
+            goal = goals.get(label + (" s3" if name.endswith(", s3") else ""))
+            line = (f"{name:<26}{rows:>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x"
                     f"{('<=' + str(goal)) if goal else '':>7}")
             if label in kafka:
                 line += f"{kafka[label][0]:>14.2f}{kafka[label][0] / median[name]:>15.0f}x"
             print(line)
         for name in floor:
-            print(f"{'floor':<22}{'':>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x   Spark's {name}")
+            print(f"{'floor':<26}{'':>8}{median[name]:>9.3f}{median[name] / floor_s:>8.2f}x   Spark's {name}")
         kafka_all = [t for _, times in kafka.values() for t in times]
         print(f"(msgindex and floor: median of {args.repeat} alternating rounds after an untimed warm-up; "
               f"'x floor' = seconds / the {FLOOR!r} floor"
