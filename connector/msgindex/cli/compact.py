@@ -1,9 +1,9 @@
-"""``msgindex compact``: merge the chunks of a store on object storage now, then delete what is
+"""msgindex compact: merge the chunks of a store on object storage now, then delete what is
 past the grace period (writers do the same by themselves, bounded, at most once per interval).
 
     msgindex compact URL [--broker B ...] [--dry-run] [--storage-option K=V ...]
 
-Each shard's chunks are merged as far as one merged chunk may hold (``ObjectStore.compact``), so
+Each shard's chunks are merged as far as one merged chunk may hold (ObjectStore.compact), so
 a lookup reads as few objects as possible; readers keep answering from the version they hold
 while it runs, and the replaced chunks are deleted only after the grace period. A local store has
 nothing to compact: each of its shards appends to one log and one hash index file.

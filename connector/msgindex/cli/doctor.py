@@ -160,12 +160,14 @@ def _kafka(bootstrap: str, args: argparse.Namespace) -> list[Check]:
 
 
 def _index(args: argparse.Namespace) -> Check:
-    from msgindex.storage.inspect import inspect_path, problems_of
+    from msgindex.storage.inspect import inspect_path, inspect_store, problems_of
     from msgindex.times import format_window
 
     path = args.path
-    report = inspect_path(path if is_object_store_url(path) else Path(path).absolute(), verify=False,
-                          storage_options=storage_options(args))
+    if is_object_store_url(path):
+        report = inspect_path(path, verify=False, storage_options=storage_options(args))
+    else:  # (a store, not any file inspect knows: "no such msgindex store" names what is missing)
+        report = inspect_store(Path(path).absolute(), verify=False)
     shards = report["shards"]
     # a local shard lists segments, an object-store shard its newest version's chunks: both carry
     # "topics" lists and "time_range"s somewhere below the shard

@@ -9,7 +9,7 @@ Stop the indexing job first: a shard whose writer lock is held is refused. Nothi
 unless the rebuilt checkpoint verifies against every file of the shard (as msgindex inspect
 verifies); a shard that cannot be rebuilt safely is refused with the reason, exit code 2.
 
-On an object store (s3://, gs://, az://) each shard is verified as ``msgindex inspect`` does; a
+On an object store (s3://, gs://, az://) each shard is verified as msgindex inspect does; a
 missing shard mark is put back; --collect-now deletes orphans and removed objects now instead of
 after the grace period; --roll-back drops a damaged newest version (what it committed is lost:
 index those offsets again); a missing or damaged chunk cannot be rebuilt (restore the object, or
