@@ -105,6 +105,43 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             process.kill()
 
 
+def require_credentials(server: S3Server) -> dict[str, dict[str, str]]:
+    """Make `server` check every request's credentials from now on (moto's IAM authentication:
+    its ``INITIAL_NO_AUTH_ACTION_COUNT`` switch, set through ``/moto-api/reset-auth``), with two
+    IAM users made first: "writer" may do anything in S3, "nobody" nothing. Returns the storage
+    options of each (then a new bucket needs the writer's keys: ``bucket_as``). Use a server of
+    its own: every client of it must sign with real keys afterwards."""
+    import json
+    import urllib.request
+
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=server.endpoint, aws_access_key_id=ACCESS_KEY,
+                       aws_secret_access_key=SECRET_KEY, region_name=REGION)
+    identities = {}
+    for user, actions in (("writer", ["s3:*"]), ("nobody", [])):
+        iam.create_user(UserName=user)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        if actions:
+            iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+        identities[user] = {**server.options, "access_key_id": key["AccessKeyId"],
+                            "secret_access_key": key["SecretAccessKey"]}
+    switch = urllib.request.Request(f"{server.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                    headers={"Content-Type": "text/plain"})  # (a form body would be parsed away)
+    urllib.request.urlopen(switch, timeout=30).read()
+    return identities
+
+
+def bucket_as(server: S3Server, options: dict[str, str]) -> str:
+    """A new bucket made with the keys in `options` (on a server that checks them)."""
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=options["access_key_id"],
+                 aws_secret_access_key=options["secret_access_key"], region_name=REGION).create_bucket(Bucket=name)
+    return name
+
 def environment_with(server: S3Server) -> dict[str, str]:
     """os.environ plus the server's AWS_* variables (for subprocesses)."""
     return {**os.environ, **server.env}
