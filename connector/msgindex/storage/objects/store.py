@@ -94,14 +94,17 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
             if client.list(""):
                 raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
             raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
-        if client.list(""):
+        if not client.list(""):
+            settings = settings or StoreSettings()
+            if client.put_if_absent(key, encode_manifest(settings, None)):
+                return ObjectStore(location, settings, client, tuning, max_staleness_s=max_staleness_s)
+        # Another process created the store since our GET (the manifest is the first object a
+        # creator puts, so objects without it are not a store being made): open what it made.
+        # (Two jobs started at once on a new index met here: the second saw the first's objects.)
+        raw = client.get(key)
+        if raw is None:
             raise StoreNotFoundError(f"{location.url}: cannot create a msgindex store here: it holds objects and no "
                                      f"{MANIFEST_FILE}")
-        settings = settings or StoreSettings()
-        if not client.put_if_absent(key, encode_manifest(settings, None)):
-            raw = client.get(key)  # another process created it first: open what it made
-        else:
-            return ObjectStore(location, settings, client, tuning, max_staleness_s=max_staleness_s)
     manifest = decode_manifest(raw, source=f"{location.url.rstrip('/')}/{MANIFEST_FILE}")
     if manifest.version != STORE_FORMAT_VERSION:
         raise UpgradeRequiredError(f"{location.url}: store format {manifest.version}; this msgindex reads format "
