@@ -162,6 +162,7 @@ def bucket_as(server: S3Server, options: dict[str, str]) -> str:
                  aws_secret_access_key=options["secret_access_key"], region_name=REGION).create_bucket(Bucket=name)
     return name
 
+
 def environment_with(server: S3Server) -> dict[str, str]:
     """os.environ plus the server's AWS_* variables (for subprocesses)."""
     return {**os.environ, **server.env}

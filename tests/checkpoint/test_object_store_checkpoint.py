@@ -107,6 +107,21 @@ def test_s3a_jars_are_hadoop_aws_at_pysparks_hadoop_version_and_the_sdk_bundle_i
     assert object_store_jars(["s3a://a/1", "s3a://b/2"]) == jars
 
 
+def test_under_spark_submit_the_jars_are_those_of_spark_home(tmp_path, monkeypatch):
+    """spark-submit's Python imports pyspark from $SPARK_HOME/python/lib/pyspark.zip, which has no
+    jars/ beside it: the Hadoop release is read from $SPARK_HOME/jars (the Spark that runs), else
+    `spark-submit ... index_job.py --checkpoint s3a://...` failed with 'found versions none'."""
+    jars = tmp_path / "spark" / "jars"
+    jars.mkdir(parents=True)
+    for name in ("hadoop-client-api-9.8.7.jar", "hadoop-client-runtime-9.8.7.jar", "kafka-clients-1.2.3.jar"):
+        (jars / name).touch()
+    monkeypatch.setenv("SPARK_HOME", str(jars.parent))
+    assert _pyspark_jars_dir() == jars and hadoop_version() == "9.8.7"
+    assert "kafka-clients" in _shipped_artifacts()
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "no-such-spark"))  # not a Spark: pyspark's own
+    assert (_pyspark_jars_dir() / f"hadoop-client-api-{hadoop_version()}.jar").is_file()
+
+
 def test_gcs_and_abfs_connectors_stage_and_hold_their_filesystems():
     """Staged from Maven Central and holding the class Hadoop loads for the scheme; no test
     server for them here (no GCS or Azure emulator is installed), so nothing more is claimed."""

@@ -3,6 +3,8 @@ from pyspark's own ``spark-class`` on loopback (the second worker on 127.0.0.2, 
 speculative copies: it never runs a copy on the host of the original), and an executor Python
 WITHOUT msgindex or kafka-python (a venv with only pyspark and its Arrow dependencies, cached under
 ``.msgindex/`` keyed by the requirement set), so every cluster test proves the job ships its code.
+The object-store tests' executors have obstore besides (``object_executor_python``): reading and
+writing an ``s3://`` index is what the README says executors need it for.
 
 Everything started here is stopped at the end of the session, also when a test fails.
 """
@@ -23,18 +25,18 @@ from msgindex.jvm import msgindex_home
 from msgindex.spark.runtime.standalone import LocalStandaloneCluster
 
 EXECUTOR_REQUIREMENTS = ("pyspark", "numpy", "pyarrow", "pandas")  # pyspark's Arrow functions need these
+OBJECT_STORE_REQUIREMENTS = ("obstore",)  # and an object-store index this client library
 START_TIMEOUT_S = 180
 WORKER_MEMORY = "1g"
 
 
-def _requirements() -> list[str]:
-    return [f"{name}=={metadata.version(name)}" for name in EXECUTOR_REQUIREMENTS]
+def _requirements(names: tuple[str, ...]) -> list[str]:
+    return [f"{name}=={metadata.version(name)}" for name in names]
 
 
-@pytest.fixture(scope="session")
-def executor_python() -> str:
-    """A Python with the project's exact pyspark/numpy/pyarrow/pandas and nothing else."""
-    requirements = _requirements()
+def _executor_venv(names: tuple[str, ...]) -> str:
+    """A Python with the project's exact versions of `names` and nothing else (built once)."""
+    requirements = _requirements(names)
     key = hashlib.sha1(" ".join([sys.version, *requirements]).encode()).hexdigest()[:12]
     venv = msgindex_home() / f"executor-venv-{key}"
     python = venv / "bin" / "python"
@@ -51,6 +53,18 @@ def executor_python() -> str:
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "clean", "the executor Python must not have msgindex installed"
     return str(python)
+
+
+@pytest.fixture(scope="session")
+def executor_python() -> str:
+    """A Python with the project's exact pyspark/numpy/pyarrow/pandas and nothing else."""
+    return _executor_venv(EXECUTOR_REQUIREMENTS)
+
+
+@pytest.fixture(scope="session")
+def object_executor_python() -> str:
+    """The same plus obstore (an object-store index's client), and still no msgindex."""
+    return _executor_venv(EXECUTOR_REQUIREMENTS + OBJECT_STORE_REQUIREMENTS)
 
 
 @pytest.fixture(scope="session")

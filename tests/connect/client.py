@@ -35,15 +35,16 @@ def _error(action) -> str:
     return ""
 
 
-def read(spark, store: str, window: list[int], edge_key: str) -> dict[str, Any]:
-    """format("msgindex") through Connect: options, where without and with pushdown, bad input."""
+def read(spark, store: str, window: list[int], edge_key: str, storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """format("msgindex") through Connect: options, where without and with pushdown, bad input.
+    `storage`: an object store's client options, given to every read as storage.<name>."""
     from msgindex.spark import enable_pushdown
 
-    def load(**options):
+    def load(path: str = store, **options):
         reader = spark.read.format("msgindex")
-        for name, value in options.items():
+        for name, value in {**{f"storage.{k}": v for k, v in (storage or {}).items()}, **options}.items():
             reader = reader.option(name, value)
-        return reader.load(store)
+        return reader.load(path)
 
     result = {
         "key": _ids(load(key="Aa")),
@@ -52,7 +53,7 @@ def read(spark, store: str, window: list[int], edge_key: str) -> dict[str, Any]:
         "where_unpushed": _ids(load().where("key = 'BBBB' AND partition = 2")),
         "where_unpushed_plan": _plan(load().where("key = 'BBBB'")),
         "bad_option": _error(lambda: load(colour="red").collect()),
-        "bad_path": _error(lambda: spark.read.format("msgindex").load(store + "-missing").collect()),
+        "bad_path": _error(lambda: load(store + "-missing").collect()),
     }
     enable_pushdown(spark)
     pushed = load().where("key = 'Aa' AND topic IN ('orders', 'audit')")
@@ -64,12 +65,12 @@ def read(spark, store: str, window: list[int], edge_key: str) -> dict[str, Any]:
     return result
 
 
-def bulk(spark, store: str, keys: list[str | None]) -> dict[str, Any]:
-    """lookup_keys through Connect, and its SQL recipe."""
+def bulk(spark, store: str, keys: list[str | None], storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """lookup_keys through Connect, and its SQL recipe (`storage`: an object store's client options)."""
     from msgindex.spark import lookup_keys
 
     frame = spark.createDataFrame([(k,) for k in keys], "order_id string")
-    found = lookup_keys(frame, store, key_col="order_id", num_partitions=2)
+    found = lookup_keys(frame, store, key_col="order_id", num_partitions=2, storage_options=storage)
     rows = sorted([list(r) for r in found.select("lookup_key", *IDS).collect()])
     found.createOrReplaceTempView("incident_messages")
     counted = spark.sql("SELECT lookup_key, count(*) AS n FROM incident_messages GROUP BY lookup_key").collect()
@@ -97,6 +98,17 @@ def empty_answers(spark, cases: list[dict], lookup_keys_store: str, keys: list[s
     frame = spark.createDataFrame([(k,) for k in keys], "k string")
     result["lookup_keys"] = lookup_keys(frame, lookup_keys_store, key_col="k").count()
     return result
+
+
+def fetch(spark, store: str, key: str, bootstrap: str, storage: dict[str, str] | None = None) -> list[list]:
+    """fetchValues through Connect: (partition, offset, value hex, [[header key, value hex]])."""
+    reader = spark.read.format("msgindex").option("key", key).option("fetchValues", "true") \
+        .option("kafka.bootstrap.servers", bootstrap)
+    for name, value in (storage or {}).items():
+        reader = reader.option(f"storage.{name}", value)
+    from tests.packaging.plain_session import value_rows
+
+    return value_rows(reader.load(store).collect())
 
 
 def main(argv: list[str]) -> int:

@@ -69,3 +69,11 @@ def connect_truth(tmp_path_factory: pytest.TempPathFactory) -> Truth:
     path = tmp_path_factory.mktemp("connect-store") / "store"
     build_store(path, rows)
     return Truth(path, tuple(rows))
+
+
+@pytest.fixture(scope="session")
+def connect_object_truth(connect_truth: Truth, s3) -> Truth:
+    """The same records in an index on the session's S3 server (moto): ``path`` is its URL."""
+    url = s3.url("store")
+    build_store(url, list(connect_truth.rows), storage_options=s3.options)
+    return Truth(url, connect_truth.rows)

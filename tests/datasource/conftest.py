@@ -99,6 +99,59 @@ def build_store(path: Path | str, rows: list[tuple[str, MessageRecord]], setting
                     writer.append(records[start : start + RECORDS_PER_BROKER_BATCH])
 
 
+# (partition, offset) -> (key, value, headers as sent) of what `kafka_backed_store` produced
+SentRecords = dict[tuple[int, int], tuple[str, bytes, list[tuple[str, bytes]]]]
+GONE_OFFSET = 1_000_000  # a message the index holds and Kafka no longer has (retention)
+
+
+def kafka_backed_store(bootstrap: str, topic: str, path: Path | str, count: int = 40,
+                       storage_options: dict[str, str] | None = None) -> SentRecords:
+    """Produce `count` records with values and headers to `topic` (keys cust-0..3, each also under
+    order-<i>) and index them into a new store at `path` (an s3:// URL too), plus one cust-1
+    message at GONE_OFFSET that Kafka does not have: what fetchValues reads back."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    sent: SentRecords = {}
+    records = []
+    for i in range(count):
+        key = f"cust-{i % 4}"
+        value = f"payload-{i}".encode() * (1 + i % 3)
+        headers = [("KEYS", f"order-{i}".encode()), ("trace", bytes([i, 0, 255]))]
+        meta = producer.send(topic, key=key.encode(), value=value, headers=headers).get(timeout=30)
+        sent[(meta.partition, meta.offset)] = (key, value, headers)
+        records.append(MessageRecord(topic, meta.partition, meta.offset, meta.timestamp, key, (key, f"order-{i}")))
+    producer.close()
+    records.append(MessageRecord(topic, 0, GONE_OFFSET, records[0].timestamp_ms, "cust-1", ("cust-1",)))
+    with open_store(path, create=True, storage_options=storage_options) as store, store.writer("b0") as writer:
+        writer.append(records)
+    return sent
+
+
+def rows_of_json(rows: list[list]) -> list[tuple]:
+    """fetchValues rows printed as JSON by a session of its own (plain_session.value_rows) as
+    (partition, offset, value, [(header key, value)])."""
+    return [(partition, offset, None if value is None else bytes.fromhex(value),
+             None if headers is None else [(name, bytes.fromhex(raw)) for name, raw in headers])
+            for partition, offset, value, headers in rows]
+
+
+def assert_fetched(rows: list, sent: SentRecords, key: str) -> None:
+    """(partition, offset, value, [(header key, value)]) rows of a fetchValues read of `key`: each
+    message sent with the key once, with its value and headers, and the message Kafka no longer
+    has with null ones."""
+    expected = {po: v for po, v in sent.items() if v[0] == key}
+    assert len(rows) == len(expected) + 1
+    for partition, offset, value, headers in rows:
+        if offset == GONE_OFFSET:
+            assert value is None and headers is None
+            continue
+        _, sent_value, sent_headers = expected.pop((partition, offset))
+        assert bytes(value) == sent_value
+        assert [(name, bytes(raw)) for name, raw in headers] == sent_headers
+    assert not expected
+
+
 @pytest.fixture(scope="session")
 def spark(spark):
     """The shared session with ``where`` pushdown enabled (``enable_pushdown`` registers the

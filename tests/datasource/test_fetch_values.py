@@ -10,44 +10,18 @@ import pytest
 from msgindex.cli.failure import explain
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import open_store
+from tests.datasource.conftest import assert_fetched, kafka_backed_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
 def test_fetch_values_from_real_kafka(spark, kafka_bootstrap, kafka_topic, tmp_path):
-    from kafka import KafkaProducer
-
     topic = kafka_topic(partitions=2)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    sent = {}
-    for i in range(40):
-        key = f"cust-{i % 4}".encode()
-        value = f"payload-{i}".encode() * (1 + i % 3)
-        headers = [("KEYS", f"order-{i}".encode()), ("trace", bytes([i, 0, 255]))]
-        meta = producer.send(topic, key=key, value=value, headers=headers).get(timeout=30)
-        sent[(meta.partition, meta.offset)] = (key.decode(), i, value, headers, meta.timestamp)
-    producer.close()
-
-    records = [
-        MessageRecord(topic, partition, offset, ts, key, (key, f"order-{i}"))
-        for (partition, offset), (key, i, _, _, ts) in sent.items()
-    ]
-    # a message the log no longer has (retention): the row stays, with a null value
-    records.append(MessageRecord(topic, 0, 1_000_000, records[0].timestamp_ms, "cust-1", ("cust-1",)))
-    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
-        writer.append(records)
-
+    sent = kafka_backed_store(kafka_bootstrap, topic, tmp_path / "store")
     rows = (spark.read.format("msgindex").option("key", "cust-1").option("fetchValues", "true")
             .option("kafka.bootstrap.servers", kafka_bootstrap).load(str(tmp_path / "store")).collect())
-    expected = {po: v for po, v in sent.items() if v[0] == "cust-1"}
-    assert len(rows) == len(expected) + 1
-    for row in rows:
-        if row.offset == 1_000_000:
-            assert row.value is None and row.headers is None
-            continue
-        _, _, value, headers, _ = expected[(row.partition, row.offset)]
-        assert bytes(row.value) == value
-        assert [(h.key, bytes(h.value)) for h in row.headers] == headers
+    assert_fetched([(row.partition, row.offset, row.value, row.headers and [(h.key, h.value) for h in row.headers])
+                    for row in rows], sent, "cust-1")
 
 
 def test_fetch_values_from_a_broker_that_does_not_answer_fails_at_load_naming_it(spark, truth):

@@ -1,9 +1,10 @@
 """Run by ``tests/packaging`` with a Python of its own, the way a user runs their own job: a plain
 ``SparkSession.builder`` (never msgindex's builder), no register call, no msgindex environment
 variable. Reads the index given as argument and prints one JSON object: each step's result, or
-the error it raised.
+the error it raised. With FETCH (JSON: store, key, bootstrap) also a fetchValues read of that
+index's key from Kafka.
 
-    python plain_session.py STORE KEY
+    python plain_session.py STORE KEY [FETCH]
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ def plan(df) -> str:
     return captured.getvalue()
 
 
-def main(store: str, key: str) -> int:
+def value_rows(rows) -> list[list]:
+    """fetchValues rows as JSON: (partition, offset, value hex, [[header key, value hex]])."""
+    return [[row.partition, row.offset, None if row.value is None else bytes(row.value).hex(),
+             None if row.headers is None else [[h.key, bytes(h.value).hex()] for h in row.headers]] for row in rows]
+
+
+def main(store: str, key: str, fetch: dict | None = None) -> int:
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
@@ -59,10 +66,18 @@ def main(store: str, key: str) -> int:
         return {"plan": plan(df), "ids": ids(df)}
 
     step(results, "pushed", pushed)
+
+    def fetched():
+        rows = (spark.read.format("msgindex").option("key", fetch["key"]).option("fetchValues", "true")
+                .option("kafka.bootstrap.servers", fetch["bootstrap"]).load(fetch["store"]).collect())
+        return value_rows(rows)
+
+    if fetch is not None:
+        step(results, "fetched", fetched)
     spark.stop()
     print(json.dumps(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else None))

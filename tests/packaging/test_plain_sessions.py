@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.datasource.conftest import assert_fetched, kafka_backed_store, rows_of_json
 from tests.packaging.conftest import PROJECT_VENV_BIN, user_environment
 
 pytestmark = pytest.mark.spark
@@ -25,8 +26,9 @@ KEY = "Aa"
 SESSION_TIMEOUT_S = 600
 
 
-def run_plain_session(python: Path, env: dict[str, str], store: Path, cwd: Path) -> dict:
-    done = subprocess.run([str(python), str(SCRIPT), str(store), KEY], env=env, cwd=cwd,
+def run_plain_session(python: Path, env: dict[str, str], store: Path | str, cwd: Path, fetch: dict | None = None) -> dict:
+    extra = [json.dumps(fetch)] if fetch is not None else []
+    done = subprocess.run([str(python), str(SCRIPT), str(store), KEY, *extra], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=SESSION_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -49,12 +51,18 @@ def test_editable_install_in_an_activated_venv(packaging_store, tmp_path):
     assert_reads_right(results, packaging_store, Path(__file__).resolve().parents[2] / "connector")
 
 
-def test_editable_install_reads_an_object_store_index(packaging_object_store, s3, tmp_path):
+@pytest.mark.kafka
+def test_editable_install_reads_an_object_store_index(packaging_object_store, s3, kafka_bootstrap, kafka_topic, tmp_path):
     """The same reads of an s3:// index, the store's endpoint and credentials in the AWS_*
-    variables of the user's shell: Spark's workers read the objects themselves."""
+    variables of the user's shell: Spark's workers read the objects themselves; and fetchValues
+    of an s3:// index of records in Kafka."""
+    fetch_url = s3.url("fetch")
+    sent = kafka_backed_store(kafka_bootstrap, kafka_topic(partitions=2), fetch_url, storage_options=s3.options)
     env = {**user_environment(PROJECT_VENV_BIN), **s3.env}
-    results = run_plain_session(PROJECT_VENV_BIN / "python", env, packaging_object_store.path, tmp_path)
+    results = run_plain_session(PROJECT_VENV_BIN / "python", env, packaging_object_store.path, tmp_path,
+                                fetch={"store": fetch_url, "key": "cust-1", "bootstrap": kafka_bootstrap})
     assert_reads_right(results, packaging_object_store, Path(__file__).resolve().parents[2] / "connector")
+    assert_fetched(rows_of_json(results["fetched"]), sent, "cust-1")
     assert list(tmp_path.iterdir()) == [] or all(p.name.startswith("spark-") for p in tmp_path.iterdir())
 
 

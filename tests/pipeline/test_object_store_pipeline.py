@@ -1,16 +1,27 @@
 """The indexing job with its index on an object store (moto's S3 server): every record exactly
 once against Kafka's ground truth, replays and a new checkpoint change nothing, and nothing of the
-index is written to a local path."""
+index is written to a local path; a wrong endpoint, a missing bucket and wrong credentials through
+the real CLI are one line each, exit 2, nothing written or lost. (On a standalone cluster, with
+faults, and two jobs at once: tests/cluster/test_cluster_object_store.py.)"""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
 
 import pytest
 
 import msgindex
+from msgindex.kafka.broker import free_port
 from msgindex.kafka.loadgen import keyed_records, produce
 from msgindex.spark.pipeline.partition_brokers import PartitionBrokerMap
 from msgindex.spark.pipeline.progress import read_batch_log
+from tests.datasource.conftest import build_store, generate_records
+from tests.object_store import bucket_as, require_credentials, start_s3_server
 from tests.pipeline.support import assert_index_equals, ground_truth, job_args, run_job_in_process
+from tests.pipeline.test_cli_failures import MSGINDEX, assert_one_line
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -82,3 +93,73 @@ def test_the_cli_job_keeps_everything_in_the_bucket_checkpoint_included(kafka_bo
     assert second.returncode == 0, second.stderr[-3000:]
     assert "done: 0 batches" in second.stdout, second.stdout[-2000:]
     assert [p.name for p in work.iterdir() if not p.name.startswith("spark-")] == []
+
+
+@pytest.fixture(scope="module")
+def checked_s3(tmp_path_factory):
+    """An S3 server of its own that checks credentials (tests/object_store.require_credentials),
+    and the storage options of its "writer" (may do anything) and "nobody" (may do nothing)."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (the dev extra installs it)")
+    process, server = start_s3_server(str(tmp_path_factory.mktemp("s3-auth") / "moto.log"))
+    try:
+        yield server, require_credentials(server)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def _objects(server, options: dict[str, str], bucket: str) -> dict[str, str]:
+    """Every object of `bucket`: key -> ETag."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=options["access_key_id"],
+                          aws_secret_access_key=options["secret_access_key"], region_name=options["region"])
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", ())}
+
+
+def test_bad_store_settings_are_one_line_exit_2_and_write_nothing(kafka_bootstrap, kafka_topic, s3, checked_s3, tmp_path):
+    """`msgindex index` (the real CLI, endpoint and credentials in the AWS_* variables as users
+    set them) with a wrong endpoint, a bucket that does not exist, a wrong secret and keys without
+    permission: one line naming what is wrong, exit 2, before Spark starts; an index already in
+    the bucket is untouched and nothing is written to a local path."""
+    topic = kafka_topic(partitions=1, prefix="badstore")
+    server, identities = checked_s3
+    writer = identities["writer"]
+    existing = f"s3://{bucket_as(server, writer)}/index"
+    rows = generate_records(count=50)
+    build_store(existing, rows, storage_options=writer)
+    before = _objects(server, writer, existing.split("/")[2])
+    missing_bucket = f"nothing-here-{uuid.uuid4().hex[:8]}"
+    dead_endpoint = f"http://127.0.0.1:{free_port()}"
+
+    def env_of(options: dict[str, str], **override: str) -> dict[str, str]:
+        names = {"endpoint": "AWS_ENDPOINT_URL", "access_key_id": "AWS_ACCESS_KEY_ID",
+                 "secret_access_key": "AWS_SECRET_ACCESS_KEY", "region": "AWS_REGION"}
+        return {names[k]: v for k, v in {**options, **override}.items() if k in names}
+
+    cases = {  # name: (--path, AWS_* variables, what the line must say)
+        "endpoint": (s3.url("index"), env_of(s3.options, endpoint=dead_endpoint),
+                     [f"the endpoint {dead_endpoint} does not answer", "AWS_ENDPOINT_URL"]),
+        "bucket": (f"s3://{missing_bucket}/index", s3.env, [f"bucket '{missing_bucket}' does not exist"]),
+        "secret": (existing, env_of(writer, secret_access_key="not-the-secret"), [server.endpoint]),
+        "permission": (existing, env_of(identities["nobody"]), ["access denied", server.endpoint]),
+    }
+    runs = {}
+    for name, (url, env, _) in cases.items():
+        cwd = tmp_path / name
+        cwd.mkdir()
+        args = job_args(kafka_bootstrap, [topic], url, "--available-now", "--checkpoint", str(cwd / "checkpoint"))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        runs[name] = subprocess.Popen([MSGINDEX, "index", *args], env={**clean, **env}, cwd=cwd, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for name, run in runs.items():
+        stdout, stderr = run.communicate(timeout=300)
+        line = assert_one_line(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr), *cases[name][2])
+        assert cases[name][0] in line, line  # the store named
+        assert list((tmp_path / name).iterdir()) == [], name  # no checkpoint, no index, no "s3:" folder
+        if name == "secret":  # (which key is wrong: the secret, in the words of either version of the message)
+            assert re.search(r"secret.access.key", line, re.IGNORECASE), line
+    assert _objects(server, writer, existing.split("/")[2]) == before  # nothing written, nothing lost
+    with msgindex.open(existing, storage_options=writer) as store:
+        assert sum(batch.num_rows for batch in store.scan()) == len(rows)

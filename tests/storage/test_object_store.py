@@ -16,6 +16,7 @@ import msgindex
 from msgindex.errors import InvalidOptionError, ObjectStoreError, StoreNotFoundError
 from msgindex.storage.location import parse_location
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord
+from msgindex.storage.objects.client import ObjectClient
 from msgindex.storage.objects.shard import ObjectTuning
 from msgindex.storage.objects.store import ObjectStore, open_object_store
 from tests.storage.shard_model import ShardModel, make_batch, model_lookup, model_scan, table_rows
@@ -139,6 +140,31 @@ def test_bad_buckets_credentials_and_endpoints_are_one_line(s3, tmp_path):
     assert time.monotonic() - began < 15 and "\n" not in str(unreachable.value)
     with pytest.raises(StoreNotFoundError, match="no such msgindex store"):
         msgindex.open(f"s3://{bucket}/elsewhere", storage_options=s3.options)
+
+
+def test_creating_a_store_another_process_created_meanwhile_opens_it(s3):
+    """The interleaving of two jobs started at once on a new index: our GET of the manifest found
+    nothing, then the other process created the store (manifest first, then its objects), then we
+    LIST the prefix: its objects are there, and so is its manifest, which is opened."""
+    url = f"s3://{s3.bucket()}/index"
+    location = parse_location(url, s3.options)
+    with msgindex.open(url, create=True, storage_options=s3.options) as first, first.writer("b0") as writer:
+        writer.append(make_batch(random.Random(7), 0, 10))
+
+    class ManifestFirstMissing(ObjectClient):
+        gets = 0
+
+        def get(self, key: str):
+            self.gets += 1
+            return None if self.gets == 1 else super().get(key)
+
+    store = open_object_store(location, create=True, client=ManifestFirstMissing(location))
+    assert store.brokers() == ["b0"] and sum(batch.num_rows for batch in store.scan()) == 10
+    # objects and no manifest, before and after: still refused, naming the URL
+    other = parse_location(f"{url}-other", s3.options)
+    ObjectClient(other).put_if_absent("stray", b"x")
+    with pytest.raises(StoreNotFoundError, match=f"{url}-other: cannot create a msgindex store here: it holds objects"):
+        open_object_store(other, create=True)
 
 
 def test_cli_takes_urls_and_storage_options(s3):

@@ -62,6 +62,12 @@ def _artifact_of(jar: Path) -> str:
 
 
 def _pyspark_jars_dir() -> Path:
+    """The jars of the Spark that runs this driver: ``$SPARK_HOME/jars`` when spark-submit started
+    it (it sets SPARK_HOME, and its Python imports pyspark from ``python/lib/pyspark.zip``, beside
+    which there is no ``jars/``), else those in pyspark's package directory (a pip install)."""
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home) / "jars"
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent / "jars"
