@@ -17,6 +17,7 @@ from msgindex.storage.inspect import inspect_path
 from msgindex.storage.message import MessageRecord, encode_text
 from msgindex.storage.repair import repair_store
 from msgindex.storage.store import StoreSettings, open_store
+from msgindex.storage.verified_reads import WantedKeys
 from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record, model_lookup, table_rows
 
 BASE = 1_700_000_000_000
@@ -242,7 +243,7 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
         store.lookup(key)
         store.lookup(key)  # (the copies are consulted from the second lookup of a reader on)
         reader = store.reader("b")
-        copied = reader._copied_rows(shard_module._WantedKeys.of(list(reader.topics), [key]))
+        copied = reader._copied_rows(WantedKeys.of(list(reader.topics), [key]))
         from_seq = copied.covered_below(len(reader.topics))
         state, index_file = reader.index_files()[-1]
         assert from_seq > 0 and state.header.end_phy_offset >= from_seq
