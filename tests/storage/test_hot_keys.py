@@ -11,7 +11,8 @@ import zlib
 import pyarrow as pa
 import pytest
 
-from msgindex.storage import hot_keys
+from msgindex.errors import CorruptFileError
+from msgindex.storage import entry_sums, hot_keys
 from msgindex.storage import shard as shard_module
 from msgindex.storage.inspect import inspect_path
 from msgindex.storage.message import MessageRecord, encode_text
@@ -267,6 +268,9 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
         f.write(stray.to_bytes(8, "big"))
     with IndexFile.open(path, settings.hash_slot_num, settings.index_num, read_only=True) as damaged:
         assert damaged.first_entry_from(from_seq, count) == probe + 1  # misled
+    with open_store(root) as store, pytest.raises(CorruptFileError, match="fail their checksum"):
+        store.lookup(key)  # the entry checksums (entry_sums) see the damage: an error naming the file
+    entry_sums.sums_path(path).unlink()  # without them, the damage keeps its slot: the floor's own check
     floors = []
     original = shard_module.ShardReader._floor_entry
     monkeypatch.setattr(shard_module.ShardReader, "_floor_entry",
