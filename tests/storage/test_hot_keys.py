@@ -270,7 +270,11 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
         assert damaged.first_entry_from(from_seq, count) == probe + 1  # misled
     with open_store(root) as store, pytest.raises(CorruptFileError, match="fail their checksum"):
         store.lookup(key)  # the entry checksums (entry_sums) see the damage: an error naming the file
-    entry_sums.sums_path(path).unlink()  # without them, the damage keeps its slot: the floor's own check
+    entry_sums.sums_path(path).unlink()
+    with open_store(root) as store, pytest.raises(CorruptFileError, match="phyOffset below the entry before it"):
+        store.lookup(key)  # without them, the entries' shape: phyOffsets never go back
+    # and with neither check, the floor's own: the misleading entry is refused, every entry walked
+    monkeypatch.setattr(IndexFile, "_check_touched", lambda self, touched, limit: None)
     floors = []
     original = shard_module.ShardReader._floor_entry
     monkeypatch.setattr(shard_module.ShardReader, "_floor_entry",
