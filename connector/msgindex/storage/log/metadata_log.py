@@ -202,14 +202,21 @@ class LogReads:
             directory = segment.batches()
             plan.append((segment, directory, seqs[done:end], directory.block_of(np.array(seqs[done:end], np.int64))))
             done = end
+        ints: list[tuple[int, ...]] = []
+        texts: list[list[bytes]] = []
+        tables: list[tuple[bytes, ...]] = []
         for (segment, directory, segment_seqs, blocks), raw in zip(plan, self._blocks_for_few(plan)):
             reader, last = None, -1
             for seq, block, block_base in zip(segment_seqs, blocks.tolist(), directory.block_base_seqs[blocks].tolist()):
                 if block != last:  # seqs are sorted: a block's records come together
                     batch = directory.block_batches[block].item()
-                    reader, last = bf.BlockRecords(raw(block), directory.topic_tables[batch],
-                                                   segment.path, directory.positions[batch].item()), block
-                found.append(reader.record(seq - block_base))
+                    table = directory.topic_tables[batch]
+                    reader, last = bf.BlockRecords(raw(block), table, segment.path, directory.positions[batch].item()), block
+                fields, record_texts = reader.raw_record(seq - block_base)
+                ints.append(fields)
+                texts.append(record_texts)
+                tables.append(table)
+        found += bf.messages(ints, texts, tables)
         return found
 
     def _blocks_for_few(self, plan: list) -> Iterator[Callable[[int], bytes]]:
