@@ -125,7 +125,7 @@ def test_retention_and_appends_while_readers_read(stores):
                 outcomes.append(Outcome("retention open_scan", RIGHT) if got in answers else
                                 Outcome("retention open_scan", WRONG, f"{len(got)} rows match no committed state"))
                 generator = None
-            code, out, err = cli(["lookup", *stores.cli_args(root), "--key", "shared1", "--format", "json"])
+            code, out, err = cli(["lookup", *stores.cli_args(root), "--limit", "0", "--key", "shared1", "--format", "json"])
             outcomes.append(Outcome("retention cli_lookup", RIGHT if code == 0 else
                                     "exit 2" if code == 2 and len(err.splitlines()) == 1 else WRONG, err))
     finally:
@@ -203,9 +203,9 @@ def test_out_of_range_timestamps(stores, monkeypatch):
     }
     where = stores.cli_args(root)
     for fmt in ("table", "json", "csv"):
-        checks[f"cli_lookup_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--key", "shared",
+        checks[f"cli_lookup_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--limit", "0", "--key", "shared",
                                                                     "--format", fmt], fmt), len(every))
-        checks[f"cli_scan_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--scan", "--format", fmt], fmt),
+        checks[f"cli_scan_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--limit", "0", "--scan", "--format", fmt], fmt),
                                      len(every))
     if stores.is_local:  # (inspect of an object store: the objtools branch)
         checks["cli_inspect"] = (lambda: cli(["inspect", str(root)])[0], 0)

@@ -192,7 +192,7 @@ def test_cli_and_broker_name(rocketmq_dataset):
     done = subprocess.run(
         [str(Path(sys.executable).with_name("msgindex")), "lookup", str(truth.store_root), "--mode", "rocketmq",
          "--key", HOT_KEY, "--topic", ORDERS, "--hash-slot-num", str(HASH_SLOT_NUM), "--index-num", str(INDEX_NUM),
-         "--broker-name", BROKER_NAME, "--format", "json"],
+         "--broker-name", BROKER_NAME, "--format", "json", "--limit", "0"],
         capture_output=True, text=True, check=True,
     )
     rows = [json.loads(line) for line in done.stdout.splitlines()]
@@ -203,7 +203,7 @@ def test_cli_and_broker_name(rocketmq_dataset):
     scan = subprocess.run(
         [str(Path(sys.executable).with_name("msgindex")), "lookup", str(truth.store_root), "--mode", "rocketmq",
          "--scan", "--topic", PAYMENTS, "--begin", str(begin), "--end", str(end), "--hash-slot-num",
-         str(HASH_SLOT_NUM), "--index-num", str(INDEX_NUM), "--format", "csv"],
+         str(HASH_SLOT_NUM), "--index-num", str(INDEX_NUM), "--format", "csv", "--limit", "0"],
         capture_output=True, text=True, check=True,
     )
     rows = list(csv.DictReader(io.StringIO(scan.stdout)))
