@@ -342,7 +342,8 @@ def _read_all(judge: Judge, store: damage.SmallStore, victim: Path) -> None:
     judge.api("api_scan_window", lambda: _api(root, lambda s: table_rows(list(
         s.scan(begin_ms=WINDOW[0], end_ms=WINDOW[1])))), window)
     some_keys = keys[3::7] + [f"shared{n}" for n in range(4)]  # most records only through shared keys
-    judge.cli("cli_lookup", ["lookup", str(root), "--limit", "0", "--format", "json", *[a for k in some_keys for a in ("--key", k)]],
+    judge.cli("cli_lookup", ["lookup", str(root), "--limit", "0", "--format", "json",
+                             *[a for k in some_keys for a in ("--key", k)]],
               model_lookup(models, some_keys))
     judge.cli("cli_scan", ["lookup", str(root), "--scan", "--limit", "0", "--format", "json", "--begin", str(WINDOW[0]),
                            "--end", str(WINDOW[1])], window)

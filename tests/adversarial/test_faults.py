@@ -205,7 +205,8 @@ def test_out_of_range_timestamps(stores, monkeypatch):
     for fmt in ("table", "json", "csv"):
         checks[f"cli_lookup_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--limit", "0", "--key", "shared",
                                                                     "--format", fmt], fmt), len(every))
-        checks[f"cli_scan_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--limit", "0", "--scan", "--format", fmt], fmt),
+        checks[f"cli_scan_{fmt}"] = (lambda fmt=fmt: _cli_count(["lookup", *where, "--limit", "0", "--scan",
+                                                                 "--format", fmt], fmt),
                                      len(every))
     if stores.is_local:  # (inspect of an object store: the objtools branch)
         checks["cli_inspect"] = (lambda: cli(["inspect", str(root)])[0], 0)
