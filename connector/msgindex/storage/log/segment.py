@@ -624,9 +624,10 @@ class LogSegment(BatchReads):
         if isinstance(whole, bf.BatchHead) and position + whole.header.batch_length > end:
             checkpoint = self.path.parent.parent / "checkpoint"
             raise ForeignCheckpointError(
-                f"{checkpoint}: commits {end} bytes of {self.path.name}, but its batch at byte {position} runs to byte "
-                f"{position + whole.header.batch_length}: the checkpoint was not made for this log (another shard's, "
-                f"or an old copy); `msgindex repair` rebuilds it from the shard's files")
+                f"{checkpoint}: commits {end} bytes of {self.path}, but its batch at byte {position} runs to byte "
+                f"{position + whole.header.batch_length}: the checkpoint was not made for this log, or the log for "
+                f"this shard (another shard's, or an old copy of either); `msgindex repair` rebuilds the checkpoint "
+                f"from the shard's files")
 
     def _check_at(self, position: int, end: int, seq: int | None, verify: bool) -> bf.BatchHead | bf.BatchProblem:
         """``check_head`` (``check_batch`` with `verify`) of the batch at `position` (the file's
