@@ -225,7 +225,8 @@ def _cli_count(argv: list[str], fmt: str) -> int:
     code, out, err = cli(argv)
     assert code == 0, err
     lines = out.splitlines()
-    return {"json": len(lines), "csv": len(lines) - 1, "table": len(lines) - 2}[fmt]
+    # table: a title line (what and which window), the header, the rows, a count line
+    return {"json": len(lines), "csv": len(lines) - 1, "table": len(lines) - 3}[fmt]
 
 
 # --- two writers racing ----------------------------------------------------------------------------
