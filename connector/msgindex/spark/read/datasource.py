@@ -162,6 +162,13 @@ def enable_pushdown(spark: SparkSession) -> None:
     from msgindex.spark.runtime.worker_python import check_worker_python
 
     check_worker_python(spark)
+    register_pushdown(spark)
+
+
+def register_pushdown(spark: SparkSession) -> None:
+    """``enable_pushdown`` without its check of the workers' Python: for sessions whose executors
+    get msgindex shipped with the job (``build_spark_session``: the indexing job adds it as a zip
+    once the session exists, so a probe before that would find it missing)."""
     spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(MsgIndexPushdownDataSource)
 

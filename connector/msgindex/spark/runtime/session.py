@@ -502,7 +502,9 @@ def build_spark_session(app_name: str = "msgindex", master: str | None = None,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    from msgindex.spark.read.datasource import enable_pushdown
+    from msgindex.spark.read.datasource import register_pushdown
 
-    enable_pushdown(spark)  # `where` on key/topic/broker/partition/timestamp answered by the index
+    # `where` on key/topic/broker/partition/timestamp answered by the index (the workers' Python is
+    # not probed here: the job ships msgindex to executors after this)
+    register_pushdown(spark)
     return spark
