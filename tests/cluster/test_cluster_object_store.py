@@ -32,6 +32,14 @@ from tests.cluster.jobs import JOB_TIMEOUT_S, job_args, msgindex_index, spark_su
 from tests.pipeline.support import REPO, assert_index_equals, ground_truth
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster, pytest.mark.slow]
+# Two scenarios run on an object store only when asked: their local-index versions run every time
+# (tests/cluster/test_cluster_pipeline.py), the exactly-once rule they test is the store's (shared),
+# and together they add ~20 minutes of cluster jobs to a CI run that must stay under an hour.
+LONG_SCENARIOS = "MSGINDEX_LONG_CLUSTER_TESTS"
+long_scenario = pytest.mark.skipif(
+    os.environ.get(LONG_SCENARIOS) != "1",
+    reason=f"the object-store variant of a scenario test_cluster_pipeline.py runs on a local index; "
+           f"~10 minutes of cluster jobs: set {LONG_SCENARIOS}=1 to run it")
 
 # What the index keeps (shards, versions, chunks, marks, the job's files beside them) and Spark's
 # checkpoint: none of it may appear on a local disk when both are in the bucket ("s3:" and "s3a:"
@@ -137,6 +145,7 @@ def written_so_far(s3, url: str) -> tuple[int, int]:
     return sum(key.endswith(".chunk") for key in keys), sum(f"/{BATCH_LOG_DIR}/" in key for key in keys)
 
 
+@long_scenario
 @pytest.mark.timeout(3 * JOB_TIMEOUT_S + 120)  # three jobs one after the other
 def test_object_store_split_ranges_then_new_checkpoints_via_master_and_spark_submit(
         kafka_bootstrap, kafka_topic, spark_cluster, object_executor_python, s3, tmp_path):
@@ -235,6 +244,7 @@ def test_object_store_executor_and_python_workers_sigkilled_mid_batch(kafka_boot
     assert_nothing_local(tmp_path, spark_cluster, cwd)
 
 
+@long_scenario
 def test_object_store_speculative_copies_commit_each_record_once(kafka_bootstrap, kafka_topic, spark_cluster,
                                                                  object_executor_python, s3, tmp_path):
     """One slow task (a one-partition topic's backlog in one micro-batch) outlives the speculation
