@@ -223,7 +223,7 @@ def test_cli_exposes_the_job(tmp_path, capsys):
 
     code = main(["index", *BASE, str(tmp_path), "--subscribe", "a", "--retention-ms", "soon"])
     assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
-        "msgindex index: --retention-ms 'soon' is not a duration: use e.g. 7d, 12h, 30m, 45s, 500ms"]
+        "msgindex index: --retention-ms 'soon' is not a duration: use e.g. 7d, 12h, 1h30m, 45s, 500ms"]
 
 
 def test_sigterm_and_sigint_request_a_graceful_stop():
