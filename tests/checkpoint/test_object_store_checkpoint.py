@@ -35,6 +35,8 @@ from msgindex.kafka.admin import OutgoingRecord, produce
 from msgindex.spark.runtime.session import (
     ENVIRONMENT_CREDENTIALS,
     HADOOP_CONNECTORS,
+    SIMPLE_CREDENTIALS,
+    TEMPORARY_CREDENTIALS,
     _artifact_of,
     _pyspark_jars_dir,
     _shipped_artifacts,
@@ -75,6 +77,33 @@ def test_the_users_settings_win():
     # the endpoint's settings go with the endpoint: none of them when the user named one
     assert not {S3A + "path.style.access", S3A + "connection.ssl.enabled", S3A + "aws.credentials.provider"} & set(conf)
     assert conf["spark.executorEnv.AWS_SECRET_ACCESS_KEY"] == "secret"
+
+
+def test_storage_options_reach_s3a_and_win_over_the_environment():
+    """`--storage-option`s name the bucket's endpoint and keys for msgindex's client: an s3a://
+    checkpoint in the same bucket must reach it with them, not with the environment's."""
+    options = {"endpoint": "http://10.0.0.5:9000", "AWS_REGION": "us-east-2", "access_key_id": "opt-id",
+               "aws_secret_access_key": "opt-secret", "allow_http": "true", "timeout": "30s"}
+    conf = object_store_conf(["s3a://b/c", "s3://b/i"], user_conf={}, environ=ENV, storage_options=options)
+    assert {key: conf[key] for key in conf if key.startswith(S3A)} == {
+        S3A + "endpoint": "http://10.0.0.5:9000", S3A + "path.style.access": "true",
+        S3A + "connection.ssl.enabled": "false", S3A + "endpoint.region": "us-east-2",
+        S3A + "access.key": "opt-id", S3A + "secret.key": "opt-secret",
+        S3A + "aws.credentials.provider": SIMPLE_CREDENTIALS}  # the environment's token is its keys'
+    with_token = object_store_conf(["s3a://b/c"], user_conf={}, environ=ENV,
+                                   storage_options={**options, "session_token": "opt-token"})
+    assert with_token[S3A + "session.token"] == "opt-token"
+    assert with_token[S3A + "aws.credentials.provider"] == TEMPORARY_CREDENTIALS
+    # the executors' own client gets the options in its tasks; their environment is the driver's
+    assert conf["spark.executorEnv.AWS_ACCESS_KEY_ID"] == "id"
+    keyless = object_store_conf(["s3a://b/c"], user_conf={}, environ={},
+                                storage_options={"access_key_id": "a", "secret_access_key": "s"})
+    assert keyless == {S3A + "access.key": "a", S3A + "secret.key": "s",
+                       S3A + "aws.credentials.provider": SIMPLE_CREDENTIALS}
+    # S3A credentials the user configured win over the options' keys
+    mine = object_store_conf(["s3a://b/c"], user_conf={S3A + "aws.credentials.provider": "x.Mine"}, environ={},
+                             storage_options={"access_key_id": "a", "secret_access_key": "s"})
+    assert mine == {}
 
 
 def test_which_urls_get_which_settings():

@@ -1,8 +1,10 @@
 """``examples/explore.ipynb`` executed as a user would run it, with ``jupyter nbconvert --execute``
 from the dev extra, in a kernel of this interpreter: pointed at an index that does not exist yet,
-it builds the demo's (its own local broker, the demo's traffic, ``msgindex index``), investigates
-the demo's order, and stops what it started. Its outputs stay stripped in the repository. (Its
-run against a Spark Connect server is in ``tests/connect``.)
+it builds the demo's (the demo's traffic, ``msgindex index``), investigates the demo's order, and
+stops what it started. Here the index is in a bucket (the session's S3 server, through the
+``AWS_*`` variables) and Kafka is the session's broker; its run against a Spark Connect server
+(``tests/connect``) takes a local index and starts the demo's own broker. Its outputs stay
+stripped in the repository.
 
 The figure is saved as a PNG beside the executed notebook (and to ``$MSGINDEX_SCREENSHOTS``)."""
 
@@ -18,6 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import msgindex
+
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "explore.ipynb"
 JUPYTER = str(Path(sys.executable).with_name("jupyter"))
@@ -31,15 +35,19 @@ def test_notebook_is_stored_without_outputs():
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
 
 
-def run_notebook(work: Path, remote: str | None = None) -> str:
-    """Execute the notebook in `work` on an index that does not exist yet; its text outputs."""
+def run_notebook(work: Path, remote: str | None = None, index: str | None = None, bootstrap: str | None = None,
+                 variables: dict[str, str] | None = None) -> str:
+    """Execute the notebook in `work` on an index that does not exist yet (`index`, default a
+    folder in `work`), with the demo's own broker unless `bootstrap`; its text outputs."""
     from msgindex.kafka.broker import LocalBroker
 
-    index = work / "demo" / "records"
+    index = index or str(work / "demo" / "records")
     env = {name: value for name, value in os.environ.items() if name not in PARAMETERS}
-    env.update(MSGINDEX_INDEX=str(index), MSGINDEX_DEMO_RECORDS=str(DEMO_RECORDS))
+    env.update(MSGINDEX_INDEX=index, MSGINDEX_DEMO_RECORDS=str(DEMO_RECORDS), **(variables or {}))
     if remote:
         env["MSGINDEX_REMOTE"] = remote
+    if bootstrap:
+        env["MSGINDEX_BOOTSTRAP"] = bootstrap
     temp_before = set(Path(tempfile.gettempdir()).glob("msgindex-*"))
     executed = work / "explored.ipynb"
     try:
@@ -64,13 +72,17 @@ def run_notebook(work: Path, remote: str | None = None) -> str:
     assert "issuer timeout" in text and "declined at " in text and "shipped" in text
     assert (remote or "a local Spark session") in text
     # ... and it cleaned up: its broker stopped, no temporary folders left, nothing written but the index
-    assert "stopped the broker this notebook started" in text
+    assert ("stopped the broker this notebook started" in text) == (bootstrap is None)
     assert not LocalBroker(work / "demo" / "kafka").status().running
     assert set(Path(tempfile.gettempdir()).glob("msgindex-*")) - temp_before == set()
-    assert sorted(p.name for p in work.iterdir()) == sorted(["demo", "explored.ipynb", *(
-        [f"notebook-{'connect' if remote else 'local'}.png"])])
+    assert sorted(p.name for p in work.iterdir()) == sorted([*(["demo"] if index.startswith(str(work)) else []),
+                                                             "explored.ipynb",
+                                                             f"notebook-{'connect' if remote else 'local'}.png"])
     return text
 
 
-def test_notebook_investigates_the_demo_index_it_builds(tmp_path):
-    run_notebook(tmp_path)
+def test_notebook_investigates_the_demo_index_it_builds_in_a_bucket(tmp_path, s3, kafka_bootstrap):
+    url = s3.url("demo")
+    run_notebook(tmp_path, index=url, bootstrap=kafka_bootstrap, variables=s3.env)
+    with msgindex.open(url, storage_options=s3.options) as store:
+        assert store.brokers() and store.client.list("_checkpoint/offsets/")  # all of it in the bucket

@@ -267,7 +267,8 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
         first = list(write_task(config, 0, [_records_task_rows([0, 1, 2], [0] * 3), _records_task_rows([6, 7], [2] * 2)]))
         assert first[0].schema == COMMIT_ARROW_SCHEMA
         assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
-            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0,
+            "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "task": 0,
+            "write_ms": 0,
             "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0, "requests": 0}
         middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
         assert (middle["appended"], middle["already_committed"]) == (3, 0)
@@ -277,6 +278,57 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
             assert store.lookup([f"k{o}" for o in range(8)]).num_rows == 8
             with store.reader("1") as reader:
                 assert reader.committed_ranges.to_json() == {"t": {"0": [[0, 8]]}}
+    finally:
+        forget_writers()
+
+
+@pytest.mark.parametrize("kind", ["local", "object"])
+def test_a_batch_counts_what_any_attempt_of_a_task_committed(kind, tmp_path, monkeypatch, request):
+    """Attempts of one task interleave chunk by chunk (a speculative copy, a retry after the first
+    died mid-task) and Spark keeps one attempt's result: the batch still counts each record it
+    committed as new once, and what earlier runs committed as already committed."""
+    from msgindex.spark.pipeline import task_writer
+    from msgindex.spark.pipeline.attempt_counts import AttemptMarkers
+    from msgindex.spark.pipeline.commits import commit_of_row, with_committed
+
+    options = None
+    if kind == "local":
+        root = str(tmp_path / "ix")
+        open_store(root, create=True, settings=SMALL).close()
+    else:
+        s3 = request.getfixturevalue("s3")
+        root, options = s3.url("ix"), s3.options
+        open_store(root, create=True, storage_options=options).close()
+    monkeypatch.setattr(task_writer, "APPEND_ROWS", 3)
+    config = task_writer.SinkConfig(root, "records", str(tmp_path / "q"),
+                                    storage_options=tuple(sorted((options or {}).items())))
+    chunks = [_records_task_rows([0, 1, 2, 3], [0] * 4), _records_task_rows([4, 5, 6, 7], [0] * 4),
+              _records_task_rows([8, 9, 10, 11], [0] * 4)]
+
+    def dies_after_two(batches):
+        yield from batches[:2]
+        raise RuntimeError("executor lost")
+
+    try:
+        list(task_writer.write_task(config, 0, chunks[:1], None))  # an earlier run committed offsets 0-3
+        markers = AttemptMarkers(root, "run-1", options)
+        with pytest.raises(RuntimeError):  # attempt 0 commits chunks 0 and 1 (4-7 new), dies before chunk 2
+            list(task_writer.write_task(config, 0, dies_after_two(chunks), markers))
+        accepted = [commit_of_row(row) for batch in task_writer.write_task(config, 0, chunks, markers)
+                    for row in batch.to_pylist()]  # attempt 1: commits chunk 2, finds the rest committed
+        assert [(c.appended, c.already_committed) for c in accepted] == [(4, 8)]
+        counted = {key: (c.appended, c.keys_indexed) for key, c in markers.committed().items()}
+        assert counted == {(0, "1"): (8, 8)}  # 4-7 by attempt 0, 8-11 by attempt 1
+        corrected = with_committed(accepted[0], *counted[(0, "1")])
+        assert (corrected.appended, corrected.already_committed, corrected.keys_indexed) == (8, 4, 8)
+        markers.clear()
+        assert markers.committed() == {}
+        again = AttemptMarkers(root, "run-2", options)  # a replay of the batch: nothing new any more
+        replay = [commit_of_row(row) for batch in task_writer.write_task(config, 0, chunks, again)
+                  for row in batch.to_pylist()]
+        assert again.committed() == {} and (replay[0].appended, replay[0].already_committed) == (0, 12)
+        with open_store(root, storage_options=options) as store:
+            assert store.lookup([f"k{o}" for o in range(12)]).num_rows == 12
     finally:
         forget_writers()
 

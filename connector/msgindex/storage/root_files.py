@@ -10,7 +10,9 @@ Both kinds give the three operations those files need, with the same guarantees:
   what makes them unique (a version number, a source range, a batch id);
 * ``replace(name, data)``: atomic replacement (local: ``durable.write_atomically``; objects: a
   PUT, atomic by the store's contract);
-* ``names(directory)``: the files directly in a directory, sorted.
+* ``names(directory)``: the files directly in a directory, sorted;
+* ``delete_directory(directory)``: the directory and its files (for scratch directories only:
+  never a committed file).
 
 Names are "/"-separated paths relative to the index root.
 """
@@ -45,6 +47,10 @@ class RootFiles(ABC):
     @abstractmethod
     def names(self, directory: str) -> list[str]:
         """The names of the files directly in `directory` (sorted; [] when there is none)."""
+
+    @abstractmethod
+    def delete_directory(self, directory: str) -> None:
+        """Delete the files directly in `directory` and the directory (nothing when it is gone)."""
 
     def url(self, name: str) -> str:
         """The file as messages show it."""
@@ -95,6 +101,14 @@ class LocalRootFiles(RootFiles):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    def delete_directory(self, directory: str) -> None:
+        for name in self.names(directory):
+            self.path(f"{directory}/{name}").unlink(missing_ok=True)
+        try:
+            self.path(directory).rmdir()
+        except (FileNotFoundError, OSError):  # gone, or a straggler wrote again: left for the next clear
+            pass
+
     def url(self, name: str) -> str:
         return str(self.path(name))
 
@@ -120,6 +134,11 @@ class ObjectRootFiles(RootFiles):
     def names(self, directory: str) -> list[str]:
         prefix = directory.rstrip("/") + "/"
         return sorted(info.key[len(prefix):] for info in self.client.list(prefix) if "/" not in info.key[len(prefix):])
+
+    def delete_directory(self, directory: str) -> None:
+        names = self.names(directory)
+        if names:
+            self.client.delete([f"{directory.rstrip('/')}/{name}" for name in names])
 
 
 def root_files(location: StoreLocation) -> RootFiles:

@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +223,14 @@ class AppendResult:
         return self.appended + self.already_committed
 
 
+BeforeCommit = Callable[[AppendResult], None]
+"""What an append calls, with what it is about to commit, just before its commit point: whatever
+the callback records happens-before the records become visible, so a second writer that finds
+them committed can rely on it (the pipeline counts a batch's new records this way whichever
+attempt of a task committed them, spark/pipeline/attempt_counts.py). Not called when nothing is
+new; a failure in it fails the append, which commits nothing."""
+
+
 class _Committed(ABC):
     """What writer and reader both expose of the checkpoint they hold; both are context managers."""
 
@@ -323,14 +331,18 @@ class ShardWriter(_Committed):
 
     # --- public ---------------------------------------------------------------------------------
 
-    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None) -> AppendResult:
+    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
+               before_commit: BeforeCommit | None = None) -> AppendResult:
         """Append the rows whose source offsets the shard does not hold yet and commit them with
         their source ranges. Crash-safe at every point.
 
         `sources`: each row's source coordinates and slice (default: the records' own topic,
         partition and offset, all rows of a partition one slice). The caller guarantees the
         invariant of ``source_ranges``: the rows of each slice are every record of that slice's
-        offset range (of their source partition) that belongs to this shard."""
+        offset range (of their source partition) that belongs to this shard.
+
+        `before_commit`: called with what this call is about to commit, after the records are
+        written and before the commit point (``BeforeCommit``)."""
         self._require_locked()
         if self._checkpoint.source_ranges is None:
             raise LegacyCheckpointError(
@@ -368,11 +380,14 @@ class ShardWriter(_Committed):
             keys, phy_offsets, timestamps = batch.index_entries(seqs.start)
             first_touched = max(len(self._files) - 1, 0)
             self._put_keys(keys, phy_offsets, timestamps)
+            result = AppendResult(len(seqs), skipped, len(keys))
+            if before_commit is not None:
+                before_commit(result)
             self._commit(batch.topics(), self._files[first_touched:], ranges)
         except BaseException:
             self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
             raise
-        return AppendResult(len(seqs), skipped, len(keys))
+        return result
 
     def _append_to_log(self, columns: LogColumns, ranges: SourceRanges) -> range:
         """The log append of `columns`, carrying the shard's cumulative committed source ranges

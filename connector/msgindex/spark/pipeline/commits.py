@@ -5,7 +5,8 @@ Arrow schema the executor builds and the DDL string Spark is given both derive f
 Counts are what the batch contributed, whoever committed it: ``appended`` rows this task wrote,
 ``already_committed`` rows of this task whose source offsets the shard already held (written by
 an earlier attempt of the task, a speculative copy, or an earlier run). Both are the batch's
-records; only the first are new.
+records; only the first are new. The driver corrects the first with what all attempts of the task
+committed (``with_committed``, attempt_counts.py): Spark keeps one attempt's result.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TaskCommit:
     quarantined: int = 0  # malformed events of this task set aside now
     quarantined_before: int = 0  # malformed events of this task found in the quarantine already
     attempt: int = 0  # Spark's attempt number of the task that reported (>0: a retry or speculative copy)
+    task: int = 0  # Spark's partition id of the task (the same for all its attempts)
     write_ms: float = 0.0
     deleted_segments: int = 0  # retention run by this task after its append (shard_owner.RetentionPolicy)
     deleted_index_files: int = 0
@@ -40,7 +42,7 @@ class TaskCommit:
                                           for f in dataclasses.fields(self) if f.name not in _NOT_COUNTS})
 
 
-_NOT_COUNTS = ("broker", "attempt")
+_NOT_COUNTS = ("broker", "attempt", "task")
 _ARROW_TYPES = {"broker": pa.string(), "write_ms": pa.float64()}
 COMMIT_ARROW_SCHEMA = pa.schema([
     (f.name, _ARROW_TYPES.get(f.name, pa.int64())) for f in dataclasses.fields(TaskCommit)
@@ -61,3 +63,11 @@ def commit_of_row(row) -> TaskCommit:
         return row
     get = row.asDict() if hasattr(row, "asDict") else row
     return TaskCommit(**{f.name: get[f.name] for f in dataclasses.fields(TaskCommit)})
+
+
+def with_committed(commit: TaskCommit, appended: int, keys_indexed: int) -> TaskCommit:
+    """`commit` (one accepted task result for one shard) with what every attempt of its task
+    committed to that shard: the rest of its records were committed before."""
+    records = commit.appended + commit.already_committed
+    return dataclasses.replace(commit, appended=appended, already_committed=records - appended,
+                               keys_indexed=keys_indexed)

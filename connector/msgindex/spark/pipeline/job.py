@@ -224,7 +224,8 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         say(start.retention_line)
         spark = build_spark_session(app_name=options.query_name, master=options.master, extra_conf=options.spark_conf,
                                     hadoop_urls=[options.checkpoint],
-                                    store_urls=[options.path] if options.on_object_store else [])
+                                    store_urls=[options.path] if options.on_object_store else [],
+                                    storage_options=options.storage_options or None)
         check_hadoop_path(spark, options.checkpoint)
         ship_code(spark)
         master = spark.sparkContext.master

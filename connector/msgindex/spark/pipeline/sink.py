@@ -30,13 +30,15 @@ import dataclasses
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
-from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row
+from msgindex.spark.pipeline.attempt_counts import AttemptMarkers, CommittedCounts
+from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row, with_committed
 from msgindex.spark.pipeline.kafka_records import project_records
 from msgindex.spark.pipeline.kafka_source import KafkaSource
 from msgindex.spark.pipeline.metadata_events import parse_metadata_events
@@ -221,8 +223,19 @@ class BatchWriter:
         return stats
 
     def _run(self, frame: DataFrame, batch_id: int) -> list[TaskCommit]:
-        rows = frame.mapInArrow(task_function(self.config, batch_id), COMMIT_DDL).collect()
-        return [commit_of_row(row) for row in rows]
+        """Run the batch's tasks; their commits with what all attempts of each task committed
+        (attempt_counts.py: Spark keeps one attempt's result)."""
+        markers = AttemptMarkers(self.config.root, f"{batch_id:020d}-{uuid.uuid4().hex[:16]}", self.config.options)
+        rows = frame.mapInArrow(task_function(self.config, batch_id, markers), COMMIT_DDL).collect()
+        committed = markers.committed()
+        commits = []
+        for commit in map(commit_of_row, rows):
+            if commit.broker is not None:
+                counts = committed.get((commit.task, commit.broker), CommittedCounts())
+                commit = with_committed(commit, counts.appended, counts.keys_indexed)
+            commits.append(commit)
+        markers.clear()
+        return commits
 
     def _hold_index(self) -> None:
         """With `claim`: hold the index (ownership.py) from the first batch until this process

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import MsgIndexError
+from msgindex.spark.pipeline.attempt_counts import AttemptMarkers
 from msgindex.spark.pipeline.commits import TaskCommit, commits_batch
 from msgindex.spark.pipeline.kafka_records import records_to_append
 from msgindex.spark.pipeline.quarantine import (
@@ -41,6 +42,7 @@ from msgindex.spark.pipeline.quarantine import (
 )
 from msgindex.spark.pipeline.shard_owner import RetentionPolicy, append_to_shard, disk_full
 from msgindex.storage.message import APPEND_SCHEMA
+from msgindex.storage.shard import BeforeCommit
 from msgindex.storage.source_ranges import SourceRows
 
 INPUT_RECORDS = "records"
@@ -68,35 +70,60 @@ class SinkConfig:
         return dict(self.storage_options) or None
 
 
-def task_function(config: SinkConfig, batch_id: int):
+def task_function(config: SinkConfig, batch_id: int, markers: AttemptMarkers | None = None):
     """The ``mapInArrow`` function of batch `batch_id` (the id travels in its closure; it only
-    labels quarantined events). Deliberately without annotations: pyspark infers UDF kinds from
-    type hints and fails on postponed ones."""
+    labels quarantined events; `markers`: where appends record what they commit, see
+    attempt_counts.py). Deliberately without annotations: pyspark infers UDF kinds from type
+    hints and fails on postponed ones."""
 
     def write(batches):
-        return write_task(config, batch_id, batches)
+        return write_task(config, batch_id, batches, markers)
 
     return write
 
 
-def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+@dataclass
+class _Chunk:
+    """Which append of which task this is (attempt_counts.py names its markers by it)."""
+
+    task: int
+    number: int
+    markers: AttemptMarkers | None
+
+    @property
+    def marker_requests(self) -> int:
+        """Object-store requests the task's markers sent so far."""
+        return self.markers.requests if self.markers is not None else 0
+
+    def before_commit(self, broker: str) -> BeforeCommit | None:
+        if self.markers is None:
+            return None
+        return lambda result: self.markers.record(self.task, self.number, broker, result)
+
+
+def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBatch],
+               markers: AttemptMarkers | None = None) -> Iterator[pa.RecordBatch]:
     """Write one task's rows (Arrow batches of the prepared columns) and yield its commits."""
     totals: dict[str | None, TaskCommit] = {}
     order = SliceOrder()
     pending: list[pa.RecordBatch] = []
     rows = 0
+    task, attempt = _task_and_attempt()
+    chunks = 0
     for batch in batches:
         if batch.num_rows:
             pending.append(batch)
             rows += batch.num_rows
         if rows >= APPEND_ROWS:
-            _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
-            pending, rows = [], 0
+            _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order,
+                                        _Chunk(task, chunks, markers)))
+            pending, rows, chunks = [], 0, chunks + 1
     if pending:
-        _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order))
+        _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order,
+                                    _Chunk(task, chunks, markers)))
     if totals:
-        attempt = _attempt_number()
-        yield commits_batch([_with_attempt(commit, attempt) for _, commit in sorted(totals.items(), key=lambda i: i[0] or "")])
+        yield commits_batch([replace(commit, attempt=attempt, task=task)
+                             for _, commit in sorted(totals.items(), key=lambda i: i[0] or "")])
 
 
 class SliceOrder:
@@ -129,7 +156,7 @@ def _source_rows(config: SinkConfig, table: pa.Table) -> SourceRows:
     return SourceRows.of(*(table.column(name) for name in names), table.column(SLICE))
 
 
-def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: SliceOrder) -> list[TaskCommit]:
+def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: SliceOrder, chunk: _Chunk) -> list[TaskCommit]:
     order.check(_source_rows(config, table))
     commits = []
     malformed = pc.is_valid(table.column(REASON))
@@ -145,25 +172,26 @@ def _write_chunk(config: SinkConfig, batch_id: int, table: pa.Table, order: Slic
             f"leader when the batch started. The batch is retried on restart."
         )
     for broker in pc.unique(brokers).to_pylist():
-        commits.append(_append(config, broker, table.filter(pc.equal(brokers, broker))))
+        commits.append(_append(config, broker, table.filter(pc.equal(brokers, broker)), chunk))
     return commits
 
 
-def _append(config: SinkConfig, broker: str, part: pa.Table) -> TaskCommit:
+def _append(config: SinkConfig, broker: str, part: pa.Table, chunk: _Chunk) -> TaskCommit:
     started = time.perf_counter()
+    sent_before = chunk.marker_requests
     if config.input_kind == INPUT_METADATA:
         records, unkeyed = part.select(APPEND_SCHEMA.names), 0
     else:
         records, unkeyed = records_to_append(part)
     done = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
                            adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention,
-                           storage_options=config.options)
+                           storage_options=config.options, before_commit=chunk.before_commit(broker))
     result, retention = done.result, done.retention
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,
                       deleted_segments=len(retention.deleted_segments),
                       deleted_index_files=len(retention.deleted_index_files), deleted_bytes=retention.bytes_freed,
-                      requests=done.requests)
+                      requests=done.requests + chunk.marker_requests - sent_before)
 
 
 def quarantine_rows(input_kind: str, table: pa.Table) -> pa.Table:
@@ -198,15 +226,10 @@ def _merge(totals: dict[str | None, TaskCommit], commits: list[TaskCommit]) -> N
         totals[commit.broker] = commit if have is None else have.plus(commit)
 
 
-def _attempt_number() -> int:
+def _task_and_attempt() -> tuple[int, int]:
+    """Spark's partition id of this task and the attempt number (0, 0 outside a Spark task)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return context.attemptNumber() if context is not None else 0
-
-
-def _with_attempt(commit: TaskCommit, attempt: int) -> TaskCommit:
-    from dataclasses import replace
-
-    return replace(commit, attempt=attempt)
+    return (context.partitionId(), context.attemptNumber()) if context is not None else (0, 0)
 

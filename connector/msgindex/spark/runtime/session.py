@@ -240,8 +240,31 @@ def _is_true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
 
 
+# storage option (the object-store client's name, lower case, "aws_" prefix dropped) -> the AWS_*
+# variable it stands for, so that an s3a:// checkpoint reaches the bucket the options name
+_S3_OPTION_VARIABLES = {"endpoint": "AWS_ENDPOINT_URL", "endpoint_url": "AWS_ENDPOINT_URL", "region": "AWS_REGION",
+                        "default_region": "AWS_REGION", "access_key_id": "AWS_ACCESS_KEY_ID",
+                        "secret_access_key": "AWS_SECRET_ACCESS_KEY", "session_token": "AWS_SESSION_TOKEN",
+                        "token": "AWS_SESSION_TOKEN", "virtual_hosted_style_request": "AWS_VIRTUAL_HOSTED_STYLE_REQUEST"}
+SIMPLE_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+TEMPORARY_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+
+
+def s3_option_variables(storage_options: Mapping[str, str] | None) -> dict[str, str]:
+    """The ``AWS_*`` variables `storage_options` (``--storage-option``) stand for (S3 options only)."""
+    found = {}
+    for name, value in (storage_options or {}).items():
+        key = name.strip().lower()
+        variable = _S3_OPTION_VARIABLES.get(key.removeprefix("aws_")) or \
+            (name.upper() if name.upper() in AWS_VARIABLES else None)
+        if variable and str(value):
+            found[variable] = str(value)
+    return found
+
+
 def object_store_conf(urls: Sequence[str], user_conf: Mapping[str, str],
-                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+                      environ: Mapping[str, str] | None = None,
+                      storage_options: Mapping[str, str] | None = None) -> dict[str, str]:
     """Spark settings for a job whose paths include the object-store `urls` (Spark's checkpoint,
     the index), from the ``AWS_*`` variables of `environ` (default: this process's), leaving out
     every key `user_conf` already sets (``--conf``, spark-defaults.conf, core-site.xml win):
@@ -254,16 +277,22 @@ def object_store_conf(urls: Sequence[str], user_conf: Mapping[str, str],
       ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true``) and, for an ``http://`` endpoint, SSL off;
       ``AWS_REGION``/``AWS_DEFAULT_REGION`` -> ``fs.s3a.endpoint.region``; with
       ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` set, the SDK's environment credentials
-      provider (it also reads ``AWS_SESSION_TOKEN``), unless the user configured S3A credentials.
+      provider (it also reads ``AWS_SESSION_TOKEN``), unless the user configured S3A credentials;
+    * `storage_options` (the index's ``--storage-option``s) count as the variables they stand for
+      (`s3_option_variables`) and win over them, for S3A only (msgindex's executors get the
+      options themselves); keys given as options go to ``fs.s3a.access.key``/``secret.key``
+      (``session.token``), which Spark redacts, since no JVM's environment has them.
 
     Each ``fs.s3a.*`` key as ``spark.hadoop.fs.s3a.*``. Nothing for other URLs."""
     env = os.environ if environ is None else environ
+    given = s3_option_variables(storage_options)
     user = {key: str(value) for key, value in user_conf.items()}
     schemes = {url_scheme(url) for url in urls}
     conf: dict[str, str] = {}
     if schemes & set(S3_SCHEMES):
         conf.update({f"spark.executorEnv.{name}": env[name] for name in AWS_VARIABLES if env.get(name)})
     if "s3a" in schemes:
+        env = {**env, **given}
         endpoint = env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
         if endpoint and S3A + "endpoint" not in user:  # the endpoint's settings go together
             conf[S3A + "endpoint"] = endpoint
@@ -275,7 +304,15 @@ def object_store_conf(urls: Sequence[str], user_conf: Mapping[str, str],
             conf[S3A + "endpoint.region"] = region
         if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY") \
                 and not any(S3A + key in user for key in _S3A_CREDENTIALS):
-            conf[S3A + "aws.credentials.provider"] = ENVIRONMENT_CREDENTIALS
+            if "AWS_ACCESS_KEY_ID" in given or "AWS_SECRET_ACCESS_KEY" in given:
+                conf[S3A + "access.key"] = env["AWS_ACCESS_KEY_ID"]
+                conf[S3A + "secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
+                token = given.get("AWS_SESSION_TOKEN")  # the environment's belongs to its own keys
+                if token:
+                    conf[S3A + "session.token"] = token
+                conf[S3A + "aws.credentials.provider"] = TEMPORARY_CREDENTIALS if token else SIMPLE_CREDENTIALS
+            else:
+                conf[S3A + "aws.credentials.provider"] = ENVIRONMENT_CREDENTIALS
     return {key: value for key, value in conf.items() if key not in user}
 
 
@@ -421,7 +458,8 @@ def is_local_master(master: str) -> bool:
 def session_conf(app_name: str = "msgindex", master: str | None = None,
                  extra_conf: Mapping[str, str] | None = None,
                  user_conf: Mapping[str, str] | None = None, *,
-                 hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = ()) -> dict[str, str]:
+                 hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = (),
+                 storage_options: Mapping[str, str] | None = None) -> dict[str, str]:
     """The configuration `build_spark_session` applies, in this order of precedence:
 
     1. `extra_conf` and `master` (the caller's explicit settings: ``--conf``, ``--master``);
@@ -431,7 +469,8 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
        only, this interpreter for the Python workers of local masters only, quiet logs, no UI,
        and for object stores the ``AWS_*`` variables as settings (`object_store_conf`, for
        `hadoop_urls` -- paths Spark opens itself through Hadoop: its checkpoint -- and
-       `store_urls` -- paths msgindex's own client opens: the index);
+       `store_urls` -- paths msgindex's own client opens: the index; with the index's
+       `storage_options`);
     and always: UTC session time zone, Arrow, Python data source filter pushdown (msgindex
     relies on them), and the Kafka connector's jars joined to any others (``spark.jars``), with
     the Hadoop connectors `hadoop_urls` need (`object_store_jars`): on ``spark.jars`` too, or for
@@ -456,7 +495,8 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
         defaults.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
         if not os.environ.get("PYSPARK_PYTHON"):
             defaults.update({"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable})
-    defaults.update(object_store_conf([*hadoop_urls, *store_urls], {**_hadoop_site_conf(), **user, **explicit}))
+    defaults.update(object_store_conf([*hadoop_urls, *store_urls], {**_hadoop_site_conf(), **user, **explicit},
+                                      storage_options=storage_options))
     conf = {key: value for key, value in defaults.items() if key not in user and key not in explicit}
     conf.update(REQUIRED_CONF)
     conf.update(explicit)
@@ -477,18 +517,21 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
 
 def build_spark_session(app_name: str = "msgindex", master: str | None = None,
                         extra_conf: Mapping[str, str] | None = None, *,
-                        hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = ()) -> SparkSession:
+                        hadoop_urls: Sequence[str] = (), store_urls: Sequence[str] = (),
+                        storage_options: Mapping[str, str] | None = None) -> SparkSession:
     """The SparkSession msgindex runs in, with Spark's Kafka connector on the classpath and, for
     object-store `hadoop_urls` (Spark's checkpoint on ``s3a://``, ``gs://``, ``abfss://``), the
     Hadoop connector that opens them; see `session_conf` for which settings it makes and which it
     leaves to the user. `store_urls` are object-store paths msgindex's own client opens (the
-    index): its executors get the same ``AWS_*`` variables.
+    index): its executors get the same ``AWS_*`` variables; `storage_options` (the index's) reach
+    Spark's S3A too.
 
     When a session already runs in this process it is returned as is (jars and JVM options only
     take effect on the first session), with the SQL settings re-applied."""
     from pyspark.sql import SparkSession
 
-    conf = session_conf(app_name, master, extra_conf, hadoop_urls=hadoop_urls, store_urls=store_urls)
+    conf = session_conf(app_name, master, extra_conf, hadoop_urls=hadoop_urls, store_urls=store_urls,
+                        storage_options=storage_options)
     # A plain `python` driver's Python workers run PYSPARK_PYTHON (spark.pyspark.python is read
     # by spark-submit only): do what spark-submit does with it, never override the user's choice.
     if conf.get("spark.pyspark.python"):

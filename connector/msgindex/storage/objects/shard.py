@@ -77,6 +77,7 @@ from msgindex.storage.retention import RetentionReport, check_retention_argument
 from msgindex.storage.shard import (
     SCAN_BATCH_ROWS,
     AppendResult,
+    BeforeCommit,
     own_coordinates,
     refuse_out_of_range_timestamps,
 )
@@ -512,10 +513,13 @@ class ObjectShardWriter:
         self.close()
 
     # --- appending ------------------------------------------------------------------------------
-    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None) -> AppendResult:
+    def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
+               before_commit: BeforeCommit | None = None) -> AppendResult:
         """Commit the rows whose source offsets the shard does not hold yet (exactly once, as
         ``ShardWriter.append``), retrying on lost versions. Returns what was appended by THIS
-        call and what was found committed before."""
+        call and what was found committed before. `before_commit` as ``ShardWriter.append``'s:
+        called before each version put that adds records (after a lost put, again with the rows
+        still new: fewer when the winner committed some)."""
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
         if sources is None:
@@ -550,6 +554,8 @@ class ObjectShardWriter:
                         topics=tuple(sorted(set(state.topics) | written.topics)),
                         source_ranges=ranges, **self._stamps(state))
                 self._register(state)
+                if before_commit is not None and len(fresh):
+                    before_commit(AppendResult(len(fresh), len(records) - len(fresh), written.info.hash_entries))
                 try:
                     won = self._commit(candidate)
                 except BaseException:
