@@ -81,8 +81,17 @@ def run_notebook(work: Path, remote: str | None = None, index: str | None = None
     return text
 
 
-def test_notebook_investigates_the_demo_index_it_builds_in_a_bucket(tmp_path, s3, kafka_bootstrap):
+def test_notebook_investigates_the_demo_index_it_builds_in_a_bucket(tmp_path, s3):
+    """Kafka is a broker of the test's own (the session's has other tests' demo topics)."""
+    from msgindex.kafka.broker import LocalBroker, free_port
+
     url = s3.url("demo")
-    run_notebook(tmp_path, index=url, bootstrap=kafka_bootstrap, variables=s3.env)
+    broker = LocalBroker(tmp_path / "kafka", port=free_port(), controller_port=free_port())
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        run_notebook(work, index=url, bootstrap=broker.start(timeout=300), variables=s3.env)
+    finally:
+        broker.stop()
     with msgindex.open(url, storage_options=s3.options) as store:
         assert store.brokers() and store.client.list("_checkpoint/offsets/")  # all of it in the bucket
