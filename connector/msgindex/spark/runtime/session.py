@@ -473,9 +473,10 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
        `storage_options`);
     and always: UTC session time zone, Arrow, Python data source filter pushdown (msgindex
     relies on them), and the Kafka connector's jars joined to any others (``spark.jars``), with
-    the Hadoop connectors `hadoop_urls` need (`object_store_jars`): on ``spark.jars`` too, or for
-    ``local``/``local[N]`` masters on the driver's class path (one JVM runs everything; Spark
-    would copy ``spark.jars`` into its local directory, 690 MB for the AWS SDK bundle)."""
+    the Hadoop connectors `hadoop_urls` need (`object_store_jars`) on the driver's class path
+    only, whatever the master: only the driver opens Spark's checkpoint (the job keeps no state
+    in executors), and Spark copies ``spark.jars`` to every executor (and for local masters into
+    its local directory): 690 MB for the AWS SDK bundle."""
     user = dict(user_spark_conf() if user_conf is None else user_conf)
     explicit = {key: str(value) for key, value in (extra_conf or {}).items()}
     if master is not None:
@@ -502,13 +503,10 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
     conf.update(explicit)
     jars = [str(jar) for jar in kafka_connector_jars()]
     connectors = [str(jar) for jar in object_store_jars(hadoop_urls)]
-    one_jvm = chosen_master == "local" or chosen_master.startswith("local[")
-    if one_jvm and connectors:
+    if connectors:
         key = "spark.driver.extraClassPath"
         conf[key] = os.pathsep.join([*(entry for entry in (explicit.get(key) or user.get(key) or "").split(os.pathsep)
                                        if entry), *connectors])
-    else:
-        jars += connectors
     for given in (user.get("spark.jars"), explicit.get("spark.jars")):
         jars += [jar for jar in (given or "").split(",") if jar and jar not in jars]
     conf["spark.jars"] = ",".join(jars)
