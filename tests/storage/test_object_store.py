@@ -91,6 +91,28 @@ def test_exactly_once_by_offsets_across_writers_and_lost_versions(s3):
     assert sorted(rows.column("offset").to_pylist()) == list(range(300))
 
 
+def test_before_commit_is_told_what_each_version_put_adds_and_when_a_lost_one_added_nothing(s3):
+    """The pipeline counts a batch's new records from these calls (spark/pipeline/attempt_counts.py):
+    when another writer commits the same rows between the call and the put, the put is lost and
+    the append ends adding nothing, which it must say (a second job's count was 966 too high)."""
+    store = _store(s3)
+    records = [MessageRecord("t", 0, i, BASE + i, f"k{i}", [f"k{i}"]) for i in range(50)]
+    rival, writer = store.writer("a"), store.writer("a")
+    writer.refresh()
+    told: list[tuple[int, int]] = []
+
+    def before_commit(result):
+        told.append((result.appended, result.already_committed))
+        if len(told) == 1:  # another job commits the rows right now: this put loses
+            assert rival.append(records[:30]).appended == 30
+
+    result = writer.append(records[:30], before_commit=before_commit)
+    assert (result.appended, result.already_committed) == (0, 30) and told == [(30, 0), (0, 30)]
+    told.clear()
+    result = writer.append(records, before_commit=lambda r: told.append((r.appended, r.already_committed)))
+    assert (result.appended, told) == (20, [(20, 30)])
+
+
 def test_compaction_keeps_answers_and_collection_waits_for_the_grace_period(s3):
     store = _store(s3, compaction_interval_s=3600, grace_s=60, ratio=4)
     writer = store.writer("a")

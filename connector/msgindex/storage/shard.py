@@ -228,7 +228,8 @@ BeforeCommit = Callable[[AppendResult], None]
 the callback records happens-before the records become visible, so a second writer that finds
 them committed can rely on it (the pipeline counts a batch's new records this way whichever
 attempt of a task committed them, spark/pipeline/attempt_counts.py). Not called when nothing is
-new; a failure in it fails the append, which commits nothing."""
+new; a failure in it fails the append, which commits nothing. An object-store append that loses
+its version calls it again with what is still new: with 0 appended when the winner took it all."""
 
 
 class _Committed(ABC):

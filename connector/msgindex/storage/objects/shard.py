@@ -519,7 +519,7 @@ class ObjectShardWriter:
         ``ShardWriter.append``), retrying on lost versions. Returns what was appended by THIS
         call and what was found committed before. `before_commit` as ``ShardWriter.append``'s:
         called before each version put that adds records (after a lost put, again with the rows
-        still new: fewer when the winner committed some)."""
+        still new: fewer when the winner committed some, and with none when it committed them all)."""
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
         if sources is None:
@@ -529,6 +529,7 @@ class ObjectShardWriter:
         first = sources.first_occurrences()
         state = self.state
         written: _WrittenChunk | None = None
+        announced = False  # before_commit was told of rows a lost version held
         try:
             for _attempt in range(MAX_COMMIT_ATTEMPTS):
                 committed = state.source_ranges
@@ -538,6 +539,9 @@ class ObjectShardWriter:
                     self._discard(written)  # the winner committed some of its rows: write the rest again
                     written = None
                 if not len(fresh):
+                    if announced:  # a lost version announced rows another writer has committed since
+                        before_commit(AppendResult(0, len(records), 0))
+                        announced = False
                     if ranges == committed:
                         return AppendResult(0, len(records), 0)
                     candidate = state.successor(source_ranges=ranges, **self._stamps(state))
@@ -556,6 +560,7 @@ class ObjectShardWriter:
                 self._register(state)
                 if before_commit is not None and len(fresh):
                     before_commit(AppendResult(len(fresh), len(records) - len(fresh), written.info.hash_entries))
+                    announced = True
                 try:
                     won = self._commit(candidate)
                 except BaseException:
