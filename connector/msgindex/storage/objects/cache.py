@@ -98,10 +98,11 @@ class ObjectStoreCache:
             return self._newest.get((identity, shard))
 
     def remember(self, identity: str, shard: str, version: ShardVersion) -> ShardVersion:
-        """Keep `version` (read or committed by this process); returns the newest seen since
-        it may be newer than `version`."""
+        """Keep `version` (read or committed by this process); returns the newest seen, which
+        another thread may have made newer than `version`. A shard without versions
+        (``ShardVersion()``: never committed, or its versions deleted) is returned as it is."""
         if not version.number:
-            return self.newest(identity, shard) or version
+            return version
         with self._lock:
             self._versions[(identity, shard, version.number)] = version
             self._versions.move_to_end((identity, shard, version.number))

@@ -25,8 +25,10 @@ Across store objects, the process keeps what is never rewritten -- the manifest,
 chunk footers -- and the newest version it saw of each shard (``cache.py``): a store opened anew
 (a new query) asks whether each shard has a newer version (one LIST, no GET when not), so it sees
 every commit made before it was opened, by any process, and never an older version than one this
-process already read; a warm one-key lookup sends 3 requests (shards LIST, versions LIST, the log
-block), a second one on the same store object within ``max_staleness_s`` 1.
+process already read. A warm one-key lookup on a new store object sends the shards LIST and per
+shard its versions LIST and the key's log block (and the hash pages of a chunk whose hash section
+is too big to keep, ``shard.CACHED_HASH_BYTES``); a second one on the same store object within
+``max_staleness_s`` only the log block.
 
 **A query of many tasks** (Spark) reads one snapshot: its driver ``pin()``s the newest version of
 every shard and hands the ``StorePin`` (the manifest's bytes and the version numbers) to its
@@ -118,11 +120,13 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
     """Open the store at `location` (an object-store URL); with create=True make it when missing.
     A missing manifest is StoreNotFoundError naming the URL; a missing bucket, wrong credentials
     or an endpoint that does not answer are ObjectStoreError lines. The manifest comes from
-    `pin`, or the process's cache (``cache.py``) when this process read it before: no request.
+    `pin`, or (unless `create`) the process's cache (``cache.py``) when this process read it
+    before: no request.
     With `pin` the store reads the pinned versions (module docstring)."""
     client = client or ObjectClient(location)
     identity = store_identity(location)
-    known = pin.manifest if pin is not None else STORE_CACHE.manifest(identity)
+    # (create=True reads it: the caller means to make the store if it is gone)
+    known = pin.manifest if pin is not None else None if create else STORE_CACHE.manifest(identity)
     if known is not None:
         return _opened(location, known, client, tuning, max_staleness_s, pin, from_cache=True)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
@@ -395,7 +399,7 @@ class ObjectStore:
             reader = self.reader(broker)
         else:
             newest = self._newest_version(broker, cached[1].version)
-            reader = cached[1] if newest is cached[1].version else ObjectShardReader(
+            reader = cached[1] if newest.number == cached[1].version.number else ObjectShardReader(
                 self.client, self.shard_prefix(broker), broker, newest)
         with self._lock:
             self._readers[broker] = (now, reader)
@@ -407,7 +411,7 @@ class ObjectStore:
         with self._lock:
             cached = self._readers.get(broker)
         newest = self._newest_version(broker, cached[1].version if cached is not None else None)
-        reader = cached[1] if cached is not None and newest is cached[1].version else ObjectShardReader(
+        reader = cached[1] if cached is not None and newest.number == cached[1].version.number else ObjectShardReader(
             self.client, self.shard_prefix(broker), broker, newest)
         with self._lock:
             self._readers[broker] = (time.monotonic(), reader)
