@@ -43,11 +43,15 @@ def wait_for(port: int, process: subprocess.Popen, what: str) -> None:
 
 
 PROXY = textwrap.dedent('''
-    import asyncio, sys
+    import asyncio, re, sys
     listen, target, delay = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) / 1000
+    log = open(sys.argv[4], "a", buffering=1) if len(sys.argv) > 4 else None  # request lines, one a line
+    request_line = re.compile(rb"(?:^|\\r\\n)((?:GET|PUT|HEAD|POST|DELETE) [^ ]+) HTTP/1")
     async def pipe(reader, writer, pause):
         try:
             while data := await reader.read(1 << 16):
+                if pause and log:
+                    log.writelines(line.decode("latin-1") + "\\n" for line in request_line.findall(data))
                 if pause and delay:
                     await asyncio.sleep(delay)  # before each request (or piece of one) goes on
                 writer.write(data)

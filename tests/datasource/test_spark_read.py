@@ -200,3 +200,30 @@ def test_bad_paths(spark, truth, tmp_path):
         spark.read.format("msgindex").load(str(tmp_path / "plain")).collect()
     with pytest.raises(Exception, match="option 'path' is missing"):
         spark.read.format("msgindex").load().collect()
+
+
+def test_each_query_on_an_object_store_sees_every_commit_made_before_it(spark, s3):
+    """Spark's Python workers keep what they read of an object store between queries
+    (storage/objects/cache.py): a record committed by another process after a query ran is
+    found by the next query, through ``where`` and through the options; a scan too."""
+    from msgindex.storage.message import MessageRecord
+
+    url = s3.url()
+    storage = {f"storage.{name}": value for name, value in s3.options.items()}
+
+    def record(offset: int) -> MessageRecord:
+        return MessageRecord("fresh", 0, offset, 1_700_000_000_000 + offset, "again", ["again"])
+
+    def queries() -> list[set]:
+        reader = spark.read.format("msgindex").options(**storage)
+        return [{r.offset for r in reader.load(url).where("key = 'again'").select("offset").collect()},
+                {r.offset for r in reader.option("key", "again").load(url).select("offset").collect()},
+                {r.offset for r in reader.load(url).select("offset").collect()}]
+
+    with open_store(url, create=True, storage_options=s3.options) as store:
+        store.writer("b1").append([record(0)])
+    assert queries() == [{0}] * 3
+    with open_store(url, storage_options=s3.options) as store:  # another process than Spark's workers
+        store.writer("b1").append([record(1)])
+        store.writer("b2").append([record(2)])  # and a new shard
+    assert queries() == [{0, 1, 2}] * 3

@@ -11,6 +11,7 @@ import pytest
 import msgindex
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
 from msgindex.storage.message import ROW_SCHEMA, MessageRecord
+from msgindex.storage.objects.cache import STORE_CACHE
 from msgindex.storage.objects.store import ObjectStore
 from msgindex.storage.store import MANIFEST_FILE, Store, StoreSettings, open_store
 from tests.storage.shard_model import TINY, ShardModel, make_batch, model_lookup, model_scan, table_rows
@@ -65,6 +66,9 @@ def test_bad_manifest_and_settings(stores):
                  json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"index_num": 1}}),
                  json.dumps({"format": "msgindex-store", "format_version": 1, "settings": {"bogus": 1}})):
         _put(stores, root, MANIFEST_FILE, body.encode())
+        # (a process that opened an object store keeps the manifest it checked: it is never
+        # rewritten, objects/cache.py; a process opening it now finds the damage)
+        STORE_CACHE.clear()
         with pytest.raises(CorruptFileError, match=MANIFEST_FILE):
             stores.open(root)
     for bad in ({"hash_slot_num": 0}, {"index_num": 1}, {"segment_bytes": -5}, {"index_interval_bytes": 1.5}):

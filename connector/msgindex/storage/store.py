@@ -47,7 +47,7 @@ from msgindex.storage.shard import (
 from msgindex.times import TimeArg
 
 if TYPE_CHECKING:
-    from msgindex.storage.objects.store import ObjectStore
+    from msgindex.storage.objects.store import ObjectStore, StorePin
 
 LISTING_SETTLED_NS = 2_000_000_000
 
@@ -64,7 +64,7 @@ __all__ = [
 
 def open_store(root: str | os.PathLike, *, create: bool = False, settings: StoreSettings | None = None,
                storage_options: Mapping[str, str] | None = None, max_staleness_s: float | None = None,
-               ) -> Store | ObjectStore:
+               pin: StorePin | None = None) -> Store | ObjectStore:
     """Open the store at `root` (a local path or an object-store URL: ``location.py``); with
     create=True make it (and its parents) when missing.
 
@@ -72,13 +72,16 @@ def open_store(root: str | os.PathLike, *, create: bool = False, settings: Store
     (create=True refuses to turn a non-empty foreign directory into a store). `storage_options`
     configure an object store's client (endpoint, credentials, ...: ``location.py``);
     `max_staleness_s` how old a version an object store's lookups may answer from (default 1 s:
-    ``objects/store.py``; a local store always answers from its last commit)."""
+    ``objects/store.py``; a local store always answers from its last commit); `pin` the
+    snapshot an object store reads (``ObjectStore.pin``: a query's tasks; ignored locally, where
+    every reader reads the last commit)."""
     location = parse_location(root, storage_options)
     if not location.is_local:
         from msgindex.storage.objects.store import DEFAULT_MAX_STALENESS_S, open_object_store
 
         return open_object_store(location, create=create, settings=settings,
-                                 max_staleness_s=DEFAULT_MAX_STALENESS_S if max_staleness_s is None else max_staleness_s)
+                                 max_staleness_s=DEFAULT_MAX_STALENESS_S if max_staleness_s is None else max_staleness_s,
+                                 pin=pin)
     root = location.local_path
     manifest = root / MANIFEST_FILE
     if manifest.exists():
@@ -235,6 +238,11 @@ class Store:
                     writer, max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms, dry_run=dry_run
                 ))
         return report
+
+    def pin(self) -> None:
+        """An object store's snapshot for a query's tasks (``ObjectStore.pin``); a local store
+        has none to hand over: every reader of it reads the last commit."""
+        return None
 
     def close(self) -> None:
         for _, reader in self._readers.values():

@@ -69,6 +69,8 @@ from msgindex.storage.message import ROW_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from msgindex.storage.objects.store import StorePin
+
 SOURCE_NAME = "msgindex"
 # Spark's flag; with it off, a reader that defines pushFilters fails planning
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -193,6 +195,7 @@ class KeyLookup(InputPartition):
     brokers: tuple[str, ...]
     start: int
     end: int
+    pin: StorePin | None = None  # an object store's versions, pinned by the driver (ObjectStore.pin)
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class LogRange(InputPartition):
     broker: str
     start_seq: int
     end_seq: int
+    pin: StorePin | None = None
 
 
 class MsgIndexReader(DataSourceReader):
@@ -222,22 +226,25 @@ class MsgIndexReader(DataSourceReader):
         from msgindex.storage.store import open_store
 
         with open_store(self.options.path, storage_options=self.options.store_options) as store:
+            # one snapshot for the whole query: the tasks read the versions seen here (an object
+            # store's; a local store's readers read the last commit), without asking again
+            pin = store.pin()
             brokers = self._brokers(store)
             if self.query.is_lookup:
-                return self._lookup_partitions(brokers)
+                return self._lookup_partitions(brokers, pin)
             return [
-                LogRange(broker, start, end)
+                LogRange(broker, start, end, pin)
                 for broker in brokers
                 for start, end in _scan_ranges(store, broker, self.query)
             ]
 
-    def _lookup_partitions(self, brokers: list[str]) -> list[InputPartition]:
+    def _lookup_partitions(self, brokers: list[str], pin: StorePin | None) -> list[InputPartition]:
         if not brokers:
             return []
         count = len(self.query.keys_to_look_up)
         if self.query.max_results is not None:  # a global cap: one task sees every row
-            return [KeyLookup(tuple(brokers), 0, count)]
-        return [KeyLookup(tuple(brokers), start, min(start + KEYS_PER_LOOKUP_TASK, count))
+            return [KeyLookup(tuple(brokers), 0, count, pin)]
+        return [KeyLookup(tuple(brokers), start, min(start + KEYS_PER_LOOKUP_TASK, count), pin)
                 for start in range(0, count, KEYS_PER_LOOKUP_TASK)]
 
     def _brokers(self, store) -> list[str]:
@@ -258,7 +265,7 @@ class MsgIndexReader(DataSourceReader):
         if not isinstance(partition, (LogRange, KeyLookup)):
             return  # Spark's stand-in partition when partitions() found nothing to read
         query = pushdown.task_query(self.query, self.options)
-        with open_store(self.options.path, storage_options=self.options.store_options) as store:
+        with open_store(self.options.path, storage_options=self.options.store_options, pin=partition.pin) as store:
             if isinstance(partition, LogRange):
                 batches = self._with_any_key(self._scan(store, partition, query), None)
             else:

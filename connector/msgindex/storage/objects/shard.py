@@ -43,7 +43,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -59,6 +58,7 @@ from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LogReads
 from msgindex.storage.log.segment import BatchDirectory, BatchReads
 from msgindex.storage.message import MessageRecord, stored_window
+from msgindex.storage.objects.cache import FOOTERS, CachedFooter
 from msgindex.storage.objects.chunk_format import (
     HASH_ITEM_DTYPE,
     HASH_ITEM_SIZE,
@@ -98,7 +98,6 @@ SHARDS_DIR = "_shards"
 MARK_COMMITTED = b"committed\n"
 MAX_COMMIT_ATTEMPTS = 64
 IO_THREADS = 16
-FOOTER_CACHE_BYTES = 256 * 1024 * 1024
 # A chunk whose hash section is at most this big has it read with its footer and cached (a
 # micro-batch's chunk: ~10k records, 90 kB); bigger ones are read a page range at a time.
 CACHED_HASH_BYTES = 256 * 1024
@@ -128,45 +127,7 @@ class ObjectTuning:
             raise InvalidArgumentError(f"impossible object-store tuning {self}")
 
 
-# --- shared by every shard of the process: footers (immutable) and the I/O threads --------------
-@dataclass(frozen=True)
-class _Footer:
-    """A chunk's footer as cached: with its whole hash section when that is small."""
-
-    footer: ChunkFooter
-    items: np.ndarray | None = None
-
-    def nbytes(self) -> int:
-        return self.footer.nbytes() + (self.items.nbytes if self.items is not None else 0)
-
-
-class _FooterCache:
-    """Footers of chunks by object URL, least recently used dropped past FOOTER_CACHE_BYTES."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._held = 0
-        self._footers: OrderedDict[str, _Footer] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, url: str, load: Callable[[], _Footer]) -> _Footer:
-        with self._lock:
-            footer = self._footers.get(url)
-            if footer is not None:
-                self._footers.move_to_end(url)
-                return footer
-        footer = load()
-        with self._lock:
-            if url not in self._footers:
-                self._footers[url] = footer
-                self._held += footer.nbytes()
-                while self._held > self._capacity and len(self._footers) > 1:
-                    _, dropped = self._footers.popitem(last=False)
-                    self._held -= dropped.nbytes()
-        return footer
-
-
-_FOOTERS = _FooterCache(FOOTER_CACHE_BYTES)
+# --- shared by every shard of the process: the I/O threads (footers: cache.py) ------------------
 _IO_POOL: ThreadPoolExecutor | None = None
 _IO_POOL_LOCK = threading.Lock()
 
@@ -205,20 +166,20 @@ class ObjectChunk(BatchReads):
         self._directory: BatchDirectory | None = None
 
     def footer(self) -> ChunkFooter:
-        return _FOOTERS.get(self.path, self._load_footer).footer
+        return FOOTERS.get(self.path, self._load_footer).footer
 
-    def _load_footer(self) -> _Footer:
+    def _load_footer(self) -> CachedFooter:
         """The footer, and with it the whole hash section when that is small: one request gets
         both, and the chunk's lookups then need no request for hash items at all (a fresh
         reader's first lookup pays one request per small chunk instead of two)."""
         info = self.ref.info
         hash_bytes = info.hash_entries * HASH_ITEM_SIZE
         if hash_bytes > CACHED_HASH_BYTES:
-            return _Footer(listed_footer(self._ranges([info.footer_offset], [info.footer_length])[0], info, self.path))
+            return CachedFooter(listed_footer(self._ranges([info.footer_offset], [info.footer_length])[0], info, self.path))
         data = self._ranges([info.footer_offset - hash_bytes], [hash_bytes + info.footer_length])[0]
         footer = listed_footer(data[hash_bytes:], info, self.path)
         items = footer.checked_items(data[:hash_bytes], 0, self.path) if hash_bytes else np.zeros(0, HASH_ITEM_DTYPE)
-        return _Footer(footer, items.copy())
+        return CachedFooter(footer, items.copy())
 
     def batches(self) -> BatchDirectory:
         if self._directory is None:
@@ -243,7 +204,7 @@ class ObjectChunk(BatchReads):
     def hash_candidates(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(seqs, key hashes) of the chunk's items of `key_hashes` (distinct, uint32): the pages
         that may hold them read in one request, checked, filtered."""
-        cached = _FOOTERS.get(self.path, self._load_footer)
+        cached = FOOTERS.get(self.path, self._load_footer)
         footer = cached.footer
         hashes = key_hashes[footer.may_hold(key_hashes)]
         if not len(hashes):

@@ -15,11 +15,26 @@ gone (the mark older than the grace period, so not a shard committing its first 
 now) is damage, an error naming it, never a store that quietly answers without it; a shard whose
 first writer died before committing (its mark still empty) is simply empty.
 
-A store object caches per shard the version it read and the chunks' footers. A lookup answers
-from a version at most ``max_staleness_s`` old (default 1 s; 0: ask for a newer one, one LIST per
-shard, on every lookup): asking before every lookup would add a request and a round trip to each,
-while commits arrive at most once per micro-batch. Commits made through this store object's own
-writers are seen at once. The shards of a lookup are read in parallel.
+A store object caches per shard the version it read. A lookup answers from a version at most
+``max_staleness_s`` old (default 1 s; 0: ask for a newer one, one LIST per shard, on every
+lookup): asking before every lookup would add a request and a round trip to each, while commits
+arrive at most once per micro-batch. Commits made through this process's writers are seen at
+once. The shards of a lookup are read in parallel.
+
+Across store objects, the process keeps what is never rewritten -- the manifest, version objects,
+chunk footers -- and the newest version it saw of each shard (``cache.py``): a store opened anew
+(a new query) asks whether each shard has a newer version (one LIST, no GET when not), so it sees
+every commit made before it was opened, by any process, and never an older version than one this
+process already read. A warm one-key lookup on a new store object sends the shards LIST and per
+shard its versions LIST and the key's log block (and the hash pages of a chunk whose hash section
+is too big to keep, ``shard.CACHED_HASH_BYTES``); a second one on the same store object within
+``max_staleness_s`` only the log block.
+
+**A query of many tasks** (Spark) reads one snapshot: its driver ``pin()``s the newest version of
+every shard and hands the ``StorePin`` (the manifest's bytes and the version numbers) to its
+tasks, whose stores, opened with it, read exactly those versions: no manifest GET, no LIST, the
+version objects by number (a version collected meanwhile -- a query older than the grace
+period -- is replaced by the newest, never by an older one).
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from msgindex.storage.manifest import (
     decode_manifest,
     encode_manifest,
 )
+from msgindex.storage.objects.cache import STORE_CACHE, store_identity
 from msgindex.storage.objects.client import ObjectClient, ObjectInfo
 from msgindex.storage.objects.shard import (
     MARK_COMMITTED,
@@ -74,6 +90,17 @@ class ShardCompaction:
     merged_away: int
     bytes_merged: int
     collected: int
+
+
+@dataclass(frozen=True)
+class StorePin:
+    """The snapshot a query of many tasks reads (module docstring): the store manifest's bytes and
+    each shard's version number, chosen by ``ObjectStore.pin``; small and picklable."""
+
+    manifest: bytes
+    versions: tuple[tuple[str, int], ...]  # (broker, version number), sorted by broker
+
+
 _SHARD_POOL: ThreadPoolExecutor | None = None
 _SHARD_POOL_LOCK = threading.Lock()
 
@@ -89,11 +116,19 @@ def _shard_pool() -> ThreadPoolExecutor:
 
 def open_object_store(location: StoreLocation, *, create: bool = False, settings: StoreSettings | None = None,
                       tuning: ObjectTuning | None = None, client: ObjectClient | None = None,
-                      max_staleness_s: float = DEFAULT_MAX_STALENESS_S) -> ObjectStore:
+                      max_staleness_s: float = DEFAULT_MAX_STALENESS_S, pin: StorePin | None = None) -> ObjectStore:
     """Open the store at `location` (an object-store URL); with create=True make it when missing.
     A missing manifest is StoreNotFoundError naming the URL; a missing bucket, wrong credentials
-    or an endpoint that does not answer are ObjectStoreError lines."""
+    or an endpoint that does not answer are ObjectStoreError lines. The manifest comes from
+    `pin`, or (unless `create`) the process's cache (``cache.py``) when this process read it
+    before: no request.
+    With `pin` the store reads the pinned versions (module docstring)."""
     client = client or ObjectClient(location)
+    identity = store_identity(location)
+    # (create=True reads it: the caller means to make the store if it is gone)
+    known = pin.manifest if pin is not None else None if create else STORE_CACHE.manifest(identity)
+    if known is not None:
+        return _opened(location, known, client, tuning, max_staleness_s, pin, from_cache=True)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
     if raw is None and client.list(""):
@@ -107,43 +142,82 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
         if not create:
             raise StoreNotFoundError(f"{location.url}: no such msgindex store (no {MANIFEST_FILE})")
         settings = settings or StoreSettings()
-        if not client.put_if_absent(key, encode_manifest(settings, None)):
+        created = encode_manifest(settings, None)
+        if not client.put_if_absent(key, created):
             raw = client.get(key)  # another process created it first: open what it made
         else:
-            return ObjectStore(location, settings, client, tuning, max_staleness_s=max_staleness_s)
+            raw = created
+    return _opened(location, raw, client, tuning, max_staleness_s, pin)
+
+
+def _opened(location: StoreLocation, raw: bytes, client: ObjectClient, tuning: ObjectTuning | None,
+            max_staleness_s: float, pin: StorePin | None, *, from_cache: bool = False) -> ObjectStore:
+    """The store whose manifest is `raw` (checked, then kept in the process's cache)."""
     manifest = decode_manifest(raw, source=f"{location.url.rstrip('/')}/{MANIFEST_FILE}")
     if manifest.version != STORE_FORMAT_VERSION:
         raise UpgradeRequiredError(f"{location.url}: store format {manifest.version}; this msgindex reads format "
                                    f"{STORE_FORMAT_VERSION}")
-    return ObjectStore(location, manifest.settings, client, tuning, max_staleness_s=max_staleness_s)
+    STORE_CACHE.remember_manifest(store_identity(location), raw)
+    return ObjectStore(location, manifest.settings, client, tuning, max_staleness_s=max_staleness_s,
+                       manifest=raw, pinned=dict(pin.versions) if pin is not None else None,
+                       manifest_from_cache=from_cache)
 
 
 class ObjectStore:
     """A msgindex store on an object store (module docstring); ``Store``'s API."""
 
     def __init__(self, location: StoreLocation, settings: StoreSettings, client: ObjectClient,
-                 tuning: ObjectTuning | None = None, *, max_staleness_s: float = DEFAULT_MAX_STALENESS_S) -> None:
+                 tuning: ObjectTuning | None = None, *, max_staleness_s: float = DEFAULT_MAX_STALENESS_S,
+                 manifest: bytes | None = None, pinned: dict[str, int] | None = None,
+                 manifest_from_cache: bool = False) -> None:
         self.location = location
         self.root = location.url
         self.settings = settings
         self.client = client
         self.tuning = tuning or ObjectTuning()
         self.max_staleness_s = max_staleness_s
+        self.identity = store_identity(location)
+        self._manifest = manifest if manifest is not None else encode_manifest(settings, None)
+        self._manifest_unchecked = manifest_from_cache  # not read from the bucket by this store
+        self._pinned = pinned
         self._readers: dict[str, tuple[float, ObjectShardReader]] = {}  # broker -> (when checked, reader)
         self._brokers: tuple[float, list[str]] | None = None  # (when listed, the shards' names)
         self._lock = threading.Lock()
 
     # --- shards -------------------------------------------------------------------------------
     def brokers(self) -> list[str]:
-        """Names of the store's shards (their marks: one LIST, at most every SHARDS_TTL_S), sorted."""
+        """Names of the store's shards (their marks: one LIST, at most every SHARDS_TTL_S; the
+        pinned ones of a pinned store), sorted."""
+        if self._pinned is not None:
+            return sorted(self._pinned)
         now = time.monotonic()
         with self._lock:
             if self._brokers is not None and now - self._brokers[0] < SHARDS_TTL_S:
                 return list(self._brokers[1])
         names = sorted(info.key.rsplit("/", 1)[-1] for info in self.client.list(f"{SHARDS_DIR}/"))
+        if not names and self._manifest_unchecked:
+            self._check_manifest()
         with self._lock:
             self._brokers = (now, names)
         return list(names)
+
+    def _check_manifest(self) -> None:
+        """A store opened from the process's cache that shows no shard: is it still there (it
+        may have been deleted since this process read its manifest)?"""
+        if self.client.get(MANIFEST_FILE) is None:
+            STORE_CACHE.forget_manifest(self.identity)
+            raise StoreNotFoundError(f"{self.root}: no such msgindex store (no {MANIFEST_FILE}: deleted)")
+        self._manifest_unchecked = False
+
+    def pin(self) -> StorePin:
+        """The newest version of every shard, asked now (the shards as ``brokers`` lists them,
+        then one LIST per shard in parallel, GETs only for versions this process has not read):
+        the snapshot a query's tasks read (module docstring). This store reads it too from now on."""
+        if self._pinned is None:
+            brokers = self.brokers()
+            readers = self._in_shards(self._fresh_reader, brokers)
+            self._pinned = {b: reader.version.number for b, reader in zip(brokers, readers)}
+        return StorePin(self._manifest, tuple(sorted(self._pinned.items())))
 
     def missing_shards(self) -> list[str]:
         """Shards whose marks say they committed, marked longer than the grace period ago, that
@@ -176,6 +250,7 @@ class ObjectStore:
                                  on_commit=lambda version: self._committed(broker, version))
 
     def _committed(self, broker: str, version: ShardVersion) -> None:
+        STORE_CACHE.remember(self.identity, self.shard_prefix(broker), version)
         with self._lock:
             cached = self._readers.get(broker)
             if cached is None or cached[1].version.number < version.number:
@@ -185,12 +260,37 @@ class ObjectStore:
                 self._brokers = None
 
     def reader(self, broker: str, version: ShardVersion | None = None) -> ObjectShardReader:
-        """A reader on the newest version of `broker`'s shard (or on `version`)."""
+        """A reader on the newest version of `broker`'s shard (or on `version`; a pinned store:
+        on the pinned one)."""
+        if version is None and self._pinned is not None and broker in self._pinned:
+            version = self._pinned_version(broker, self._pinned[broker])
         if version is None:
-            version = self._versions(broker).latest()
-            if not version.number:
-                self._check_present(broker)
+            version = self._newest_version(broker)
         return ObjectShardReader(self.client, self.shard_prefix(broker), broker, version)
+
+    def _newest_version(self, broker: str, known: ShardVersion | None = None) -> ShardVersion:
+        """The newest version of `broker`'s shard, asked now: one LIST from the newest this
+        process has seen (or `known`), a GET only for a version newer than that (cache.py)."""
+        shard = self.shard_prefix(broker)
+        seen = STORE_CACHE.newest(self.identity, shard)
+        floor = known if seen is None or (known is not None and known.number >= seen.number) else seen
+        version = self._versions(broker).latest(floor)
+        if not version.number:
+            self._check_present(broker)
+        return STORE_CACHE.remember(self.identity, shard, version)
+
+    def _pinned_version(self, broker: str, number: int) -> ShardVersion:
+        """Version `number` of `broker`'s shard, as its query's driver pinned it: from the
+        process's cache, else one GET; when collected meanwhile (a query older than the grace
+        period), the newest (never an older one)."""
+        shard = self.shard_prefix(broker)
+        if not number:
+            return ShardVersion()  # the shard had no version when the query began: it reads nothing
+        version = STORE_CACHE.version(self.identity, shard, number) or self._versions(broker).read(number)
+        if version is None:
+            return self._newest_version(broker)
+        STORE_CACHE.remember(self.identity, shard, version)
+        return version
 
     def _check_present(self, broker: str) -> None:
         marks = {info.key.rsplit("/", 1)[-1]: info for info in self.client.list(f"{SHARDS_DIR}/")}
@@ -212,12 +312,15 @@ class ObjectStore:
         query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
                          brokers=brokers, partitions=partitions)
         selected = self._selected_brokers(query.brokers)
-        if len(selected) <= 1:
-            tables = [self._cached_reader(b).lookup(query) for b in selected]
-        else:
-            futures = [_shard_pool().submit(lambda b=b: self._cached_reader(b).lookup(query)) for b in selected]
-            tables = [future.result() for future in futures]
+        tables = self._in_shards(lambda b: self._cached_reader(b).lookup(query), selected)
         return sort_and_limit(tables, query.max_results)
+
+    def _in_shards(self, work, brokers: list[str]) -> list:
+        """work(broker) for every broker, in parallel when there are several; results in order."""
+        if len(brokers) <= 1:
+            return [work(b) for b in brokers]
+        futures = [_shard_pool().submit(work, b) for b in brokers]
+        return [future.result() for future in futures]
 
     def scan(self, query: Query | None = None, *, begin_ms: int | None = None, end_ms: int | None = None,
              brokers: Iterable[str] | None = None, topics: Iterable[str] | None = None,
@@ -289,14 +392,27 @@ class ObjectStore:
         now = time.monotonic()
         with self._lock:
             cached = self._readers.get(broker)
-        if cached is not None and now - cached[0] < self.max_staleness_s:
+        pinned = self._pinned is not None and broker in self._pinned
+        if cached is not None and (pinned or now - cached[0] < self.max_staleness_s):
             return cached[1]
-        if cached is None:
+        if cached is None or pinned:
             reader = self.reader(broker)
         else:
-            newest = self._versions(broker).latest(cached[1].version)
-            reader = cached[1] if newest is cached[1].version else ObjectShardReader(
+            newest = self._newest_version(broker, cached[1].version)
+            reader = cached[1] if newest.number == cached[1].version.number else ObjectShardReader(
                 self.client, self.shard_prefix(broker), broker, newest)
         with self._lock:
             self._readers[broker] = (now, reader)
+        return reader
+
+    def _fresh_reader(self, broker: str) -> ObjectShardReader:
+        """A reader on the newest version of `broker`'s shard, asked now; this store's lookups
+        read it from now on."""
+        with self._lock:
+            cached = self._readers.get(broker)
+        newest = self._newest_version(broker, cached[1].version if cached is not None else None)
+        reader = cached[1] if cached is not None and newest.number == cached[1].version.number else ObjectShardReader(
+            self.client, self.shard_prefix(broker), broker, newest)
+        with self._lock:
+            self._readers[broker] = (time.monotonic(), reader)
         return reader

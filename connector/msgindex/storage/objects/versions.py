@@ -208,13 +208,21 @@ class ShardVersions:
 
     def latest(self, known: ShardVersion | None = None) -> ShardVersion:
         """The newest version (`known`, or ShardVersion() for a shard that never committed,
-        when there is none newer): one LIST, plus one GET when there is a newer one."""
-        newer = self.numbers(after=known.number if known is not None and known.number else None)
-        for number in reversed(newer):
+        when there is none newer): one LIST, plus one GET when there is a newer one.
+
+        The LIST starts at `known` itself, so that a `known` remembered from long ago (a
+        process-wide cache: ``cache.py``) is returned only while it is still there: a version
+        is deleted only once newer ones exist, so a `known` that is gone with nothing newer
+        means the shard's versions were deleted (ShardVersion(): no committed state)."""
+        start = known.number if known is not None and known.number else 0
+        present = self.numbers(after=start - 1 if start else None)
+        for number in reversed([n for n in present if n > start]):
             version = self.read(number)
             if version is not None:  # (deleted between the LIST and the GET: an older one is newest)
                 return version
-        return known if known is not None else ShardVersion()
+        if known is None or (start and start not in present):
+            return ShardVersion()
+        return known
 
     def try_commit(self, version: ShardVersion) -> bool:
         """Create `version` if its number is free: True when this call created it. A request
