@@ -116,7 +116,8 @@ def test_coverage_is_committed_with_the_data_and_lookups_beyond_it_warn(stores):
         with store.reader("b0") as reader:
             coverage = reader.field_coverage
         assert [f.name for f in coverage.fields] == ["order"] and coverage.get("ORDER").definition == ORDER
-        assert store.lookup(fields={"order": "o-1"}, begin_ms=BASE + 200).num_rows == 0
+        with pytest.warns(FieldCoverageWarning):  # (the window does not narrow what the field misses)
+            assert store.lookup(fields={"order": "o-1"}, begin_ms=BASE + 200).num_rows == 0
         assert store.brokers() == ["b0"]
     with stores.open() as store, store.writer("b0") as writer:  # a new job with a second field
         more = _records(rng, "orders", range(120, 150))
