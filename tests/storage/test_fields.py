@@ -13,6 +13,7 @@ import pytest
 from msgindex.cli import main
 from msgindex.errors import FieldCoverageWarning, InvalidAppendError, InvalidOptionError
 from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.inspect import inspect_path
 from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord
 from msgindex.storage.query import Query
 from tests.storage.kinds import patch_few_candidates
@@ -119,6 +120,10 @@ def test_coverage_is_committed_with_the_data_and_lookups_beyond_it_warn(stores):
         with pytest.warns(FieldCoverageWarning):  # (the window does not narrow what the field misses)
             assert store.lookup(fields={"order": "o-1"}, begin_ms=BASE + 200).num_rows == 0
         assert store.brokers() == ["b0"]
+    # inspect shows each shard's fields: definitions and the offsets each covers
+    [shard] = inspect_path(stores.root(), storage_options=stores.options)["shards"]
+    assert shard["fields"]["order"]["ranges"]["orders"]["0"] == [[51, 118]]  # after's offsets of orders-0
+    assert {k: v for k, v in shard["fields"]["order"].items() if k != "ranges"} == ORDER.to_json()
     with stores.open() as store, store.writer("b0") as writer:  # a new job with a second field
         more = _records(rng, "orders", range(120, 150))
         writer.append(more, fields=[ORDER, SKU])
