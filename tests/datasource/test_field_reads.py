@@ -69,3 +69,19 @@ def test_a_field_option_with_keys_is_refused(spark, field_store):
     path, _ = field_store
     with pytest.raises(Exception, match="not with option 'key'/'keys'"):
         spark.read.format("msgindex").option("field.order", "o-1").option("key", "k1").load(str(path)).collect()
+
+
+def test_lookup_keys_of_a_field(spark, field_store):
+    from msgindex.spark.read.bulk_lookup import lookup_keys
+
+    path, written = field_store
+    asked = ["o-1", "o-7", "t-3", "nothing", "o-1", None]
+    values = spark.createDataFrame([(v,) for v in asked], "v string")
+    rows = lookup_keys(values, str(path), key_col="v", field="order", topic="orders", num_partitions=2).collect()
+    got = sorted((r.lookup_key, r.broker, r.topic, r.partition, r.offset) for r in rows)
+    assert got == sorted((v, b, r.topic, r.partition, r.offset) for v in ("o-1", "o-7", "t-3", "nothing")
+                         for b, r in written if ("order", v) in r.fields and r.topic == "orders")
+    assert got and not any(r.lookup_key == "t-3" for r in rows)  # a trace value is not an order
+    traces = lookup_keys(values, str(path), key_col="v", field="TRACE").collect()
+    assert sorted((r.lookup_key, r.broker, r.offset) for r in traces) == sorted(
+        ("t-3", b, r.offset) for b, r in written if ("trace", "t-3") in r.fields)
