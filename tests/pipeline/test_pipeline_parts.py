@@ -268,7 +268,8 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
         assert first[0].schema == COMMIT_ARROW_SCHEMA
         assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
             "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "write_ms": 0,
-            "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0, "requests": 0}
+            "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0, "requests": 0,
+            "field_counts": ""}
         middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
         assert (middle["appended"], middle["already_committed"]) == (3, 0)
         again = list(write_task(config, 5, [_records_task_rows(list(range(8)), [0] * 8)]))[0].to_pylist()[0]
