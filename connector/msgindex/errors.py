@@ -113,3 +113,8 @@ class ObjectStoreError(MsgIndexError):
 class CommitConflictError(MsgIndexError):
     """An object-store shard's commit lost its version to other writers more often than a
     writer retries (each loss re-reads what won and tries the next version)."""
+
+
+class FieldCoverageWarning(UserWarning):
+    """A field lookup over offsets the field does not cover (indexed before it existed): the
+    answer may miss records there (storage/fields.py)."""

@@ -25,6 +25,7 @@ from msgindex.errors import ToolMissingError
 from msgindex.storage import hash_run, index_file
 from msgindex.storage.index_file import index_file_name, reference_candidates
 from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.message import field_hash_string
 from tests.interop.rocketmq_harness import Script, harness_classpath, parse_query
 
 T0 = 1_700_000_000_000
@@ -53,6 +54,8 @@ def random_key(rng: random.Random) -> str:
         chars = [rng.choice([chr(rng.randint(0x20, 0xD7FF)), chr(rng.randint(0xD800, 0xDFFF)),
                              chr(rng.randint(0x10000, 0x10FFFF)), "é", "#"]) for _ in range(rng.randint(0, 6))]
         return "topic#" + "".join(chars)
+    if kind < 0.45:  # a field value's hash string (storage/fields.py): NULs, no '#' before them
+        return field_hash_string(f"topic{rng.randint(0, 2)}", rng.choice(["order", "sku"]), f"o-{rng.randint(0, 12)}")
     return f"topic{rng.randint(0, 2)}#key{rng.randint(0, 12)}"
 
 

@@ -99,7 +99,7 @@ def test_record_keys_follow_the_spec():
         KEYS_HEADERS: pa.array([[b" x  k y "], [b"h"], None, [], [b"\xff z"], [b"", None]], pa.list_(pa.binary())),
         UNIQ_HEADERS: pa.array([[b"U"], [], [b"u2"], ["ключ".encode()], [], [b""]], pa.list_(pa.binary())),
     })
-    records, unkeyed = records_to_append(table)
+    records, unkeyed, _ = records_to_append(table)
     assert [r.keys for r in records] == [("k", "x", "y", "U"), ("h",), ("u2",), ("ключ",),
                                          ("\udcff\udcfe", "\udcff", "z"), ("a b",)]
     assert [r.key for r in records] == ["k", None, "", "ключ", "\udcff\udcfe", "a b"]
@@ -123,7 +123,7 @@ def test_utf8_records_are_appended_as_arrow_with_the_same_keys(with_headers):
         UNIQ_HEADERS: pa.array([[b"U"], [], [b"u2"], ["ключ".encode()], [], [b""]] if with_headers else [None] * rows,
                                pa.list_(pa.binary())),
     })
-    appended, unkeyed = records_to_append(table)
+    appended, unkeyed, _ = records_to_append(table)
     assert isinstance(appended, pa.Table) and appended.schema == APPEND_SCHEMA
     expected, expected_unkeyed = _message_records(table)
     assert records_from_table(appended) == expected and unkeyed == expected_unkeyed == 2
@@ -135,7 +135,7 @@ def test_non_utf8_keys_fall_back_to_message_records():
         "timestamp_ms": pa.array([7], pa.int64()), KEY_RAW: pa.array([b"ok"], pa.binary()),
         KEYS_HEADERS: pa.array([[b"\xff"]], pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]], pa.list_(pa.binary())),
     })
-    appended, _ = records_to_append(table)
+    appended, _, _ = records_to_append(table)
     assert isinstance(appended, list) and appended[0].keys == ("ok", "\udcff")
 
 
@@ -268,8 +268,8 @@ def test_a_task_commits_each_source_slice_as_its_own_range(tmp_path):
         assert first[0].schema == COMMIT_ARROW_SCHEMA
         assert first[0].to_pylist()[0] | {"write_ms": 0} == {"broker": "1", "appended": 5, "already_committed": 0,
             "keys_indexed": 5, "unkeyed": 0, "quarantined": 0, "quarantined_before": 0, "attempt": 0, "task": 0,
-            "write_ms": 0,
-            "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0, "requests": 0}
+            "write_ms": 0, "deleted_segments": 0, "deleted_index_files": 0, "deleted_bytes": 0, "requests": 0,
+            "field_counts": ""}
         middle = list(write_task(config, 0, [_records_task_rows([3, 4, 5], [1] * 3)]))[0].to_pylist()[0]
         assert (middle["appended"], middle["already_committed"]) == (3, 0)
         again = list(write_task(config, 5, [_records_task_rows(list(range(8)), [0] * 8)]))[0].to_pylist()[0]
@@ -418,3 +418,28 @@ def test_a_task_refuses_rows_out_of_offset_order_across_chunks(tmp_path, monkeyp
             list(task_writer.write_task(config, 1, [_records_task_rows([6, 7], [0, 0]), _records_task_rows([5, 8], [0, 0])]))
     finally:
         forget_writers()
+
+
+@pytest.mark.parametrize("key", [b"k", b"\xff"], ids=["arrow", "message-records"])
+def test_field_columns_become_pairs_with_counts_on_both_append_paths(key):
+    from msgindex.spark.pipeline.field_values import COLUMN_PREFIX
+    from msgindex.storage.fields import FieldDefinition
+    from msgindex.storage.log.metadata_log import records_from_table
+
+    definitions = [FieldDefinition("order", "expression", "get_json_object(CAST(value AS STRING), '$.id')", "single"),
+                   FieldDefinition("trace", "header", "trace", "array")]
+    rows = 4
+    table = pa.table({
+        "topic": ["t"] * rows, "partition": pa.array([0] * rows, pa.int32()), "offset": pa.array(range(rows), pa.int64()),
+        "timestamp_ms": pa.array([7] * rows, pa.int64()), KEY_RAW: pa.array([key, b"a", None, b"b"], pa.binary()),
+        KEYS_HEADERS: pa.array([[]] * rows, pa.list_(pa.binary())), UNIQ_HEADERS: pa.array([[]] * rows, pa.list_(pa.binary())),
+        f"{COLUMN_PREFIX}0": pa.array([["o-1"], [None], [""], ["o-2"]], pa.list_(pa.string())),
+        f"{COLUMN_PREFIX}1": pa.array([[b"t1", b"t2", b"t1"], None, [b"\xff"], []], pa.list_(pa.binary())),
+    })
+    appended, _, counts = records_to_append(table, definitions)
+    records = appended if isinstance(appended, list) else records_from_table(appended)
+    carried = [r.fields for r in records] if isinstance(appended, list) else [
+        tuple((p["name"], p["value"]) for p in row or ()) for row in appended.column("fields").to_pylist()]
+    assert carried == [(("order", "o-1"), ("trace", "t1"), ("trace", "t2"), ("trace", "t1")), (), (), (("order", "o-2"),)]
+    assert counts == {"order": [2, 2, 0], "trace": [3, 3, 1]}  # [values, records without one, not UTF-8]
+    assert isinstance(appended, list) == (key == b"\xff")

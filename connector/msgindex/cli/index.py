@@ -22,6 +22,7 @@ from msgindex.cli import checked_seconds
 from msgindex.cli.retention import parse_size_bytes
 from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
+from msgindex.spark.pipeline.field_values import declared_fields
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.spark.runtime.session import hadoop_url
 from msgindex.storage.location import StoreLocation, parse_location
@@ -102,6 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sink.add_argument("--segment-bytes", type=int, metavar="N", help="metadata-log segment size (new store; default 1 GiB)")
     sink.add_argument("--index-interval-bytes", type=int, metavar="N",
                       help="log bytes between sparse index entries (new store; default 4096)")
+    sink.add_argument("--index-field", action="append", default=[], metavar="NAME=EXPR",
+                      help="also index each record under NAME's values: any Spark SQL expression over the Kafka "
+                           "columns (key, value, headers, topic, ...), e.g. order=get_json_object(CAST(value AS "
+                           "STRING), '$.order.id'); a string gives one value, an array each element (repeatable)")
+    sink.add_argument("--index-header", action="append", default=[], metavar="[NAME=]HEADER",
+                      help="also index each record under every value of header HEADER, as field NAME (default: the "
+                           "header's name) (repeatable)")
     sink.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
                       help="how long a task waits for a shard lock held by another attempt (default 120)")
     kept = parser.add_argument_group("retention (applied by the shards' writers between appends)")
@@ -192,6 +200,11 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
             raise InvalidOptionError("--kafka-option bootstrap.servers: use --bootstrap-servers")
         kafka_options[key] = value
     sizing = {setting: getattr(args, flag) for flag, setting in SIZING_FLAGS.items() if getattr(args, flag) is not None}
+    fields = declared_fields(args.index_field, args.index_header)
+    if fields and args.input != "records":
+        raise InvalidOptionError("--index-field/--index-header: fields are indexed with --input records only (so far)")
+    if fields and args.remote is not None:
+        raise InvalidOptionError("--index-field/--index-header: fields are not indexed by --remote jobs yet")
     return IndexJobOptions(
         bootstrap_servers=args.bootstrap_servers, path=path,
         checkpoint=_checkpoint(args.checkpoint, location, path),
@@ -202,7 +215,7 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         trigger_interval=args.trigger_interval, available_now=args.available_now, master=args.master,
         query_name=args.query_name, spark_progress=not args.quiet_spark, min_partitions=args.min_partitions,
         spark_conf=spark_conf, retention_ms=retention_ms, retention_bytes=retention_bytes,
-        retention_interval_s=args.retention_interval, remote=args.remote, storage_options=storage,
+        retention_interval_s=args.retention_interval, remote=args.remote, storage_options=storage, fields=fields,
     )
 
 

@@ -36,16 +36,18 @@ import csv
 import difflib
 import json
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import pyarrow as pa
 
 from msgindex.cli.store_args import add_storage_options, open_store_of
-from msgindex.errors import InvalidOptionError
+from msgindex.errors import FieldCoverageWarning, InvalidOptionError
 from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES
 from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.storage.query import Query
 from msgindex.times import current_ms, format_ms, format_window, read_time
 
 FORMATS = ("table", "json", "csv")
@@ -68,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_storage_options(parser)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--key", action="append", metavar="K", help="a key to find (repeatable)")
+    what.add_argument("--field", action="append", metavar="NAME=VALUE",
+                      help="a value of a field the index indexes (msgindex index --index-field/--index-header) to "
+                           "find (repeatable)")
     what.add_argument("--scan", action="store_true", help="list every message in the time window")
     parser.add_argument("--topic", action="append", metavar="T", help="only this topic (repeatable)")
     window = parser.add_mutually_exclusive_group()
@@ -118,13 +123,19 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidOptionError("--values needs --bootstrap-servers HOST:PORT: the Kafka cluster the index "
                                  "was built from (the index keeps metadata, not payloads)")
     if args.mode == MODE_ROCKETMQ:
+        if args.field:
+            raise InvalidOptionError("--field is for msgindex indexes (a RocketMQ store indexes keys only)")
         found = _rocketmq(args, begin, end, limit)
     else:
         if args.broker_name is not None:
             raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex index names its shards)")
         with open_store_of(args) as store:
             check_names(store, args.topic, args.broker)
-            found = _scan(store, args, begin, end, limit) if args.scan else _lookup(store, args, begin, end, limit)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", FieldCoverageWarning)
+                found = _scan(store, args, begin, end, limit) if args.scan else _lookup(store, args, begin, end, limit)
+            for message in dict.fromkeys(str(w.message) for w in caught if w.category is FieldCoverageWarning):
+                sys.stderr.write(f"msgindex lookup: warning: {message}\n")
     values = None
     if args.values and args.mode == MODE_STORE:
         values = fetch_payloads(args.bootstrap_servers, found.rows)
@@ -133,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                   for r in found.rows.to_pylist()}
     out = sys.stdout
     if args.format == "table":
-        what = "every message" if args.scan else "messages under " + ", ".join(args.key)
+        what = "every message" if args.scan else "messages under " + ", ".join(args.key or args.field)
         out.write(f"{what}{' in ' + ', '.join(args.topic) if args.topic else ''}, "
                   f"window {format_window(begin, end)} (UTC)\n")
     write_rows(found.rows, args.format, out, values=values, value_format=args.value_format)
@@ -189,13 +200,28 @@ def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None,
     from msgindex.storage.message import text_of_shown
     from msgindex.storage.query import sort_and_limit
 
-    keys = [text_of_shown(key) for key in args.key]
+    keys = [text_of_shown(key) for key in args.key or ()]
+    fields = field_values(args.field or ())
     tables = [
-        store.lookup(keys, topic=topic, begin_ms=begin, end_ms=end, brokers=args.broker, partitions=args.partition)
+        store.lookup(Query.of(keys if args.key else None, fields=fields or None, topic=topic, begin_ms=begin,
+                              end_ms=end, brokers=args.broker, partitions=args.partition))
         for topic in (args.topic or [None])
     ]
     table = sort_and_limit(tables, None)
     return _limited(table, limit)
+
+
+def field_values(items: Iterable[str]) -> list[tuple[str, str]]:
+    """--field NAME=VALUE flags as (name, value) pairs (a value shown with escapes: as keys are)."""
+    from msgindex.storage.message import text_of_shown
+
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise InvalidOptionError(f"--field {item!r} is not NAME=VALUE")
+        pairs.append((name, text_of_shown(value)))
+    return pairs
 
 
 def _limited(table: pa.Table, limit: int | None) -> Found:

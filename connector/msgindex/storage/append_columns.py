@@ -21,8 +21,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import INDEX_KEY_SEPARATOR, MessageRecord, decode_text, encode_text
+from msgindex.storage.message import (
+    FIELD_HASH_SEPARATOR,
+    FIELD_TERM_MARKER,
+    INDEX_KEY_SEPARATOR,
+    MessageRecord,
+    decode_text,
+    encode_text,
+)
 
 IndexKeys: TypeAlias = "pa.Array | list[str]"
 # (index keys ``topic#key``, phyOffsets = log seqs, store timestamps): IndexFile.put_keys' arguments
@@ -70,12 +78,22 @@ class AppendColumns:
 
     def index_entries(self, first_seq: int) -> IndexEntries:
         """One entry per distinct key of each record, in record then key order, for records
-        stored from seq `first_seq` on (a key's phyOffset is its record's seq)."""
+        stored from seq `first_seq` on (a key's phyOffset is its record's seq). A field term's
+        entry is of its ``message.field_hash_string``."""
         items, parents = self.items, self.parents
         keep = self._first_occurrences()
         if keep is not None:
             items, parents = items.take(pa.array(keep)), parents[keep]
-        joined = pc.binary_join_element_wise(self.topic.take(pa.array(parents)), items, _SEPARATORS[items.type])
+        separator = _SEPARATORS[items.type]
+        if items.type == RAW_TEXT:  # field terms are never UTF-8: a batch holding one is RAW_TEXT
+            is_term = pc.equal(pc.binary_slice(items, 0, 1), pa.scalar(FIELD_TERM_MARKER, RAW_TEXT)).to_numpy(
+                zero_copy_only=False)
+            if is_term.any():  # a field term 0xFF name NUL value hashes as topic NUL name NUL value
+                # (binary_slice: an explicit stop below 2^63, as pyarrow 26 overflows on sliced input)
+                items = pc.if_else(pa.array(is_term), pc.binary_slice(items, 1, INT32_MAX), items)
+                separator = pc.if_else(pa.array(is_term), pa.scalar(encode_text(FIELD_HASH_SEPARATOR), RAW_TEXT),
+                                       separator)
+        joined = pc.binary_join_element_wise(self.topic.take(pa.array(parents)), items, separator)
         keys = joined if joined.type == TEXT else _python_strs(joined)
         return keys, parents + first_seq, self.timestamp_ms[parents]
 

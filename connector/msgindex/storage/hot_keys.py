@@ -66,8 +66,10 @@ from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import is_temporary, write_atomically
 from msgindex.storage.java_hash import byte_string_hashes
 from msgindex.storage.log import batch_format as bf
+from msgindex.storage.log.columns import ranges_owner
 from msgindex.storage.log.metadata_log import MetadataLog, in_order
 from msgindex.storage.message import (
+    FIELD_TERM_MARKER,
     MAX_TIMESTAMP_MS,
     MIN_TIMESTAMP_MS,
     ROW_SCHEMA,
@@ -442,6 +444,9 @@ def _hot_groups(records: bf.DecodedRows, min_share: float, min_rows: int, max_sh
         # entry of a stretch cost ~110 ms of the ~270 ms a copy took to build).
         buckets = byte_string_hashes(flat) & _BUCKET_MASK
         among = np.bincount(buckets, minlength=_BUCKET_MASK + 1)[buckets] >= threshold
+        if among.any():  # field terms (message.field_term) are never copied: field lookups read the log
+            among &= ~pc.equal(pc.binary_slice(flat, 0, 1), pa.scalar(FIELD_TERM_MARKER, flat.type)).to_numpy(
+                zero_copy_only=False)
     among = np.flatnonzero(among)
     parents = pc.list_parent_indices(records.keys).to_numpy()[among]
     encoded = pc.dictionary_encode(flat.take(pa.array(among)))
@@ -508,7 +513,7 @@ def shown(table: pa.Table) -> pa.Table:
     np.cumsum(rest_lengths + lead, out=offsets[1:])
     take = np.empty(int(offsets[-1]), dtype=np.int64)
     take[offsets[:-1][lead]] = np.flatnonzero(lead)  # a leading key is the row's key
-    owner, within = bf._ranges_owner(rest_lengths)
+    owner, within = ranges_owner(rest_lengths)
     take[offsets[owner] + lead[owner] + within] = count + rest_offsets[owner] + within
     values = pa.concat_arrays([key.cast(pa.string()), rest.values.cast(pa.string())]).take(pa.array(take))
     stamps = np.cumsum(table.column("timestamp_step").to_numpy()) * 1000

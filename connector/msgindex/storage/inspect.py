@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import entry_sums, hash_run, hot_keys
+from msgindex.storage import entry_sums, fields, hash_run, hot_keys
 from msgindex.storage.checkpoint import CHECKPOINT_FILE
 from msgindex.storage.disk_usage import DiskUsage, disk_usage
 from msgindex.storage.durable import is_temporary
@@ -233,6 +233,7 @@ def _checkpoint_summary(checkpoint) -> dict[str, Any]:
         "log_position": None if checkpoint.log_position is None else checkpoint.log_position.to_dict(),
         "topics": list(checkpoint.topics),
         "source_ranges": None if checkpoint.source_ranges is None else checkpoint.source_ranges.to_json(),
+        "fields": checkpoint.extra.get(fields.EXTRA_MEMBER, {}),  # definitions and coverage (fields.py)
         "index_files": [{"name": state.name, "entries": state.index_count - FIRST_INDEX,
                          "time_range": _time_range(state.min_timestamp_ms, state.max_timestamp_ms),
                          "header": dataclasses.asdict(state.header)} for state in checkpoint.index_files],
@@ -524,6 +525,7 @@ def inspect_shard(directory: Path, settings: StoreSettings | None, *, verify: bo
         "is": KIND_DESCRIPTIONS["shard"],
         "broker": broker,
         "source_ranges": summary["source_ranges"],
+        "fields": summary["fields"],
         "records": summary["records"],
         "log_start_seq": checkpoint.log_start_seq,
         "next_seq": checkpoint.record_count,

@@ -79,6 +79,55 @@ def index_keys(topic: str, keys: Iterable[str]) -> list[str]:
     return [prefix + key for key in keys]
 
 
+# A named field's value (storage/fields.py) is stored among a record's index terms as the *field
+# term* FIELD_TERM_MARKER + encode_text(name) + NUL + encode_text(value): encode_text (UTF-8, lone
+# surrogates passed through) never produces the byte 0xFF, so no key's bytes equal a field term.
+# Its hash string is topic + NUL + name + NUL + value: the part before its first "#" holds a NUL,
+# which no topic does (Kafka's [a-zA-Z0-9._-], RocketMQ's [%|a-zA-Z0-9_-]), so it never equals a
+# key's topic#key either. Either way a lookup compares the stored bytes: no false hit.
+FIELD_TERM_MARKER = b"\xff"
+FIELD_NAME_END = b"\x00"
+FIELD_HASH_SEPARATOR = "\x00"
+
+
+def field_term(name: str, value: str) -> bytes:
+    """The bytes the log stores for `value` of field `name` among a record's index terms."""
+    return FIELD_TERM_MARKER + encode_text(name) + FIELD_NAME_END + encode_text(value)
+
+
+def is_field_term(term: bytes) -> bool:
+    return term[:1] == FIELD_TERM_MARKER
+
+
+def split_field_term(term: bytes) -> tuple[str, str]:
+    """(name, value) of a field term (``field_term``'s inverse; a name holds no NUL)."""
+    name, _, value = bytes(term[1:]).partition(FIELD_NAME_END)
+    return decode_text(name), decode_text(value)
+
+
+def field_hash_string(topic: str, name: str, value: str) -> str:
+    """The string hashed into the index for `value` of field `name` of a message in `topic`."""
+    return f"{topic}{FIELD_HASH_SEPARATOR}{name}{FIELD_HASH_SEPARATOR}{value}"
+
+
+def term_hash_string(topic: str, term: bytes) -> str:
+    """The hash string of one stored term (encode_text bytes of a key, or a field term)."""
+    if is_field_term(term):
+        return field_hash_string(topic, *split_field_term(term))
+    return index_key(topic, decode_text(term))
+
+
+def split_terms(terms: Iterable[bytes]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """A record's stored terms as (its keys, its (field, value) pairs)."""
+    keys, fields = [], []
+    for term in terms:
+        if is_field_term(term):
+            fields.append(split_field_term(term))
+        else:
+            keys.append(decode_text(term))
+    return tuple(keys), tuple(fields)
+
+
 def decode_key_bytes(raw: bytes) -> str:
     """A Kafka key's bytes as the ``str`` msgindex indexes: UTF-8, undecodable bytes kept as
     lone surrogates U+DC80..U+DCFF (Python's ``surrogateescape``), so no two byte strings collide."""
@@ -107,6 +156,13 @@ class MessageRecord:
     keys: tuple[str, ...]
     commit_log_offset: int = NO_VALUE
     size: int = NO_VALUE
+    # (field name, value) pairs the message is also indexed under (storage/fields.py)
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def index_strings(self) -> set[str]:
+        """The strings the writer hashed into the index for this record: its keys' and fields'."""
+        return {*(index_key(self.topic, key) for key in self.keys),
+                *(field_hash_string(self.topic, name, value) for name, value in self.fields)}
 
 
 # Appends may arrive as Arrow (the pipeline's task chunks, split by shard): one row per message.
@@ -122,6 +178,9 @@ APPEND_SCHEMA = pa.schema(
         pa.field("size", pa.int32(), nullable=False),
     ]
 )
+# An appended table may also carry the records' field values (absent: none), as (name, value) pairs.
+FIELD_PAIR = pa.struct([pa.field("name", pa.string(), nullable=False), pa.field("value", pa.string(), nullable=False)])
+FIELDS_COLUMN = pa.field("fields", pa.list_(pa.field("item", FIELD_PAIR, nullable=False)), nullable=True)
 
 # Query results (store lookups and scans, and the Spark data source's rows).
 # Timestamps are timestamp[us, tz=UTC]: what Spark's TimestampType maps to in Arrow.

@@ -3,7 +3,7 @@ shard and store queries and produced by the Spark data source's pushdown."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +22,8 @@ from msgindex.storage.message import (
 from msgindex.times import TimeArg, to_epoch_ms
 
 KeysArg = str | bytes | Iterable[str | bytes]
+# field values to look up: {name: value or values}, or (name, value) pairs
+FieldsArg = Mapping[str, str | Iterable[str]] | Iterable[tuple[str, str]]
 
 # The stable order of query results; seq last so that equal rows (a message appended twice)
 # still come out in one order.
@@ -55,6 +57,31 @@ def normalize_keys(keys: KeysArg) -> list[str]:
     return list(result)
 
 
+def normalize_fields(fields: FieldsArg) -> tuple[tuple[str, str], ...]:
+    """`fields` as duplicate-free (name, value) pairs; a single str value is one value. Names are
+    as given (each shard spells them as it indexed them, ``fields.FieldCoverage.spelled``)."""
+    items = fields.items() if isinstance(fields, Mapping) else fields
+    pairs: dict[tuple[str, str], None] = {}
+    try:
+        items = list(items)
+    except TypeError:
+        raise InvalidOptionError(f"fields must be a mapping of a field name to its values, got "
+                                 f"{type(fields).__name__}") from None
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidOptionError(f"a field lookup is (name, value or values), got {item!r}")
+        name, values = item
+        if not isinstance(name, str) or not name or "\x00" in name:
+            raise InvalidOptionError(f"a field name must be a non-empty str, got {name!r}")
+        for value in (values,) if isinstance(values, str) else values:
+            if not isinstance(value, str):
+                raise InvalidOptionError(f"field {name!r}: a value to look up must be a str, got "
+                                         f"{type(value).__name__}: {value!r}")
+            if value:  # an empty value is never indexed (fields.py)
+                pairs[(name, value)] = None
+    return tuple(pairs)
+
+
 def validate_window(begin_ms: int | None, end_ms: int | None, max_results: int | None) -> None:
     """Reject arguments that are not what they claim (a bool or float as a timestamp...)."""
     for name, value in (("begin_ms", begin_ms), ("end_ms", end_ms), ("max_results", max_results)):
@@ -68,7 +95,9 @@ def validate_window(begin_ms: int | None, end_ms: int | None, max_results: int |
 class Query:
     """What one lookup or scan asks of a store: validated once (``Query.of``), then handed down
     unchanged from the store to each shard reader. None in a field means "no restriction";
-    ``keys`` None means a scan of the window rather than a key lookup. ``begin_ms``/``end_ms``
+    ``keys`` None means a scan of the window rather than a key lookup; ``fields`` (name, value)
+    pairs are looked up as well as the keys (a record carrying any of them is found; a lookup of
+    fields alone has ``keys`` ()). ``begin_ms``/``end_ms``
     bound the message timestamp, inclusive, in ms; ``max_results`` keeps the first rows in
     RESULT_ORDER (lookups only)."""
 
@@ -79,6 +108,7 @@ class Query:
     begin_ms: int | None = None
     end_ms: int | None = None
     max_results: int | None = None
+    fields: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate_window(self.begin_ms, self.end_ms, self.max_results)
@@ -97,17 +127,21 @@ class Query:
         begin_ms: int | None = None,
         end_ms: int | None = None,
         max_results: int | None = None,
+        fields: FieldsArg | None = None,
     ) -> Query:
         """The query of the public lookup/scan arguments: keys as ``normalize_keys`` takes them,
         `topic` (one) or `topics`, a single str wherever names are asked for. `begin`/`end`: the
         window as people type times (``msgindex.times``: epoch ms, ISO-8601 with or without a
-        zone (none: UTC), ``-1h``, ``now``, a datetime); `begin_ms`/`end_ms`: epoch ms only."""
+        zone (none: UTC), ``-1h``, ``now``, a datetime); `begin_ms`/`end_ms`: epoch ms only.
+        `fields`: field values to find, ``{"order": ["o-42"]}`` (``normalize_fields``)."""
         if topic is not None and topics is not None:
             raise InvalidArgumentError("give topic or topics, not both")
         begin_ms = _bound("begin", begin, begin_ms)
         end_ms = _bound("end", end, end_ms)
+        pairs = () if fields is None else normalize_fields(fields)
         return cls(
-            keys=None if keys is None else tuple(normalize_keys(keys)),
+            keys=(() if fields is not None else None) if keys is None else tuple(normalize_keys(keys)),
+            fields=pairs,
             topics=_names("topic", topic if topic is not None else topics),
             brokers=_names("broker", brokers),
             partitions=None if partitions is None else frozenset(_partition(p) for p in partitions),
@@ -115,6 +149,11 @@ class Query:
             end_ms=end_ms,
             max_results=max_results,
         )
+
+    @property
+    def looks_up_nothing(self) -> bool:
+        """A lookup with neither keys nor field values (it finds nothing)."""
+        return not self.keys and not self.fields
 
     def stored_window(self) -> tuple[int | None, int | None] | None:
         """The window over stored timestamps (``message.stored_window``); None: nothing can match."""

@@ -46,7 +46,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import entry_sums, hash_run, hot_keys, verify
+from msgindex.storage import entry_sums, fields, hash_run, hot_keys, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -57,6 +57,8 @@ from msgindex.storage.checkpoint import (
     read_checkpoint,
 )
 from msgindex.storage.durable import fsync_directory, is_temporary, write_atomically
+from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
 from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from msgindex.storage.index_file import FIRST_INDEX, IndexFile, index_file_name, parse_index_file_name
@@ -74,7 +76,6 @@ from msgindex.storage.message import (
     MessageRecord,
     arrow_text,
     decode_text,
-    index_key,
     stored_window,
     timestamp_problem,
 )
@@ -256,6 +257,11 @@ class _Committed(ABC):
         """The source offsets the shard holds (None: a version-1 shard, not yet upgraded)."""
         return self._checkpoint.source_ranges
 
+    @property
+    def field_coverage(self) -> fields.FieldCoverage:
+        """The fields the shard indexes and the source offsets each covers (storage/fields.py)."""
+        return fields.coverage_in(self._checkpoint.extra, source=checkpoint_path(self.directory))
+
 
 class ShardWriter(_Committed):
     """The one writer of a shard at a time: only the holder of the shard's OS file lock writes.
@@ -333,14 +339,17 @@ class ShardWriter(_Committed):
     # --- public ---------------------------------------------------------------------------------
 
     def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
-               before_commit: BeforeCommit | None = None) -> AppendResult:
+               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None) -> AppendResult:
         """Append the rows whose source offsets the shard does not hold yet and commit them with
         their source ranges. Crash-safe at every point.
 
         `sources`: each row's source coordinates and slice (default: the records' own topic,
         partition and offset, all rows of a partition one slice). The caller guarantees the
         invariant of ``source_ranges``: the rows of each slice are every record of that slice's
-        offset range (of their source partition) that belongs to this shard.
+        offset range (of their source partition) that belongs to this shard. `fields`: the fields
+        whose values the records carry were evaluated for (their coverage grows by the offsets
+        this append commits; a field redefined is an InvalidOptionError, before anything is
+        written).
 
         `before_commit`: called with what this call is about to commit, after the records are
         written and before the commit point (``BeforeCommit``)."""
@@ -361,11 +370,14 @@ class ShardWriter(_Committed):
         committed = self._checkpoint.source_ranges
         fresh = sources.first_occurrences()
         fresh = fresh[~committed.covered(sources.take(fresh))] if len(fresh) else fresh
-        ranges = committed.union(sources.ranges())
+        appended = sources.ranges()
+        ranges = committed.union(appended)
+        extra = fields_extra_after_append(self._checkpoint.extra, fields, committed, appended,
+                                          source=checkpoint_path(self.directory))
         skipped = len(records) - len(fresh)
         if not len(fresh):
-            if ranges != committed:
-                self._commit(set(), [], ranges)  # gaps of this slice become committed too
+            if ranges != committed or extra != self._checkpoint.extra:
+                self._commit(set(), [], ranges, extra)  # gaps of this slice become committed too
             return AppendResult(0, skipped, 0)
         if len(fresh) < len(records):
             records = records.take(pa.array(fresh)) if isinstance(records, (pa.Table, pa.RecordBatch)) \
@@ -384,7 +396,7 @@ class ShardWriter(_Committed):
             result = AppendResult(len(seqs), skipped, len(keys))
             if before_commit is not None:
                 before_commit(result)
-            self._commit(batch.topics(), self._files[first_touched:], ranges)
+            self._commit(batch.topics(), self._files[first_touched:], ranges, extra)
         except BaseException:
             self._reload()  # e.g. disk full: forget the half-written batch, as a crash would
             raise
@@ -686,7 +698,8 @@ class ShardWriter(_Committed):
             low, high = min(low, state.min_timestamp_ms), max(high, state.max_timestamp_ms)
         return IndexFileState(state.name, index_file.header, low, high)
 
-    def _commit(self, topics: set[str], touched: list[IndexFile], ranges: SourceRanges) -> None:
+    def _commit(self, topics: set[str], touched: list[IndexFile], ranges: SourceRanges,
+                extra: dict | None = None) -> None:
         committed_before = {state.name: state.index_count for state in self._checkpoint.index_files}
         if touched or self._log.next_seq != self._checkpoint.record_count:
             self._log.flush()
@@ -700,7 +713,7 @@ class ShardWriter(_Committed):
             topics=tuple(sorted(set(self._checkpoint.topics) | topics)),
             record_count=self._log.next_seq,
             source_ranges=ranges,
-            extra=self._checkpoint.extra,
+            extra=self._checkpoint.extra if extra is None else extra,
         ))
         # (No hash runs: hot keys' rows come from their copies and their walks end where the
         # copies do, ShardReader._floor_entry; runs would add 20 bytes per hot entry for nothing.)
@@ -888,10 +901,11 @@ class ShardReader(_Committed, VerifiedReads):
             raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
         topics = query.topics_among(self._checkpoint.topics)
         window = query.stored_window()  # what the window means for timestamps stored before the rule
-        if self._log is None or not query.keys or not topics or window is None:
+        field_pairs = self._field_pairs(query)
+        if self._log is None or query.looks_up_nothing or not topics or window is None:
             return empty_rows()
         begin_ms, end_ms = window
-        wanted = WantedKeys.of(topics, list(query.keys))
+        wanted = WantedKeys.of(topics, list(query.keys), field_pairs)
         # Hot-key copies (hot_keys.py) answer the keys they hold; hash entries below what they
         # hold are not even read (_floor_entry).
         copied = self._copied_rows(wanted)
@@ -912,6 +926,19 @@ class ShardReader(_Committed, VerifiedReads):
         # parts nearly in time order: only where they meet are rows ordered again
         found.sort(key=lambda part: (int(part.order.timestamp_ms[0]), int(part.order.seqs[0])))
         return in_result_order(found, query.max_results)
+
+    def _field_pairs(self, query: Query) -> tuple[tuple[str, str], ...]:
+        """The query's field values with their names as this shard indexed them, after a
+        FieldCoverageWarning for each field that does not cover what the shard holds."""
+        if not query.fields:
+            return ()
+        coverage = self.field_coverage
+        pairs = tuple((coverage.spelled(name), value) for name, value in query.fields)
+        held = self._checkpoint.source_ranges
+        if held is not None:
+            fields.warn_uncovered(f"shard {self.broker!r}", held, coverage, (name for name, _ in pairs),
+                                  topics=query.topics, partitions=query.partitions)
+        return pairs
 
     def scan_ranges(self, begin_ms: int | None = None, end_ms: int | None = None) -> list[tuple[int, int]]:
         """[start_seq, end_seq) pieces of the committed log that a scan of the time window must
@@ -1002,7 +1029,7 @@ class ShardReader(_Committed, VerifiedReads):
         if not self._checkpoint.log_start_seq <= seq < from_seq:
             return FIRST_INDEX
         record = self._log.read_few([seq])[0]
-        if key_hash not in {index_hash(index_key(record.topic, key)) for key in record.keys}:
+        if key_hash not in {index_hash(string) for string in record.index_strings()}:
             return FIRST_INDEX
         return floor
 

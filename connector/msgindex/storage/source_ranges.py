@@ -16,7 +16,7 @@ JSON form (the only place it is a dict): ``{"topic": {"partition": [[start, end]
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,36 @@ class SourceRanges:
         for source, intervals in other.ranges.items():
             merged[source] = merge_intervals([*merged.get(source, ()), *intervals])
         return SourceRanges(merged)
+
+    def minus(self, other: SourceRanges) -> SourceRanges:
+        """The offsets of these intervals that `other`'s do not hold."""
+        left: dict[SourcePartition, tuple[Interval, ...]] = {}
+        for source, intervals in self.ranges.items():
+            holes = other.ranges.get(source, ())
+            kept: list[Interval] = []
+            for start, end in intervals:
+                for hole_start, hole_end in holes:
+                    if hole_end <= start or hole_start >= end:
+                        continue
+                    if hole_start > start:
+                        kept.append((start, hole_start))
+                    start = max(start, hole_end)
+                    if start >= end:
+                        break
+                if start < end:
+                    kept.append((start, end))
+            if kept:
+                left[source] = tuple(kept)
+        return SourceRanges(left)
+
+    def restricted(self, topics: Iterable[str] | None = None, partitions: Iterable[int] | None = None) -> SourceRanges:
+        """Only the source partitions of `topics` and `partitions` (None: every one)."""
+        if topics is None and partitions is None:
+            return self
+        topics = None if topics is None else set(topics)
+        partitions = None if partitions is None else set(partitions)
+        return SourceRanges({(topic, partition): intervals for (topic, partition), intervals in self.ranges.items()
+                             if (topics is None or topic in topics) and (partitions is None or partition in partitions)})
 
     def covers(self, other: SourceRanges) -> bool:
         """True when every interval of `other` lies inside this one's (committing it changes nothing)."""

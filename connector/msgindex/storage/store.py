@@ -32,7 +32,7 @@ from msgindex.storage.manifest import (  # noqa: F401  (MANIFEST_FILE, STORE_FOR
     shard_directories,
     write_manifest,
 )
-from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
+from msgindex.storage.query import FieldsArg, KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport, apply_shard_retention
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
@@ -173,7 +173,7 @@ class Store:
     # --- queries ------------------------------------------------------------------------------
     def lookup(
         self,
-        keys: KeysArg | Query,
+        keys: KeysArg | Query | None = None,
         *,
         topic: str | None = None,
         begin: TimeArg | None = None,
@@ -183,8 +183,11 @@ class Store:
         max_results: int | None = None,
         brokers: Iterable[str] | None = None,
         partitions: Iterable[int] | None = None,
+        fields: FieldsArg | None = None,
     ) -> pa.Table:
-        """Messages indexed under any of `keys` (str, bytes, or an iterable of them), verified
+        """Messages indexed under any of `keys` (str, bytes, or an iterable of them) or any of
+        `fields`' values (``{"order": ["o-42"]}``: storage/fields.py; a field that does not cover
+        every offset a shard holds gives a FieldCoverageWarning naming what it misses), verified
         against the metadata log, in ROW_SCHEMA, ordered by (timestamp, broker, topic, partition,
         offset); `max_results` keeps the first ones in that order (None: all). A big result is a
         table of several record batches (``to_batches()``; ``combine_chunks()`` makes one).
@@ -192,7 +195,7 @@ class Store:
         unless a zone is given; ``msgindex.times``), `begin_ms`/`end_ms` in epoch ms; inclusive.
         A ``Query`` may stand for all the arguments."""
         query = as_query(keys, topic=topic, begin=begin, end=end, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
-                         brokers=brokers, partitions=partitions)
+                         brokers=brokers, partitions=partitions, fields=fields)
         tables = [self._cached_reader(broker).lookup(query) for broker in self._selected_brokers(query.brokers)]
         return sort_and_limit(tables, query.max_results)
 

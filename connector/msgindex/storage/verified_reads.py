@@ -28,28 +28,47 @@ from msgindex.errors import CorruptFileError
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import LogReads
-from msgindex.storage.message import arrow_text, decode_text, encode_text, index_key, index_keys
+from msgindex.storage.message import (
+    MessageRecord,
+    arrow_text,
+    decode_text,
+    encode_text,
+    field_hash_string,
+    field_term,
+    index_keys,
+    term_hash_string,
+)
 from msgindex.storage.query import empty_rows, rows_from_records
 from msgindex.storage.result_order import OrderColumns, Part, result_order, topic_ranks
 
 
 @dataclass(frozen=True)
 class WantedKeys:
-    """The (topic, key) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
-    the log stores them (encode_text bytes), in one order."""
+    """The (topic, term) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
+    the log stores them (encode_text bytes of a key, ``message.field_term`` of a field value), in
+    one order. A term is a key (str) or a field's (name, value): each topic's keys come first."""
 
     hashes: np.ndarray
-    texts: tuple[tuple[str, str], ...]
+    texts: tuple[tuple[str, str | tuple[str, str]], ...]
     topics: tuple[bytes, ...]  # each topic once, in pair order: pair p's topic is topics[p // keys_per_topic]
-    keys_per_topic: int
+    keys_per_topic: int  # terms per topic, keys and field values
     keys: pa.Array  # large_binary
 
     @classmethod
-    def of(cls, topics: Sequence[str], keys: Sequence[str]) -> WantedKeys:
-        pairs = tuple((t, k) for t in topics for k in keys)
-        encoded_keys = pa.array([encode_text(k) for k in keys], bf.TEXT)  # each text encoded once
-        return cls(_hashes([text for t in topics for text in index_keys(t, keys)]), pairs, tuple(encode_text(t) for t in topics),
-                   len(keys), pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
+    def of(cls, topics: Sequence[str], keys: Sequence[str], fields: Sequence[tuple[str, str]] = ()) -> WantedKeys:
+        terms = (*keys, *fields)
+        pairs = tuple((t, term) for t in topics for term in terms)
+        # each text encoded once
+        encoded_keys = pa.array([*(encode_text(k) for k in keys), *(field_term(*f) for f in fields)], bf.TEXT)
+        strings = [text for t in topics for text in
+                   (*index_keys(t, keys), *(field_hash_string(t, name, value) for name, value in fields))]
+        return cls(_hashes(strings), pairs, tuple(encode_text(t) for t in topics), len(terms),
+                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
+
+    def carried_by(self, pair: int, record: MessageRecord) -> bool:
+        """Whether `record` is in pair `pair`'s topic and carries its key or field value."""
+        topic, term = self.texts[pair]
+        return record.topic == topic and (term in record.fields if isinstance(term, tuple) else term in record.keys)
 
     def pair_topics(self, numbers: dict[bytes, int]) -> np.ndarray:
         """Each pair's topic as its number in `numbers` (-1: not there)."""
@@ -89,11 +108,12 @@ class VerifiedReads(ABC):
         rows, key_numbers = rows[unmatched], key_numbers[unmatched]
         distinct = np.unique(rows)
         decoded = records.rows(distinct)
-        keys_of, topics = decoded.keys.to_pylist(), decoded.topic.to_pylist()
+        terms_of, topics = decoded.keys.to_pylist(), decoded.topic.to_pylist()
         for at, record_row in enumerate(distinct.tolist()):
             hashes = [int(wanted.hashes[k]) for k in key_numbers[rows == record_row].tolist()]
-            self._check_entry_target(int(records.seqs[record_row]), decode_text(topics[at]),
-                                     [decode_text(key) for key in keys_of[at]], hashes)
+            topic = decode_text(topics[at])
+            self._check_entry_target(int(records.seqs[record_row]),
+                                     {term_hash_string(topic, term) for term in terms_of[at]}, hashes)
 
     def _check_repeated_entries(self, seqs: np.ndarray, key_numbers: np.ndarray, wanted: WantedKeys) -> None:
         """Several committed entries of one keyHash that point at one record: the writer puts
@@ -110,7 +130,7 @@ class VerifiedReads(ABC):
         records = dict(zip(seqs_read, self._log.read_few(seqs_read)))
         for (seq, key_hash), repeats in extra.items():
             record = records[seq]
-            carried = sum(1 for key in set(record.keys) if index_hash(index_key(record.topic, key)) == key_hash)
+            carried = sum(1 for string in record.index_strings() if index_hash(string) == key_hash)
             if carried < repeats + 1:
                 raise CorruptFileError(
                     f"{self._file_pointing_at(key_hash, seq)}: {repeats + 1} committed hash entries of keyHash "
@@ -118,12 +138,13 @@ class VerifiedReads(ABC):
                     f"moved there from the record it indexes, so a lookup would miss that record; the file is damaged "
                     f"(`msgindex inspect` lists every bad entry)")
 
-    def _check_entry_target(self, seq: int, topic: str, keys: Sequence[str], entry_hashes: list[int]) -> None:
+    def _check_entry_target(self, seq: int, index_strings: Iterable[str], entry_hashes: list[int]) -> None:
         """A committed entry of keyHash h points at record `seq` only if the writer indexed one
-        of its keys under h (in its topic). A candidate whose record carries no key of its
-        entry's hash is a damaged entry, not a collision: an error naming the file, never a
-        silently missed message (the record the entry should point at is not found)."""
-        carried = {index_hash(index_key(topic, key)) for key in keys}
+        of its keys or field values under h (its `index_strings`, ``MessageRecord.index_strings``).
+        A candidate whose record carries no key of its entry's hash is a damaged entry, not a
+        collision: an error naming the file, never a silently missed message (the record the
+        entry should point at is not found)."""
+        carried = {index_hash(string) for string in index_strings}
         for key_hash in entry_hashes:
             if key_hash in carried:
                 continue
@@ -157,9 +178,9 @@ class VerifiedReads(ABC):
             # every pair is checked, as _verified's are: a record found under one wanted key may
             # also be the target of another key's moved entry (the record that entry belongs to
             # would then be missed silently)
-            unmatched = [k for k in pairs[seq] if record.topic != wanted.texts[k][0] or wanted.texts[k][1] not in record.keys]
+            unmatched = [k for k in pairs[seq] if not wanted.carried_by(k, record)]
             if unmatched:  # a hash collision, or an entry that points at the wrong record
-                self._check_entry_target(seq, record.topic, record.keys, [int(wanted.hashes[k]) for k in unmatched])
+                self._check_entry_target(seq, record.index_strings(), [int(wanted.hashes[k]) for k in unmatched])
             if len(unmatched) < len(pairs[seq]):
                 matched.append((seq, record))
         if not matched:

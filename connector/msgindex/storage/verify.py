@@ -52,7 +52,6 @@ from msgindex.storage.log.metadata_log import MetadataLog
 from msgindex.storage.log.segment import LOG_SUFFIX, segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import OffsetIndex, TimeIndex
-from msgindex.storage.message import index_key
 
 _CHECKED_FILES = 4096  # (file identity, committed header) pairs a process remembers as checked
 NEWEST_CHECKED = 4  # newest committed entries of a hash index file checked against the log at open
@@ -147,7 +146,7 @@ def check_entries_point_at_keys(index_file: IndexFile, first: int, end: int, log
     records = dict(zip(seqs, log.read_few(seqs)))
     for at in inside.tolist():
         record = records[int(phys[at])]
-        if int(hashes[at]) not in {index_hash(index_key(record.topic, key)) for key in record.keys}:
+        if int(hashes[at]) not in {index_hash(string) for string in record.index_strings()}:
             raise CorruptFileError(
                 f"{index_file.path}: committed entry {first + at} has keyHash {int(hashes[at])}, but its record (seq "
                 f"{int(phys[at])}) carries no key of that hash: the file is damaged or another shard's (`msgindex "

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from msgindex.spark.pipeline.field_values import merged_counts
+
 
 @dataclass(frozen=True)
 class TaskCommit:
@@ -35,15 +37,17 @@ class TaskCommit:
     deleted_index_files: int = 0
     deleted_bytes: int = 0
     requests: int = 0  # object stores: requests this task's appends sent (compaction's included)
+    field_counts: str = ""  # JSON {field: [values, records without one, not UTF-8]} (field_values.py)
 
     def plus(self, other: TaskCommit) -> TaskCommit:
         """The counts of both (same shard; the attempt is set once per task, afterwards)."""
-        return TaskCommit(self.broker, **{f.name: getattr(self, f.name) + getattr(other, f.name)
-                                          for f in dataclasses.fields(self) if f.name not in _NOT_COUNTS})
+        return TaskCommit(self.broker, field_counts=merged_counts(self.field_counts, other.field_counts),
+                          **{f.name: getattr(self, f.name) + getattr(other, f.name)
+                             for f in dataclasses.fields(self) if f.name not in _NOT_COUNTS})
 
 
-_NOT_COUNTS = ("broker", "attempt", "task")
-_ARROW_TYPES = {"broker": pa.string(), "write_ms": pa.float64()}
+_NOT_COUNTS = ("broker", "attempt", "task", "field_counts")
+_ARROW_TYPES = {"broker": pa.string(), "write_ms": pa.float64(), "field_counts": pa.string()}
 COMMIT_ARROW_SCHEMA = pa.schema([
     (f.name, _ARROW_TYPES.get(f.name, pa.int64())) for f in dataclasses.fields(TaskCommit)
 ])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgindex.errors import InvalidOptionError
+from msgindex.spark.pipeline.field_values import DeclaredField
 from msgindex.spark.pipeline.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
 from msgindex.spark.pipeline.progress import say
 from msgindex.spark.pipeline.shard_owner import (
@@ -65,6 +66,7 @@ class IndexJobOptions:
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
     remote: str | None = None  # sc://HOST:PORT: run on a Spark Connect server
     storage_options: dict[str, str] = field(default_factory=dict)  # --storage-option K=V (object stores)
+    fields: tuple[DeclaredField, ...] = ()  # --index-field / --index-header (field_values.py)
 
     @property
     def on_object_store(self) -> bool:
@@ -231,7 +233,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         master = spark.sparkContext.master
         if not is_local_master(master):
             check_executors_see_index(spark, root, options.storage_options or None)
-        config = sink_config(options, root, start.retention)
+        config = sink_config(options, root, start.retention, declare_fields(spark, options, store))
         writer = BatchWriter(config, source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism,
                              checkpoint=options.checkpoint, job_id=uuid.uuid4().hex)
         sink = IndexSink(writer, checkpoint=options.checkpoint, on_batch=lambda stats: say(stats.line()))
@@ -259,13 +261,31 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     return sink.history
 
 
-def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy):
+def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy, fields: tuple = ()):
     """What the tasks need (sink.SinkConfig)."""
     from msgindex.spark.pipeline.sink import SinkConfig
 
     return SinkConfig(root=str(root), input_kind=options.input_kind, quarantine_dir=str(options.quarantine),
                       lock_timeout_s=options.lock_timeout_s, retention=retention,
-                      storage_options=tuple(sorted(options.storage_options.items())))
+                      storage_options=tuple(sorted(options.storage_options.items())), fields=tuple(fields))
+
+
+def declare_fields(spark, options: IndexJobOptions, store) -> tuple:
+    """The job's field definitions, each expression analysed by Spark against the Kafka source
+    (field_values.analysed_definitions) and checked against what the index's shards already
+    index under those names (a field keeps its definition): InvalidOptionError before the query
+    starts otherwise."""
+    if not options.fields:
+        return ()
+    from msgindex.spark.pipeline.field_values import analysed_definitions
+    from msgindex.storage.fields import check_compatible
+
+    definitions = analysed_definitions(kafka_stream(spark, options), options.fields)
+    for broker in store.brokers():
+        with store.reader(broker) as reader:
+            check_compatible(reader.field_coverage.definitions(), definitions, f"index {options.path} (shard {broker})")
+    say("fields: " + ", ".join(f"{d.name} ({d.shape}) = {d.describe().split('=', 1)[1]}" for d in definitions))
+    return definitions
 
 
 def configure_trigger(stream_writer, options: IndexJobOptions):

@@ -12,15 +12,27 @@ and the reason, exactly once by its offset, as malformed metadata events do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msgindex.spark.pipeline.field_values import field_columns, field_pairs, header_values, pairs_of_rows
 from msgindex.spark.pipeline.quarantine import RAW_VALUE, REASON
 from msgindex.spark.pipeline.timestamp_rule import timestamp_reason
-from msgindex.storage.message import APPEND_SCHEMA, KEYS_PROPERTY, NO_VALUE, UNIQ_KEY_PROPERTY, MessageRecord, decode_key_bytes
+from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.message import (
+    APPEND_SCHEMA,
+    FIELDS_COLUMN,
+    KEYS_PROPERTY,
+    NO_VALUE,
+    UNIQ_KEY_PROPERTY,
+    MessageRecord,
+    decode_key_bytes,
+)
 from msgindex.storage.rocketmq.message_keys import message_keys
 
 if TYPE_CHECKING:
@@ -29,14 +41,12 @@ if TYPE_CHECKING:
 KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 
-def project_records(kafka_df: DataFrame, broker: Column) -> DataFrame:
+def project_records(kafka_df: DataFrame, broker: Column, fields: Sequence[FieldDefinition] = ()) -> DataFrame:
     """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
     `broker` as the shard column; header values travel as bytes, decoded on the executor. A
-    record whose timestamp breaks the rule gets a ``reason`` and (only then) its value."""
+    record whose timestamp breaks the rule gets a ``reason`` and (only then) its value. The
+    values of `fields` come as one column each (field_values.field_columns)."""
     from pyspark.sql import functions as F
-
-    def header_values(name: str) -> Column:
-        return F.transform(F.filter("headers", lambda h: h["key"] == F.lit(name)), lambda h: h["value"])
 
     timestamp_ms = F.expr("unix_millis(timestamp)")
     reason = timestamp_reason(timestamp_ms)
@@ -49,6 +59,7 @@ def project_records(kafka_df: DataFrame, broker: Column) -> DataFrame:
         header_values(UNIQ_KEY_PROPERTY).alias(UNIQ_HEADERS),
         reason.alias(REASON),
         F.when(reason.isNotNull(), F.col("value")).alias(RAW_VALUE),
+        *field_columns(kafka_df, fields),
     )
 
 
@@ -65,16 +76,22 @@ def _record_keys(key: str | None, keys_headers: list | None, uniq_headers: list 
                         (_decode(raw) for raw in uniq_headers or () if raw is not None))
 
 
-def records_to_append(table: pa.Table) -> tuple[pa.Table | list[MessageRecord], int]:
+def records_to_append(table: pa.Table, fields: Sequence[FieldDefinition] = ()
+                      ) -> tuple[pa.Table | list[MessageRecord], int, dict[str, list[int]]]:
     """One group of projected records -> (what to append, number of records whose own key is
-    null or empty). Usually an Arrow table of ``APPEND_SCHEMA`` built with Arrow kernels (the
+    null or empty, per field its counts: field_values.field_pairs). Usually an Arrow table of
+    ``APPEND_SCHEMA`` (and the ``fields`` column with fields) built with Arrow kernels (the
     shard's fast path); MessageRecords only when some key or header is not UTF-8, because keys
     decoded from such bytes hold lone surrogates, which Arrow strings cannot carry."""
+    pairs, counts = field_pairs(table, fields) if fields else (None, {})
     try:
         primary = table.column(KEY_RAW).cast(pa.string()).combine_chunks()
         keys = _index_keys(table, primary)
     except (pa.ArrowInvalid, UnicodeEncodeError):
-        return _message_records(table)
+        records, unkeyed = _message_records(table)
+        if pairs is not None:
+            records = [replace(record, fields=carried) for record, carried in zip(records, pairs_of_rows(pairs))]
+        return records, unkeyed, counts
     keyed = pc.fill_null(pc.greater(pc.binary_length(primary), 0), False)
     rows = table.num_rows
     columns = {
@@ -87,7 +104,10 @@ def records_to_append(table: pa.Table) -> tuple[pa.Table | list[MessageRecord], 
         "commit_log_offset": pa.array(np.full(rows, NO_VALUE, np.int64)),
         "size": pa.array(np.full(rows, NO_VALUE, np.int32)),
     }
-    return pa.table(columns, schema=APPEND_SCHEMA), rows - pc.sum(keyed).as_py() if rows else 0
+    unkeyed = rows - pc.sum(keyed).as_py() if rows else 0
+    if pairs is None:
+        return pa.table(columns, schema=APPEND_SCHEMA), unkeyed, counts
+    return pa.table({**columns, "fields": pairs}, schema=pa.schema([*APPEND_SCHEMA, FIELDS_COLUMN])), unkeyed, counts
 
 
 def _index_keys(table: pa.Table, primary: pa.Array) -> pa.Array:

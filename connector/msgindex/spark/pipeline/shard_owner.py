@@ -22,7 +22,7 @@ import dataclasses
 import errno
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from msgindex.storage.retention import RetentionReport, apply_shard_retention
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from msgindex.storage.fields import FieldDefinition
     from msgindex.storage.shard import AppendResult, BeforeCommit, ShardWriter
     from msgindex.storage.source_ranges import SourceRows
     from msgindex.storage.store import Store
@@ -121,6 +122,7 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
                     lock_timeout_s: float, adopt_legacy_offsets: bool,
                     retention: RetentionPolicy = RetentionPolicy(),
                     storage_options: Mapping[str, str] | None = None,
+                    fields: Sequence[FieldDefinition] = (),
                     before_commit: BeforeCommit | None = None) -> ShardAppend:
     """Append `records` (with their source coordinates) to `broker`'s shard of the index at
     `root` under the shard lock; rows whose source offsets the shard holds are skipped. Then,
@@ -128,7 +130,8 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
 
     `adopt_legacy_offsets`: a version-1 shard (batch-id checkpoint) is upgraded from its log's own
     offsets first; only right when the log's topic/partition/offset are the source's (--input
-    records). `before_commit`: as ``ShardWriter.append``'s.
+    records). `fields`: the fields the records' values were evaluated for (storage/fields.py).
+    `before_commit`: as ``ShardWriter.append``'s.
 
     On an object store the writer takes no lock (``locked`` only brings its view up to date:
     commits settle races, ``storage/objects/shard.py``) and compacts the shard by itself after
@@ -140,7 +143,7 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
         with writer.locked(lock_timeout_s):
             if writer.committed_ranges is None and adopt_legacy_offsets:
                 writer.adopt_log_offsets()
-            result = writer.append(records, sources, before_commit)
+            result = writer.append(records, sources, fields, before_commit)
             report = _retention_pass(root, broker, writer, retention)
             return ShardAppend(result, report, client.request_count() - before if client is not None else 0)
     except ShardLockedError as locked:

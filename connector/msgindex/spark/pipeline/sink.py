@@ -27,6 +27,7 @@ progress lines.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING
 from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
 from msgindex.spark.pipeline.attempt_counts import AttemptMarkers, CommittedCounts
 from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row, with_committed
+from msgindex.spark.pipeline.field_values import describe_counts, merged_counts
 from msgindex.spark.pipeline.kafka_records import project_records
 from msgindex.spark.pipeline.kafka_source import KafkaSource
 from msgindex.spark.pipeline.metadata_events import parse_metadata_events
@@ -93,6 +95,7 @@ class BatchStats:
     deleted_index_files: int = 0
     deleted_bytes: int = 0
     requests: int = 0  # object stores: requests the batch's appends sent
+    field_counts: dict[str, list[int]] = field(default_factory=dict)  # field_values.field_pairs' counts
 
     @property
     def records(self) -> int:
@@ -120,6 +123,8 @@ class BatchStats:
             stats.deleted_index_files += commit.deleted_index_files
             stats.deleted_bytes += commit.deleted_bytes
             stats.requests += commit.requests
+            if commit.field_counts:
+                stats.field_counts = json.loads(merged_counts(json.dumps(stats.field_counts), commit.field_counts))
             if commit.broker is not None and commit.broker not in stats.brokers:
                 stats.brokers.append(commit.broker)
             stats.late_attempts += commit.attempt > 0
@@ -155,7 +160,8 @@ class BatchStats:
         return (
             f"batch {self.batch_id}: {self.records:,} records ({new}) in {self.seconds:.2f} s ({rate:,.0f} rec/s) | "
             f"{self.keys_indexed:,} keys indexed | {len(self.brokers)} shards | "
-            f"{self.unkeyed:,} unkeyed | {quarantined}{retention}{requests} | lag {lag}"
+            f"{self.unkeyed:,} unkeyed{describe_counts(self.field_counts)} | {quarantined}{retention}{requests} | "
+            f"lag {lag}"
         )
 
 
@@ -257,7 +263,7 @@ class BatchWriter:
             return parse_metadata_events(df)
         broker = self._broker_column()
         self._follow_new_topics()
-        return project_records(df, broker)
+        return project_records(df, broker, self.config.fields)
 
     def _follow_new_topics(self) -> None:
         """With the default age limit (the longest retention.ms of the indexed topics), topics a

@@ -19,6 +19,7 @@ ships msgindex itself): no kafka-python, no driver-side modules.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from msgindex.spark.pipeline.quarantine import (
     write_quarantine,
 )
 from msgindex.spark.pipeline.shard_owner import RetentionPolicy, append_to_shard, disk_full
+from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.message import APPEND_SCHEMA
 from msgindex.storage.shard import BeforeCommit
 from msgindex.storage.source_ranges import SourceRows
@@ -63,6 +65,7 @@ class SinkConfig:
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     retention: RetentionPolicy = RetentionPolicy()
     storage_options: tuple[tuple[str, str], ...] = ()  # object stores: the client options beyond AWS_* etc.
+    fields: tuple[FieldDefinition, ...] = ()  # what --index-field/--index-header declared (field_values.py)
 
     @property
     def options(self) -> dict[str, str] | None:
@@ -180,10 +183,11 @@ def _append(config: SinkConfig, broker: str, part: pa.Table, chunk: _Chunk) -> T
     started = time.perf_counter()
     sent_before = chunk.marker_requests
     if config.input_kind == INPUT_METADATA:
-        records, unkeyed = part.select(APPEND_SCHEMA.names), 0
+        records, unkeyed, counts = part.select(APPEND_SCHEMA.names), 0, {}
     else:
-        records, unkeyed = records_to_append(part)
-    done = append_to_shard(config.root, broker, records, _source_rows(config, part), lock_timeout_s=config.lock_timeout_s,
+        records, unkeyed, counts = records_to_append(part, config.fields)
+    done = append_to_shard(config.root, broker, records, _source_rows(config, part), fields=config.fields,
+                           lock_timeout_s=config.lock_timeout_s,
                            adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention,
                            storage_options=config.options, before_commit=chunk.before_commit(broker))
     result, retention = done.result, done.retention
@@ -191,7 +195,8 @@ def _append(config: SinkConfig, broker: str, part: pa.Table, chunk: _Chunk) -> T
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,
                       deleted_segments=len(retention.deleted_segments),
                       deleted_index_files=len(retention.deleted_index_files), deleted_bytes=retention.bytes_freed,
-                      requests=done.requests + chunk.marker_requests - sent_before)
+                      requests=done.requests + chunk.marker_requests - sent_before,
+                      field_counts=json.dumps(counts, sort_keys=True) if counts else "")
 
 
 def quarantine_rows(input_kind: str, table: pa.Table) -> pa.Table:

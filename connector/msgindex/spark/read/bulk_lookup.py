@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
-from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
+from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, text_of_shown
 from msgindex.times import TimeArg, to_epoch_ms
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class BulkLookup:
     end_ms: int | None = None
     brokers: tuple[str, ...] | None = None
     storage_options: tuple[tuple[str, str], ...] = ()  # an object store's client options
+    field: str | None = None  # look the values up as this field's (storage/fields.py), not as keys
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         keys = _distinct_keys(batches)
@@ -82,6 +83,12 @@ class BulkLookup:
             brokers = self._brokers(store)
             for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
                 chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
+                if self.field is not None:
+                    found = store.lookup(fields={self.field: chunk}, topic=self.topic, begin_ms=self.begin_ms,
+                                         end_ms=self.end_ms, brokers=brokers)
+                    if found.num_rows:
+                        yield from with_field_values(store, found, self.field, chunk).to_batches()
+                    continue
                 found = store.lookup(chunk, topic=self.topic, begin_ms=self.begin_ms,
                                      end_ms=self.end_ms, brokers=brokers)
                 if found.num_rows:
@@ -111,6 +118,7 @@ def lookup_keys(
     brokers: str | Iterable[str] | None = None,
     num_partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
+    field: str | None = None,
 ) -> DataFrame:
     """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
     DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
@@ -119,7 +127,9 @@ def lookup_keys(
     inclusive time window, as people type times (``msgindex.times``: epoch ms, ISO-8601, ``-1h``,
     ``now``, a datetime; without a zone: in the session's time zone);
     `brokers`: only these shards; `num_partitions`: the number of lookup tasks (default: Spark's
-    adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s).
+    adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s);
+    `field`: the column holds values of this indexed field (``msgindex index --index-field``), not
+    keys: every message carrying one, ``lookup_key`` the value it carries.
     Bad arguments raise InvalidOptionError naming the argument and value;
     WorkerPythonError when Spark's local Python workers cannot import msgindex."""
     zone = keys_df.sparkSession.conf.get(SESSION_TIME_ZONE_CONF) if begin is not None or end is not None else None
@@ -130,6 +140,7 @@ def lookup_keys(
         end_ms=_time_ms("end", end, zone),
         brokers=_brokers(brokers),
         storage_options=tuple(sorted((storage_options or {}).items())),
+        field=_field(field),
     )
     if query.begin_ms is not None and query.end_ms is not None and query.begin_ms > query.end_ms:
         raise InvalidOptionError(f"lookup_keys: begin = {begin!r} is after end = {end!r}")
@@ -159,6 +170,27 @@ def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
     row, which = row[first], which[first]
     rows = found.take(pa.array(row))
     return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
+
+
+def with_field_values(store, found: pa.Table, field: str, asked: list[str]) -> pa.Table:
+    """`found` (ROW_SCHEMA rows of a lookup of `asked` as values of `field`) with the asked value
+    each row carries in front, one row per (value, row), in RESULT_SCHEMA. Rows do not show
+    field values, so each found record's values are read back from its shard's log (by seq:
+    the found rows only, a few reads per block)."""
+    wanted = {value: at for at, value in enumerate(asked)}
+    name = field.lower()
+    brokers, seqs = found["broker"].to_pylist(), found["seq"].to_pylist()
+    carried: dict[tuple[str, int], list[int]] = {}
+    for broker in sorted(set(brokers)):
+        mine = sorted({seq for b, seq in zip(brokers, seqs) if b == broker})
+        with store.reader(text_of_shown(broker)) as reader:
+            for seq, record in zip(mine, reader.log.read_few(mine)):
+                carried[(broker, seq)] = sorted({wanted[v] for n, v in record.fields if n.lower() == name and v in wanted})
+    row = [at for at, (b, seq) in enumerate(zip(brokers, seqs)) for _ in carried[(b, seq)]]
+    which = [w for b, seq in zip(brokers, seqs) for w in carried[(b, seq)]]
+    rows = found.take(pa.array(row, pa.int64()))
+    values = pa.array([arrow_text(asked[w]) for w in which], pa.string())
+    return pa.Table.from_arrays([values, *rows.columns], schema=RESULT_SCHEMA)
 
 
 def shown_keys(asked: list[str]) -> pa.Array:
@@ -256,3 +288,11 @@ def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not a positive integer")
     return value
+
+
+def _field(field: object) -> str | None:
+    if field is None:
+        return None
+    if not isinstance(field, str) or not field or "\x00" in field:
+        raise InvalidOptionError(f"lookup_keys: field = {field!r} is not a field name")
+    return field

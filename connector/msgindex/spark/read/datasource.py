@@ -241,6 +241,8 @@ class MsgIndexReader(DataSourceReader):
     def _lookup_partitions(self, brokers: list[str], pin: StorePin | None) -> list[InputPartition]:
         if not brokers:
             return []
+        if self.query.fields is not None:  # field values: one lookup (keys of any_key filters join it)
+            return [KeyLookup(tuple(brokers), 0, len(self.query.keys_to_look_up))]
         count = len(self.query.keys_to_look_up)
         if self.query.max_results is not None:  # a global cap: one task sees every row
             return [KeyLookup(tuple(brokers), 0, count, pin)]
@@ -283,6 +285,8 @@ class MsgIndexReader(DataSourceReader):
         table = store.lookup(query.store_query(asked[partition.start : partition.end], partition.brokers))
         if query.primary_keys is not None:
             table = table.filter(pc.is_in(table["key"], pa.array(sorted(query.primary_keys), pa.string())))
+        if query.fields is not None:  # found by field values: one partition, no asked key to show
+            return table, pa.nulls(table.num_rows, pa.string())
         wanted = shown_keys(list(asked))
         first = first_asked(table, wanted)
         mine = first >= partition.start

@@ -16,6 +16,9 @@ Option reference (names are case-insensitive):
                               bare directory of broker IndexFiles, read as raw, unverified entries
 ``key``                       one key, verbatim (may contain any character, commas included)
 ``keys``                      several keys as a JSON array of strings: ``["a", "b,c"]``
+``field.<name>``               one value of field <name> (``msgindex index --index-field`` /
+                              ``--index-header``), verbatim: messages carrying it (several
+                              such options: messages carrying any of them); not with key/keys
 ``topic``                     one topic, or several separated by commas (Kafka topic names
                               cannot contain commas)
 ``begin`` / ``end``           inclusive time window on the message timestamp: epoch
@@ -72,6 +75,7 @@ KNOWN_OPTIONS = frozenset({
 })
 
 STORAGE_OPTION_PREFIX = "storage."
+FIELD_OPTION_PREFIX = "field."  # field.<name> = <value>
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 SESSION_TIME_ZONE_CONF = "spark.sql.session.timeZone"
 
@@ -141,6 +145,20 @@ def parse_key(option: str, value: str) -> str:
             f"\\xff for the byte 0xff), or look bytes up with msgindex.open(...).lookup(b'...'); a key that "
             f"really is this text goes through option 'keys' (a JSON array)")
     return text_of_shown(value)
+
+
+def parse_fields(given: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """The ``field.<name>`` options as (name, value) pairs (None: none). Spark hands options
+    lower-cased, and field names match case-insensitively (storage/fields.py)."""
+    pairs = []
+    for option, value in sorted(given.items()):
+        if not option.startswith(FIELD_OPTION_PREFIX):
+            continue
+        name = option[len(FIELD_OPTION_PREFIX):]
+        if not name or not value:
+            raise InvalidOptionError(f"option {option!r} = {value!r}: give {FIELD_OPTION_PREFIX}<name> = <value>")
+        pairs.append((name, text_of_shown(value)))
+    return tuple(pairs) or None
 
 
 def parse_positive_int(option: str, value: str) -> int:
@@ -228,6 +246,7 @@ class ReadOptions:
     broker_name: str | None = None
     broker_store: bool = False  # rocketmq mode: the path is a broker's store root (not bare index files)
     storage_options: tuple[tuple[str, str], ...] = ()  # object stores: storage.<name> options
+    fields: tuple[tuple[str, str], ...] | None = None  # field.<name> options: (name, value) pairs
 
     @property
     def store_options(self) -> dict[str, str] | None:
@@ -264,7 +283,8 @@ class ReadOptions:
         (default: now)."""
         now_ms = current_ms() if now_ms is None else now_ms
         given = {name.lower(): value for name, value in options.items()}
-        unknown = sorted(name for name in set(given) - KNOWN_OPTIONS if not name.startswith(STORAGE_OPTION_PREFIX))
+        unknown = sorted(name for name in set(given) - KNOWN_OPTIONS
+                         if not name.startswith((STORAGE_OPTION_PREFIX, FIELD_OPTION_PREFIX)))
         if unknown:
             raise InvalidOptionError(
                 f"unknown option '{unknown[0]}' = {given[unknown[0]]!r}; msgindex knows: "
@@ -304,6 +324,7 @@ class ReadOptions:
             broker_name=parse_name("brokerName", given["brokername"]) if "brokername" in given else None,
             broker_store=mode == MODE_ROCKETMQ and is_broker_store(path),
             storage_options=parse_storage_options(path, given),
+            fields=parse_fields(given),
         )
         parsed._check_combinations(given)
         return parsed
@@ -328,6 +349,10 @@ class ReadOptions:
                 f"option 'brokerName' = {given['brokername']!r} names the broker of a RocketMQ store "
                 f"root: it needs option 'mode' = 'rocketmq' and a path holding commitlog/ and index/"
             )
+        if self.fields is not None and (self.keys is not None or self.mode != MODE_STORE):
+            raise InvalidOptionError(
+                f"option '{FIELD_OPTION_PREFIX}{self.fields[0][0]}' finds messages by a field of a msgindex store: "
+                f"not with option 'key'/'keys' (one read asks one thing) nor in mode 'rocketmq'")
         if self.max_num is not None and self.keys is None:
             raise InvalidOptionError(
                 f"option 'maxNum' = {given['maxnum']!r} limits key lookups and needs 'key' or "

@@ -55,7 +55,8 @@ A block, once decompressed: a 96-byte block header, then one section per column:
     topic              the record's topic, as its number in the batch's topic table
     partition offset timestamp commit_log_offset size    the record's values (-1: the source has none)
     text_end           where the record's texts end (the next record's start): its key when it has
-                       one, then its other keys (keys[1:] when bit 1, else all keys)
+                       one, then its other keys (keys[1:] when bit 1, else all keys), then its
+                       field terms (``message.field_term``: 0xFF, name, NUL, value; never a key)
     byte_end           where each text's bytes end in the heap (the next text's start)
     heap               the texts, encode_text bytes, back to back
 
@@ -99,8 +100,17 @@ import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.int_limits import INT32_MAX
-from msgindex.storage.log.columns import LogColumns
-from msgindex.storage.message import NO_VALUE, ROW_SCHEMA, MessageRecord, arrow_text, decode_text, shown_timestamps
+from msgindex.storage.log.columns import LogColumns, ranges_owner
+from msgindex.storage.message import (
+    FIELD_TERM_MARKER,
+    NO_VALUE,
+    ROW_SCHEMA,
+    MessageRecord,
+    arrow_text,
+    decode_text,
+    shown_timestamps,
+    split_terms,
+)
 
 try:  # optional (setup.py): absent without a C compiler at install, and where msgindex arrives as a zip
     from msgindex.storage.log import _blocks as compiled_blocks
@@ -422,7 +432,7 @@ class _RecordColumns:
         # Texts in heap order as positions in concat(key, items): a key is key[i], rest keys follow.
         take = np.empty(int(text_starts[-1]), dtype=np.int64)
         take[text_starts[:-1][has_key]] = np.flatnonzero(has_key)
-        owner, within = _ranges_owner(rest)
+        owner, within = ranges_owner(rest)
         take[text_starts[owner] + has_key[owner] + within] = n + starts[owner] + lead[owner] + within
         texts = pa.concat_arrays([key.fill_null(b""), items]).take(pa.array(take))
         text_offsets = np.frombuffer(texts.buffers()[1], np.int64, len(texts) + 1, texts.offset * 8)
@@ -474,17 +484,9 @@ def _narrow(values: np.ndarray) -> tuple[int, int, bytes]:
     raise AssertionError("unreachable")
 
 
-def _ranges_owner(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For consecutive ranges of `counts` items: each item's range number and place in it."""
-    total = int(counts.sum())
-    owner = np.repeat(np.arange(len(counts)), counts)
-    starts = np.cumsum(counts) - counts
-    return owner, np.arange(total, dtype=np.int64) - starts[owner]
-
-
 def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The concatenation of range(first, first + count) for each pair."""
-    owner, within = _ranges_owner(counts)
+    owner, within = ranges_owner(counts)
     return firsts[owner] + within
 
 
@@ -756,7 +758,7 @@ class BlockSet:
 
     def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(block, row in the block) of every row of the set, in order."""
-        return _ranges_owner(self.count)
+        return ranges_owner(self.count)
 
     def _texts(self, block: np.ndarray, first: np.ndarray, count: np.ndarray, order: np.ndarray) -> pa.Array:
         """The texts [first, first + count) of each (block, first, count) (sorted, as the rows
@@ -765,7 +767,7 @@ class BlockSet:
         by one Arrow take, in `order`, from a zero-copy array over the blocks' bytes."""
         if not len(order):
             return pa.array([], TEXT)
-        owner, within = _ranges_owner(count)
+        owner, within = ranges_owner(count)
         text_block, text = block[owner], first[owner] + within
         end = self.column("byte_end", text_block, text)
         start = self._end_before("byte_end", block, first)  # where each range's first text starts
@@ -1000,10 +1002,11 @@ def messages(ints: list[tuple[int, ...]], texts: list[list[bytes]], topic_tables
         shown = topics.get(table)
         if shown is None:
             shown = topics[table] = [decode_text(t) for t in table]
-        decoded = [decode_text(text) for text in raw]
+        decoded, fields = split_terms(raw)
         has_key = flags & FLAG_KEY
         found.append(MessageRecord(shown[topic], partition, offset, timestamp, decoded[0] if has_key else None,
-                                   tuple(decoded if flags & FLAG_LEAD else decoded[has_key:]), commit_log_offset, size))
+                                   decoded if flags & FLAG_LEAD else decoded[has_key:], commit_log_offset, size,
+                                   fields))
     return found
 
 
@@ -1029,6 +1032,27 @@ def _holds_backslash(array: pa.Array) -> bool:
     return data is not None and bool((np.frombuffer(data, np.uint8) == 0x5C).any())
 
 
+def shown_keys(keys: pa.LargeListArray) -> tuple[np.ndarray, pa.Array]:
+    """(list offsets from 0, items) of the stored terms lists `keys` without their field terms:
+    the ``keys`` column shows keys only (a record's fields are found by a field lookup)."""
+    offsets = keys.offsets.to_numpy()
+    values = keys.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    data = values.buffers()[2]
+    # a field term starts with 0xFF, a byte no key's UTF-8 holds: most stores hold none at all
+    if data is None or not (np.frombuffer(data, np.uint8) == FIELD_TERM_MARKER[0]).any():
+        return offsets, values
+    is_term = pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(FIELD_TERM_MARKER, values.type))
+    kept = ~is_term.to_numpy(zero_copy_only=False)
+    if kept.all():
+        return offsets, values
+    parents = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    counts = np.bincount(parents[kept], minlength=len(offsets) - 1)
+    new_offsets = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    return new_offsets, values.filter(pa.array(kept))
+
+
 def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
     """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given). Timestamps a
     store holds from before the timestamp rule show as the nearest bound (``shown_timestamps``)."""
@@ -1037,11 +1061,9 @@ def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.
     count = len(batch)
     if count == 0:
         return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
-    keys = batch.keys
-    offsets = keys.offsets.to_numpy()
-    values = keys.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    keys_column = pa.ListArray.from_arrays(pa.array((offsets - offsets[0]).astype(np.int32)),
-                                           _string_array(values), type=ROW_SCHEMA.field("keys").type)
+    offsets, values = shown_keys(batch.keys)
+    keys_column = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), _string_array(values),
+                                           type=ROW_SCHEMA.field("keys").type)
     topics = _string_array(pa.array(batch.topics, TEXT))
     columns = [
         pa.repeat(pa.scalar(arrow_text(broker), pa.string()), count),
@@ -1067,8 +1089,8 @@ def records(batch: DecodedRows, take: np.ndarray | None = None) -> list[MessageR
     key_lists = batch.keys.to_pylist()
     return [
         MessageRecord(topics[topic], partition, offset, timestamp, None if key is None else decode_text(key),
-                      tuple(decode_text(k) for k in key_list), commit_log_offset, size)
-        for topic, partition, offset, timestamp, key, key_list, commit_log_offset, size in zip(
+                      terms[0], commit_log_offset, size, terms[1])
+        for topic, partition, offset, timestamp, key, terms, commit_log_offset, size in zip(
             batch.topic_ids.tolist(), batch.partition.tolist(), batch.offset.tolist(), batch.timestamp_ms.tolist(),
-            keys, key_lists, batch.commit_log_offset.tolist(), batch.size.tolist())
+            keys, map(split_terms, key_lists), batch.commit_log_offset.tolist(), batch.size.tolist())
     ]

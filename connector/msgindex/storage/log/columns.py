@@ -22,7 +22,14 @@ import pyarrow.compute as pc
 
 from msgindex.errors import InvalidAppendError
 from msgindex.storage.int_limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
-from msgindex.storage.message import APPEND_SCHEMA, MessageRecord, encode_text
+from msgindex.storage.message import (
+    APPEND_SCHEMA,
+    FIELD_NAME_END,
+    FIELD_TERM_MARKER,
+    MessageRecord,
+    encode_text,
+    field_term,
+)
 
 INT32 = (INT32_MIN, INT32_MAX)
 INT64 = (INT64_MIN, INT64_MAX)
@@ -41,8 +48,9 @@ _BOUNDS = {np.int32: INT32, np.int64: INT64}
 @dataclass(frozen=True)
 class LogColumns:
     """A validated batch as columns. Texts are encoded (``encode_text``) large_binary arrays; the
-    keys are list offsets into `items` (absolute positions in it); `key` is null where there is
-    no key. Build with ``LogColumns.of``."""
+    keys are list offsets into `items` (absolute positions in it), each record's keys followed by
+    its field terms (``message.field_term``: the log and the hash index treat both as the record's
+    index terms); `key` is null where there is no key. Build with ``LogColumns.of``."""
 
     topic: pa.Array
     key: pa.Array
@@ -148,7 +156,66 @@ def _columns_from_arrow(table: pa.Table | pa.RecordBatch) -> LogColumns:
         raise InvalidAppendError(f"record {record} of the batch: keys item must be str, got None")
     items = _arrow_text(items, "keys item", nullable=True)
     ints = {name: _arrow_int(column(name), name, dtype) for name, dtype in INT_FIELDS.items()}
+    if "fields" in table.schema.names:
+        list_offsets, items = _with_field_terms(list_offsets, items, column("fields"))
     return LogColumns(topic, key, list_offsets, items, ints)
+
+
+def _with_field_terms(list_offsets: np.ndarray, items: pa.Array, fields: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Each record's key items followed by the field terms of its `fields` (a list of (name,
+    value) structs; a null list: none), as new list offsets into new items."""
+    if not (pa.types.is_list(fields.type) or pa.types.is_large_list(fields.type)) or not pa.types.is_struct(
+            fields.type.value_type) or {"name", "value"} - {f.name for f in fields.type.value_type}:
+        raise InvalidAppendError(f"column 'fields' has type {fields.type}, expected a list of (name, value) structs")
+    field_offsets = fields.offsets.to_numpy().astype(np.int64)
+    if fields.null_count:  # a null list's offsets may still span items: count none for it
+        valid = fields.is_valid().to_numpy(zero_copy_only=False)
+        counts = np.where(valid, np.diff(field_offsets), 0)
+        starts = field_offsets[:-1]
+    else:
+        counts, starts = np.diff(field_offsets), field_offsets[:-1]
+    if not counts.any():
+        return list_offsets, items
+    owner, within = ranges_owner(counts)
+    pairs = fields.values.take(pa.array(starts[owner] + within))
+    names = _arrow_text(pairs.field("name"), "fields name", nullable=False)
+    values = _arrow_text(pairs.field("value"), "fields value", nullable=False)
+    for name in pc.unique(names).to_pylist():
+        problem = _field_name_problem(name)
+        if problem:
+            record = int(owner[int(np.argmax(pc.equal(names, name).to_numpy(zero_copy_only=False)))])
+            raise InvalidAppendError(f"record {record} of the batch: field name {name!r}: {problem}")
+    empty = pc.equal(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
+    if empty.any():
+        raise InvalidAppendError(f"record {int(owner[int(np.argmax(empty))])} of the batch: a field value is empty")
+    named = pc.binary_join_element_wise(names, values, pa.scalar(FIELD_NAME_END, pa.large_binary()))
+    terms = pc.binary_join_element_wise(pa.scalar(FIELD_TERM_MARKER, pa.large_binary()), named,
+                                        pa.scalar(b"", pa.large_binary()))
+    key_counts = np.diff(list_offsets)
+    merged_offsets = np.zeros(len(key_counts) + 1, dtype=np.int64)
+    np.cumsum(key_counts + counts, out=merged_offsets[1:])
+    key_owner, key_within = ranges_owner(key_counts)
+    take = np.empty(int(merged_offsets[-1]), dtype=np.int64)
+    take[merged_offsets[key_owner] + key_within] = list_offsets[:-1][key_owner] + key_within
+    take[merged_offsets[owner] + key_counts[owner] + within] = len(items) + np.arange(len(terms))
+    return merged_offsets, pa.concat_arrays([items.cast(pa.large_binary()), terms]).take(pa.array(take))
+
+
+def ranges_owner(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive ranges of `counts` items: each item's range number and place in it."""
+    owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    return owner, np.arange(len(owner), dtype=np.int64) - starts[owner]
+
+
+def _field_name_problem(name: bytes) -> str | None:
+    """Why the log refuses a field name (its bytes), or None. A name ends its term at the first
+    NUL, so it holds none; the full naming rule is the pipeline's (fields.name_problem)."""
+    if not name:
+        return "a field name is not empty"
+    if FIELD_NAME_END in name:
+        return "a field name holds no NUL"
+    return None
 
 
 def _reject_nulls(array: pa.Array, field: str, expected: str) -> None:
@@ -219,16 +286,22 @@ def _columns_from_records(records: list[MessageRecord]) -> LogColumns:
         and set(map(type, keys)) <= {tuple, list}
         and all(set(map(type, values)) <= {int} for values in ints.values())
     )
-    items = list(chain.from_iterable(keys)) if plain else None
+    fields = [r.fields for r in records]
+    with_fields = any(fields)
+    items = list(chain.from_iterable(keys)) if plain and not with_fields else None
     if items is None or not set(map(type, items)) <= {str}:
         for i, record in enumerate(records):
             _check_record(record, f"record {i} of the batch")
         ints = {name: [operator.index(v) for v in values] for name, values in ints.items()}
         items = list(chain.from_iterable(keys))
+    if with_fields:  # each record's keys, then its field terms (rare in Python input: one at a time)
+        keys = [(*map(encode_text, k), *(field_term(n, v) for n, v in f)) for k, f in zip(keys, fields)]
+        encoded = pa.array(list(chain.from_iterable(keys)), pa.large_binary())
     list_offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)), out=list_offsets[1:])
-    return LogColumns(_python_text(topic), _python_text(key), list_offsets, _python_text(items),
-                    {name: _python_int(values, name, INT_FIELDS[name]) for name, values in ints.items()})
+    return LogColumns(_python_text(topic), _python_text(key), list_offsets,
+                      encoded if with_fields else _python_text(items),
+                      {name: _python_int(values, name, INT_FIELDS[name]) for name, values in ints.items()})
 
 
 def _python_text(values: list) -> pa.Array:
@@ -263,6 +336,15 @@ def _check_record(record: MessageRecord, where: str) -> None:
     for item in record.keys:
         if not isinstance(item, str):
             raise InvalidAppendError(f"{where}: keys item must be str, got {type(item).__name__}")
+    if not isinstance(record.fields, (tuple, list)):
+        raise InvalidAppendError(f"{where}: fields must be a sequence of (name, value) pairs, "
+                                 f"got {type(record.fields).__name__}")
+    for pair in record.fields:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise InvalidAppendError(f"{where}: a fields item must be a (name, value) pair of str, got {pair!r}")
+        problem = _field_name_problem(encode_text(pair[0])) or (None if pair[1] else "a field value is empty")
+        if problem:
+            raise InvalidAppendError(f"{where}: field {pair[0]!r}: {problem}")
     for name, dtype in INT_FIELDS.items():
         value = getattr(record, name)
         lo, hi = _BOUNDS[dtype]

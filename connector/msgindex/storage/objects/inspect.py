@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
+from msgindex.storage import fields
 from msgindex.storage.location import StoreLocation, parse_location
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment import BatchDirectory, BatchReads
@@ -387,6 +388,7 @@ def _version_summary(version: ShardVersion, store: ObjectStore) -> dict[str, Any
         "next_seq": version.record_count,
         "topics": list(version.topics),
         "source_ranges": version.source_ranges.to_json(),
+        "fields": version.extra.get(fields.EXTRA_MEMBER, {}),  # definitions and coverage (fields.py)
         "chunks": [{"name": ref.name, "base_seq": ref.base_seq, "records": ref.info.records, "bytes": ref.info.size,
                     "hash_items": ref.info.hash_entries,
                     "time_range": time_range(ref.info.min_timestamp, ref.info.max_timestamp)}

@@ -53,7 +53,10 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CommitConflictError, CorruptFileError, InvalidAppendError, InvalidArgumentError
+from msgindex.storage import fields
 from msgindex.storage.append_columns import AppendColumns
+from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LogReads
 from msgindex.storage.log.segment import BatchDirectory, BatchReads
@@ -337,10 +340,11 @@ class ObjectShardReader(VerifiedReads):
             raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
         topics = query.topics_among(self.version.topics)
         window = query.stored_window()
-        if self._log is None or not query.keys or not topics or window is None:
+        field_pairs = self._field_pairs(query)
+        if self._log is None or query.looks_up_nothing or not topics or window is None:
             return empty_rows()
         begin, end = window
-        wanted = WantedKeys.of(topics, list(query.keys))
+        wanted = WantedKeys.of(topics, list(query.keys), field_pairs)
         seqs, who = self._candidates(wanted, begin, end)
         if len(seqs) <= FEW_CANDIDATES:
             return self._verified_few(seqs, who, wanted, begin, end, query.partitions, query.max_results)
@@ -349,6 +353,22 @@ class ObjectShardReader(VerifiedReads):
             return empty_rows()
         found.sort(key=lambda part: (int(part.order.timestamp_ms[0]), int(part.order.seqs[0])))
         return in_result_order(found, query.max_results)
+
+    @property
+    def field_coverage(self) -> fields.FieldCoverage:
+        """The fields the shard indexes and the source offsets each covers (storage/fields.py)."""
+        return fields.coverage_in(self.version.extra, source=self.url)
+
+    def _field_pairs(self, query: Query) -> tuple[tuple[str, str], ...]:
+        """As ``ShardReader._field_pairs``: names as indexed, a warning per field not covering
+        what the shard holds."""
+        if not query.fields:
+            return ()
+        coverage = self.field_coverage
+        pairs = tuple((coverage.spelled(name), value) for name, value in query.fields)
+        fields.warn_uncovered(f"shard {self.broker!r}", self.version.source_ranges, coverage,
+                              (name for name, _ in pairs), topics=query.topics, partitions=query.partitions)
+        return pairs
 
     def _candidates(self, wanted: WantedKeys, begin_ms: int | None, end_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
         """(seq, wanted pair) of every hash item of a wanted hash in the chunks the window meets."""
@@ -475,12 +495,13 @@ class ObjectShardWriter:
 
     # --- appending ------------------------------------------------------------------------------
     def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
-               before_commit: BeforeCommit | None = None) -> AppendResult:
+               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None) -> AppendResult:
         """Commit the rows whose source offsets the shard does not hold yet (exactly once, as
-        ``ShardWriter.append``), retrying on lost versions. Returns what was appended by THIS
-        call and what was found committed before. `before_commit` as ``ShardWriter.append``'s:
-        called before each version put that adds records (after a lost put, again with the rows
-        still new: fewer when the winner committed some, and with none when it committed them all)."""
+        ``ShardWriter.append``, `fields` too), retrying on lost versions. Returns what was
+        appended by THIS call and what was found committed before. `before_commit` as
+        ``ShardWriter.append``'s: called before each version put that adds records (after a lost
+        put, again with the rows still new: fewer when the winner committed some, and with none
+        when it committed them all)."""
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
         if sources is None:
@@ -495,7 +516,9 @@ class ObjectShardWriter:
             for _attempt in range(MAX_COMMIT_ATTEMPTS):
                 committed = state.source_ranges
                 fresh = first[~committed.covered(sources.take(first))] if len(first) else first
-                ranges = committed.union(sources.ranges())
+                appended = sources.ranges()
+                ranges = committed.union(appended)
+                extra = fields_extra_after_append(state.extra, fields, committed, appended, source=self.url)
                 if written is not None and not np.array_equal(written.rows, fresh):
                     self._discard(written)  # the winner committed some of its rows: write the rest again
                     written = None
@@ -503,9 +526,9 @@ class ObjectShardWriter:
                     if announced:  # a lost version announced rows another writer has committed since
                         before_commit(AppendResult(0, len(records), 0))
                         announced = False
-                    if ranges == committed:
+                    if ranges == committed and extra == state.extra:
                         return AppendResult(0, len(records), 0)
-                    candidate = state.successor(source_ranges=ranges, **self._stamps(state))
+                    candidate = state.successor(source_ranges=ranges, extra=extra, **self._stamps(state))
                 else:
                     if written is not None and self._may_be_collected(written.put_at):
                         # unlisted for so long (a stalled writer) that collection may have taken it
@@ -517,7 +540,7 @@ class ObjectShardWriter:
                         chunks=(*state.chunks, ChunkRef(written.name, state.record_count, written.info)),
                         record_count=state.record_count + len(fresh),
                         topics=tuple(sorted(set(state.topics) | written.topics)),
-                        source_ranges=ranges, **self._stamps(state))
+                        source_ranges=ranges, extra=extra, **self._stamps(state))
                 self._register(state)
                 if before_commit is not None and len(fresh):
                     before_commit(AppendResult(len(fresh), len(records) - len(fresh), written.info.hash_entries))

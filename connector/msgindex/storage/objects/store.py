@@ -66,7 +66,7 @@ from msgindex.storage.objects.shard import (
     ObjectTuning,
 )
 from msgindex.storage.objects.versions import ShardVersion, ShardVersions
-from msgindex.storage.query import KeysArg, Query, as_query, sort_and_limit
+from msgindex.storage.query import FieldsArg, KeysArg, Query, as_query, sort_and_limit
 from msgindex.storage.retention import RetentionReport
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import validate_broker_name
@@ -304,13 +304,13 @@ class ObjectStore:
                 f"but has no versions: its objects were deleted; restore them, or remove the mark to accept the loss")
 
     # --- queries ------------------------------------------------------------------------------
-    def lookup(self, keys: KeysArg | Query, *, topic: str | None = None, begin_ms: int | None = None,
+    def lookup(self, keys: KeysArg | Query | None = None, *, topic: str | None = None, begin_ms: int | None = None,
                end_ms: int | None = None, max_results: int | None = None, brokers: Iterable[str] | None = None,
-               partitions: Iterable[int] | None = None) -> pa.Table:
+               partitions: Iterable[int] | None = None, fields: FieldsArg | None = None) -> pa.Table:
         """As ``Store.lookup``: verified rows in ROW_SCHEMA and result order, every shard read
         at its newest version, shards in parallel."""
         query = as_query(keys, topic=topic, begin_ms=begin_ms, end_ms=end_ms, max_results=max_results,
-                         brokers=brokers, partitions=partitions)
+                         brokers=brokers, partitions=partitions, fields=fields)
         selected = self._selected_brokers(query.brokers)
         tables = self._in_shards(lambda b: self._cached_reader(b).lookup(query), selected)
         return sort_and_limit(tables, query.max_results)

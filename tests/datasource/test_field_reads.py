@@ -1,0 +1,87 @@
+"""``spark.read.format("msgindex").option("field.<name>", value)``: messages carrying a field value
+(storage/fields.py), found by the verified index lookup, with the other options and filters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.message import MessageRecord
+from msgindex.storage.store import open_store
+
+pytestmark = pytest.mark.spark
+
+BASE_MS = 1_763_700_000_000
+ORDER = FieldDefinition("order", "expression", "get_json_object(CAST(value AS STRING), '$.order')", "single")
+TRACE = FieldDefinition("trace", "header", "trace", "array")
+
+
+@pytest.fixture(scope="module")
+def field_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fields") / "index"
+    rng = random.Random(5)
+    written = []
+    with open_store(path, create=True) as store:
+        for broker in ("b0", "b1"):
+            with store.writer(broker) as writer:
+                records = []
+                for offset in range(400):
+                    topic = rng.choice(["orders", "refunds"])
+                    fields = (("order", f"o-{rng.randrange(20)}"),) + tuple(
+                        ("trace", f"t-{rng.randrange(9)}") for _ in range(rng.randrange(3)))
+                    key = rng.choice(["o-1", f"k{offset}", None])
+                    records.append(MessageRecord(topic, int(broker[1]), offset, BASE_MS + offset, key,
+                                                 () if key is None else (key,), fields=fields))
+                writer.append(records, fields=[ORDER, TRACE])
+                written += [(broker, r) for r in records]
+    return path, written
+
+
+def _truth(written, name, value, topic=None, begin=None):
+    return {(b, r.topic, r.partition, r.offset) for b, r in written if (name, value) in r.fields
+            and (topic is None or r.topic == topic) and (begin is None or r.timestamp_ms >= begin)}
+
+
+def _ids(df) -> set[tuple]:
+    return {tuple(row) for row in df.select("broker", "topic", "partition", "offset").collect()}
+
+
+def test_a_field_option_finds_what_carries_the_value(spark, field_store):
+    path, written = field_store
+    read = spark.read.format("msgindex").option("field.order", "o-1").load(str(path))
+    assert _ids(read) == _truth(written, "order", "o-1") != set()
+    # key o-1 is a key, not the field: the key option finds other messages
+    by_key = spark.read.format("msgindex").option("key", "o-1").load(str(path))
+    assert _ids(by_key) == {(b, r.topic, r.partition, r.offset) for b, r in written if "o-1" in r.keys}
+    # with filters Spark pushes down (or re-checks): exact either way
+    narrowed = read.where("topic = 'refunds'").where(f"timestamp >= timestamp_millis({BASE_MS + 150})")
+    assert _ids(narrowed) == _truth(written, "order", "o-1", topic="refunds", begin=BASE_MS + 150)
+    # two field options: messages carrying either; field names match case-insensitively
+    both = spark.read.format("msgindex").option("field.TRACE", "t-3").option("field.order", "o-2").load(str(path))
+    assert _ids(both) == _truth(written, "trace", "t-3") | _truth(written, "order", "o-2")
+    # the keys column shows keys only
+    assert all(not any("t-" in k for k in row.keys) for row in both.select("keys").collect())
+
+
+def test_a_field_option_with_keys_is_refused(spark, field_store):
+    path, _ = field_store
+    with pytest.raises(Exception, match="not with option 'key'/'keys'"):
+        spark.read.format("msgindex").option("field.order", "o-1").option("key", "k1").load(str(path)).collect()
+
+
+def test_lookup_keys_of_a_field(spark, field_store):
+    from msgindex.spark.read.bulk_lookup import lookup_keys
+
+    path, written = field_store
+    asked = ["o-1", "o-7", "t-3", "nothing", "o-1", None]
+    values = spark.createDataFrame([(v,) for v in asked], "v string")
+    rows = lookup_keys(values, str(path), key_col="v", field="order", topic="orders", num_partitions=2).collect()
+    got = sorted((r.lookup_key, r.broker, r.topic, r.partition, r.offset) for r in rows)
+    assert got == sorted((v, b, r.topic, r.partition, r.offset) for v in ("o-1", "o-7", "t-3", "nothing")
+                         for b, r in written if ("order", v) in r.fields and r.topic == "orders")
+    assert got and not any(r.lookup_key == "t-3" for r in rows)  # a trace value is not an order
+    traces = lookup_keys(values, str(path), key_col="v", field="TRACE").collect()
+    assert sorted((r.lookup_key, r.broker, r.offset) for r in traces) == sorted(
+        ("t-3", b, r.offset) for b, r in written if ("trace", "t-3") in r.fields)
