@@ -112,14 +112,18 @@ def freshness_run(args, bootstrap: str, work: Path, root: str, storage_options: 
         producer.start()
         store = msgindex.open(root, storage_options=storage_options)
         read_up_to: dict[str, int] = {}
+        pending: set[str] = set()  # committed (the scan saw them), not yet found by a lookup
         deadline = None
         while True:
-            new_keys = committed_keys(store, read_up_to, sent)
-            if new_keys:
-                table = store.lookup(new_keys, topic=topic)
+            pending.update(committed_keys(store, read_up_to, sent))
+            if pending:
+                # a store object's lookups may answer from a version up to max_staleness_s old
+                # (1 s): keys its scan already saw are asked again until a lookup finds them
+                table = store.lookup(sorted(pending), topic=topic)
                 now = time.time()
                 for key in table.column("key").to_pylist():
                     found.setdefault(key, now)
+                    pending.discard(key)
             if not producer.is_alive():
                 deadline = deadline or time.monotonic() + DRAIN_S
                 if len(found) == len(sent) or time.monotonic() > deadline:
