@@ -241,10 +241,9 @@ class MsgIndexReader(DataSourceReader):
     def _lookup_partitions(self, brokers: list[str], pin: StorePin | None) -> list[InputPartition]:
         if not brokers:
             return []
-        if self.query.fields is not None:  # field values: one lookup (keys of any_key filters join it)
-            return [KeyLookup(tuple(brokers), 0, len(self.query.keys_to_look_up))]
         count = len(self.query.keys_to_look_up)
-        if self.query.max_results is not None:  # a global cap: one task sees every row
+        # field values (keys of any_key filters join them), or a global cap: one task sees every row
+        if self.query.fields is not None or self.query.max_results is not None:
             return [KeyLookup(tuple(brokers), 0, count, pin)]
         return [KeyLookup(tuple(brokers), start, min(start + KEYS_PER_LOOKUP_TASK, count), pin)
                 for start in range(0, count, KEYS_PER_LOOKUP_TASK)]
