@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from bench_vs_parquet import generate, write_parquet
+from bench_vs_parquet import generate, write_exploded
 from moto_s3 import Servers
 
 import msgindex
@@ -180,7 +180,7 @@ def main() -> None:
         local_seconds = local_append_seconds(table, args.shards, args.append_rows)
         with tempfile.TemporaryDirectory() as directory:
             path = Path(directory) / "rows.parquet"
-            write_parquet(table, path)
+            write_exploded(table, path)
             servers.filesystem().create_dir("bench/parquet")
             with servers.filesystem().open_output_stream("bench/parquet/rows.parquet") as out:
                 out.write(path.read_bytes())
