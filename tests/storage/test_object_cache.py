@@ -111,3 +111,26 @@ def test_tasks_of_a_query_read_the_pinned_versions_without_asking_again(s3):
     assert task.lookup("k3").num_rows == 20
     assert _requests(task) == {"GET": 6}  # per shard: its pinned version, footer+hashes, log block
     assert msgindex.open(url, storage_options=s3.options).lookup("k3").num_rows == 21  # a new query sees it
+
+
+def test_a_chunk_read_page_by_page_is_kept_whole_once_a_process_keeps_coming_back(s3, monkeypatch):
+    from msgindex.storage.objects import shard as object_shard
+
+    # this chunk's hash section (100 items, 800 bytes) counts as too big to read with the footer
+    monkeypatch.setattr(object_shard, "CACHED_HASH_BYTES", 100)
+    url = _filled(s3)
+    STORE_CACHE.clear()
+    store = msgindex.open(url, storage_options=s3.options, max_staleness_s=60)
+    assert store.lookup("k0").num_rows == 10  # footer, then the key's hash pages, then its log block
+    gets = []
+    for key in ["k1", "k2", "k3", "k4", "k5"]:
+        before = store.client.requests.copy()
+        found = store.lookup(key)
+        assert sorted(found["offset"].to_pylist()) == list(range(int(key[1]), 100, 10))
+        gets.append((store.client.requests - before)["GET"])
+    # lookup n of the chunk (k0 is the first) reads its hash pages and log block while n <
+    # WARM_PAGE_READS, the whole section and the log block when n == WARM_PAGE_READS, and from
+    # then on the log block alone
+    paged = object_shard.WARM_PAGE_READS - 1  # of k1..k5
+    assert gets == [2] * paged + [1] * (len(gets) - paged)
+    assert store.lookup("absent").num_rows == 0

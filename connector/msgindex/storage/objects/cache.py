@@ -11,8 +11,10 @@ store manifest (raw bytes)    the process ends       created once by put-if-abse
 version N of a shard          dropped (LRU)          put-if-absent, never rewritten; deleted only by
                                                      collection, a grace period after its successor
 newest version seen, a shard  replaced by a newer    a floor: never answer from an older one
-chunk footers (+ small hash   dropped (LRU, bytes)   chunks are immutable; keyed by the chunk's URL,
-  sections), by chunk URL                            whose name is unique (time + random)
+chunk footers (+ hash        dropped (LRU, bytes)   chunks are immutable; keyed by the chunk's URL,
+  sections: small ones at                            whose name is unique (time + random)
+  once, big ones once read
+  again), by chunk URL
 ```
 
 What is NOT kept across instances: whether a version is the newest. A new ``ObjectStore`` asks
@@ -140,6 +142,7 @@ class FooterCache:
         self._capacity = capacity
         self._held = 0
         self._footers: OrderedDict[str, CachedFooter] = OrderedDict()
+        self._page_reads: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def get(self, url: str, load: Callable[[], CachedFooter]) -> CachedFooter:
@@ -153,14 +156,45 @@ class FooterCache:
             if url not in self._footers:
                 self._footers[url] = footer
                 self._held += footer.nbytes()
-                while self._held > self._capacity and len(self._footers) > 1:
-                    _, dropped = self._footers.popitem(last=False)
-                    self._held -= dropped.nbytes()
+                self._shrink()
         return footer
+
+    def count_page_read(self, url: str) -> int:
+        """How many lookups have read hash pages of the chunk at `url` while its footer was held
+        (the whole section is worth keeping once a process keeps coming back: ``shard.py``)."""
+        with self._lock:
+            if url not in self._footers:
+                return 0
+            count = self._page_reads.get(url, 0) + 1
+            self._page_reads[url] = count
+            return count
+
+    def replace(self, url: str, footer: CachedFooter) -> None:
+        """Hold `footer` (the same chunk's, with more of it) in place of the one held for `url`."""
+        with self._lock:
+            held = self._footers.get(url)
+            if held is None:
+                return
+            self._footers[url] = footer
+            self._footers.move_to_end(url)
+            self._held += footer.nbytes() - held.nbytes()
+            self._page_reads.pop(url, None)
+            self._shrink()
+
+    def _shrink(self) -> None:
+        while self._held > self._capacity and len(self._footers) > 1:
+            url, dropped = self._footers.popitem(last=False)
+            self._held -= dropped.nbytes()
+            self._page_reads.pop(url, None)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
     def clear(self) -> None:
         with self._lock:
             self._footers.clear()
+            self._page_reads.clear()
             self._held = 0
 
 

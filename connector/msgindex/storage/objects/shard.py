@@ -102,8 +102,15 @@ MARK_COMMITTED = b"committed\n"
 MAX_COMMIT_ATTEMPTS = 64
 IO_THREADS = 16
 # A chunk whose hash section is at most this big has it read with its footer and cached (a
-# micro-batch's chunk: ~10k records, 90 kB); bigger ones are read a page range at a time.
+# micro-batch's chunk: ~10k records, 90 kB); bigger ones are read a page range at a time, until
+# a process's lookups have read pages of the chunk WARM_PAGE_READS times: then the whole section
+# (8 bytes per indexed key; a compacted chunk of 4M records: ~40 MB) is read once and kept, and
+# the chunk's lookups need one request (its log blocks) instead of two dependent ones. A one-shot
+# reader (the CLI, a task that looks up once) never pays for a section it would not reuse; a
+# process that keeps coming back (the search page, a notebook, a Spark executor) pays it once.
+# Sections over a quarter of the footer cache stay page-read (they would evict everything else).
 CACHED_HASH_BYTES = 256 * 1024
+WARM_PAGE_READS = 3
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -212,10 +219,10 @@ class ObjectChunk(BatchReads):
         hashes = key_hashes[footer.may_hold(key_hashes)]
         if not len(hashes):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if cached.items is None and self._keep_whole_section(footer):
+            cached = self._whole_section(footer)
         if cached.items is not None:
-            items = cached.items
-            hit = np.isin(items["key_hash"], hashes)
-            return items["rel_seq"][hit].astype(np.int64) + self.base_seq, items["key_hash"][hit].astype(np.int64)
+            return self._items_of(cached.items, hashes)
         firsts, lasts = footer.page_spans(hashes)
         merged: list[list[int]] = []
         for first, last in zip(firsts.tolist(), lasts.tolist()):  # sorted by first page
@@ -231,8 +238,35 @@ class ObjectChunk(BatchReads):
         pieces = self._ranges([r[0] for r in ranges], [r[1] for r in ranges])
         items = np.concatenate([footer.checked_items(piece, first, self.path)
                                 for piece, (first, _) in zip(pieces, merged)])
-        hit = np.isin(items["key_hash"], hashes)
-        return items["rel_seq"][hit].astype(np.int64) + self.base_seq, items["key_hash"][hit].astype(np.int64)
+        return self._items_of(items, hashes)  # merged runs are in page order: still sorted
+
+    def _keep_whole_section(self, footer: ChunkFooter) -> bool:
+        if footer.hash_entries * HASH_ITEM_SIZE > FOOTERS.capacity // 4:
+            return False
+        n = FOOTERS.count_page_read(self.path)
+        return n >= WARM_PAGE_READS
+
+    def _whole_section(self, footer: ChunkFooter) -> CachedFooter:
+        data = self._ranges([footer.hash_offset], [footer.hash_entries * HASH_ITEM_SIZE])[0]
+        whole = CachedFooter(footer, footer.checked_items(data, 0, self.path).copy())
+        FOOTERS.replace(self.path, whole)
+        return whole
+
+    def _items_of(self, items: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seqs, key hashes) of the items of `hashes` among `items` (sorted by key hash, as a
+        chunk writes them): each hash's run found by binary search, in item order."""
+        wanted = np.sort(hashes.astype(np.uint32))
+        starts = np.searchsorted(items["key_hash"], wanted, side="left")
+        ends = np.searchsorted(items["key_hash"], wanted, side="right")
+        lengths = ends - starts
+        total = int(lengths.sum())
+        if not total:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        # positions starts[i] .. ends[i] - 1 of every run, back to back
+        run_of = np.repeat(np.arange(len(starts)), lengths)
+        positions = starts[run_of] + (np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+        hit = items[positions]
+        return hit["rel_seq"].astype(np.int64) + self.base_seq, hit["key_hash"].astype(np.int64)
 
 
 def listed_footer(data: bytes | memoryview, info: ChunkInfo, name: object) -> ChunkFooter:

@@ -27,7 +27,8 @@ chunk footers -- and the newest version it saw of each shard (``cache.py``): a s
 every commit made before it was opened, by any process, and never an older version than one this
 process already read. A warm one-key lookup on a new store object sends the shards LIST and per
 shard its versions LIST and the key's log block (and the hash pages of a chunk whose hash section
-is too big to keep, ``shard.CACHED_HASH_BYTES``); a second one on the same store object within
+is too big to read with its footer, ``shard.CACHED_HASH_BYTES``, until the process has read them
+``shard.WARM_PAGE_READS`` times and keeps the whole section); a second one on the same store object within
 ``max_staleness_s`` only the log block.
 
 **A query of many tasks** (Spark) reads one snapshot: its driver ``pin()``s the newest version of
