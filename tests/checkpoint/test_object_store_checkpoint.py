@@ -33,7 +33,9 @@ from msgindex.errors import ConnectorJarsError
 from msgindex.jvm import msgindex_home
 from msgindex.kafka.admin import OutgoingRecord, produce
 from msgindex.spark.runtime.session import (
+    CHECKPOINT_MANAGER,
     ENVIRONMENT_CREDENTIALS,
+    FILE_SYSTEM_CHECKPOINTS,
     HADOOP_CONNECTORS,
     SIMPLE_CREDENTIALS,
     TEMPORARY_CREDENTIALS,
@@ -63,9 +65,11 @@ def test_aws_variables_become_s3a_settings_and_executor_environment():
     assert conf == {
         S3A + "endpoint": "http://127.0.0.1:9000", S3A + "path.style.access": "true",
         S3A + "connection.ssl.enabled": "false", S3A + "endpoint.region": "eu-west-3",
-        S3A + "aws.credentials.provider": ENVIRONMENT_CREDENTIALS,
+        S3A + "aws.credentials.provider": ENVIRONMENT_CREDENTIALS, CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS,
         **{f"spark.executorEnv.{name}": value for name, value in ENV.items() if name.startswith("AWS_")},
     }
+    assert CHECKPOINT_MANAGER not in object_store_conf(["s3://b/index"], user_conf={}, environ=ENV)
+    assert CHECKPOINT_MANAGER not in object_store_conf(["s3a://b/c"], user_conf={CHECKPOINT_MANAGER: "x.Mine"}, environ=ENV)
     assert not any("secret" in value or value == "token" for key, value in conf.items() if key.startswith(S3A))
 
 
@@ -99,11 +103,11 @@ def test_storage_options_reach_s3a_and_win_over_the_environment():
     keyless = object_store_conf(["s3a://b/c"], user_conf={}, environ={},
                                 storage_options={"access_key_id": "a", "secret_access_key": "s"})
     assert keyless == {S3A + "access.key": "a", S3A + "secret.key": "s",
-                       S3A + "aws.credentials.provider": SIMPLE_CREDENTIALS}
+                       S3A + "aws.credentials.provider": SIMPLE_CREDENTIALS, CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS}
     # S3A credentials the user configured win over the options' keys
     mine = object_store_conf(["s3a://b/c"], user_conf={S3A + "aws.credentials.provider": "x.Mine"}, environ={},
                              storage_options={"access_key_id": "a", "secret_access_key": "s"})
-    assert mine == {}
+    assert mine == {CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS}
 
 
 def test_which_urls_get_which_settings():
@@ -116,7 +120,8 @@ def test_which_urls_get_which_settings():
     assert object_store_conf(["gs://b/c", "/tmp/x", "file:///tmp/y"], user_conf={}, environ=ENV) == {}
     # no keys in the environment: S3A's own credential chain (instance roles, profiles) decides
     keyless = object_store_conf(["s3a://b/c"], user_conf={}, environ={"AWS_REGION": "eu-west-3"})
-    assert keyless == {S3A + "endpoint.region": "eu-west-3", "spark.executorEnv.AWS_REGION": "eu-west-3"}
+    assert keyless == {S3A + "endpoint.region": "eu-west-3", "spark.executorEnv.AWS_REGION": "eu-west-3",
+                       CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS}
     assert hadoop_url("s3://b/index/_checkpoint") == "s3a://b/index/_checkpoint"
     assert hadoop_url("gs://b/c") == "gs://b/c" and hadoop_url("/s3://x") == "/s3://x"
 
