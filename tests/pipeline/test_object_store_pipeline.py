@@ -87,6 +87,7 @@ def test_the_cli_job_keeps_everything_in_the_bucket_checkpoint_included(kafka_bo
     first = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "3,000 records (3,000 new)" in first.stdout, first.stdout[-2000:]
+    assert "| lag 0" in first.stdout, first.stdout[-2000:]  # Spark's offset log read from the bucket
     assert_index_equals(url, truth, topics=[topic], storage_options=s3.options)
     with msgindex.open(url, storage_options=s3.options) as store:
         assert store.client.list("_checkpoint/offsets/"), "Spark's checkpoint is in the bucket"

@@ -19,7 +19,9 @@ from msgindex.spark.pipeline.quarantine import committed_ranges, read_quarantine
 from msgindex.spark.pipeline.shard_owner import append_to_shard, forget_writers
 from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
 from msgindex.spark.pipeline.spark_checkpoint import local_path
+from msgindex.storage.location import parse_location
 from msgindex.storage.message import MessageRecord
+from msgindex.storage.root_files import root_files
 from msgindex.storage.source_ranges import SourceRows
 from msgindex.storage.store import StoreSettings, open_store
 
@@ -168,6 +170,15 @@ def test_batch_end_offsets_from_sparks_offset_log(tmp_path):
     assert spark_batch_end_offsets(tmp_path.as_uri(), 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
     assert spark_batch_end_offsets(tmp_path, 5) == {}
     assert spark_batch_end_offsets("hdfs://nn/ck", 4) == {} and local_path("s3a://b/ck") is None
+
+
+def test_batch_end_offsets_from_an_offset_log_in_a_bucket(s3):
+    """An s3a:// checkpoint is read with msgindex's own client (the lag of every batch line)."""
+    checkpoint = s3.url("ck").replace("s3://", "s3a://")
+    files = root_files(parse_location(checkpoint, s3.options))
+    files.replace("offsets/4", b'v1\n{"batchWatermarkMs":0}\n{"t":{"0":12,"1":30}}\n')
+    assert spark_batch_end_offsets(checkpoint, 4, storage_options=s3.options) == {("t", 0): 12, ("t", 1): 30}
+    assert spark_batch_end_offsets(checkpoint, 5, storage_options=s3.options) == {}
 
 
 BASE = ["--bootstrap-servers", "127.0.0.1:1", "--path"]

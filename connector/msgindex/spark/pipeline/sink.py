@@ -382,7 +382,8 @@ class IndexSink:
         source = self.writer.source
         if source is None or self.checkpoint is None:
             return None
-        ends = batch_end_offsets(self.checkpoint, batch_id)  # local checkpoints only: never a Spark job here
+        # a local or object-store checkpoint (never a Spark job here: nothing for hdfs://)
+        ends = batch_end_offsets(self.checkpoint, batch_id, storage_options=self.config.options)
         if not ends:
             return None
         try:

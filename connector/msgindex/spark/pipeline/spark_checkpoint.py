@@ -3,17 +3,23 @@
 Spark's offset log ``<checkpoint>/offsets/<batch id>`` holds a version line, the batch's metadata,
 then one JSON line per source (for Kafka: topic -> partition -> end offset); the Kafka source's
 initial offsets are in ``<checkpoint>/sources/0/0``. The files are read directly when the
-checkpoint is local to the driver, else through Spark (any Hadoop filesystem).
+checkpoint is local to the driver, with msgindex's own object-store client when it is in a bucket
+(``s3a://`` is the ``s3://`` bucket msgindex reads; no Spark job per progress line), else through
+Spark (any Hadoop filesystem).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from msgindex.errors import MsgIndexError
 from msgindex.spark.pipeline.kafka_source import OffsetRange
+from msgindex.storage.location import parse_location
+from msgindex.storage.root_files import root_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,15 +36,22 @@ def local_path(location: str | Path) -> Path | None:
     return Path(text)
 
 
-def _checkpoint_text(spark: SparkSession | None, checkpoint: str, relative: str) -> str | None:
-    """A file of Spark's checkpoint as text: read directly when local to the driver, else
-    through Spark (any Hadoop filesystem); None when it does not exist."""
+def _checkpoint_text(spark: SparkSession | None, checkpoint: str, relative: str,
+                     storage_options: Mapping[str, str] | None = None) -> str | None:
+    """A file of Spark's checkpoint as text: read directly when local to the driver, with
+    msgindex's client when in an object store, else through Spark (any Hadoop filesystem); None
+    when it does not exist."""
     directory = local_path(checkpoint)
     if directory is not None:
         try:
             return (directory / relative).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
+    try:  # hdfs:// and the like are no store location: Spark's filesystem reads them
+        data = root_files(parse_location(checkpoint, storage_options)).read(relative)
+        return None if data is None else data.decode("utf-8", errors="replace")
+    except MsgIndexError:  # unreachable or refused: Spark's own filesystem may still read it
+        pass
     if spark is None:
         return None
     try:
@@ -66,10 +79,11 @@ def _source_offsets(text: str | None) -> dict[tuple[str, int], int]:
     return offsets
 
 
-def batch_end_offsets(checkpoint: str, batch_id: int, spark: SparkSession | None = None) -> dict[tuple[str, int], int]:
+def batch_end_offsets(checkpoint: str, batch_id: int, spark: SparkSession | None = None,
+                      storage_options: Mapping[str, str] | None = None) -> dict[tuple[str, int], int]:
     """The Kafka end offsets of micro-batch `batch_id` from Spark's offset log (``offsets/<id>``:
     a version line, the batch metadata, then one JSON line per source); empty when unreadable."""
-    return _source_offsets(_checkpoint_text(spark, checkpoint, f"offsets/{batch_id}"))
+    return _source_offsets(_checkpoint_text(spark, checkpoint, f"offsets/{batch_id}", storage_options))
 
 
 def batch_ranges(spark: SparkSession | None, checkpoint: str, batch_id: int) -> dict[tuple[str, int], OffsetRange]:
