@@ -165,3 +165,20 @@ def test_bad_path_and_broker_fail_the_job_naming_them(spark, truth, tmp_path, pa
     with pytest.raises(Exception) as failure:
         lookup_keys(keys_frame(spark, ["Aa"]), str(truth.path), brokers="broker-x", **PATHS[path]).collect()
     assert f"no shard named 'broker-x' in {truth.path} (shards: {', '.join(BROKERS)})" in str(failure.value)
+
+
+def test_task_slices_cover_every_key_once(truth):
+    """The collected path's task function, as Spark calls it: the tasks' id ranges together
+    answer every asked key exactly once, whichever ids a task gets."""
+    import pyarrow as pa
+
+    from msgindex.spark.read.bulk_lookup import BulkLookup, CollectedKeysLookup
+
+    asked = pa.array(list(dict.fromkeys(ASKED)))
+    task = CollectedKeysLookup(BulkLookup(path=str(truth.path)), asked, slices=5)
+    rows = []
+    for ids in ([0, 3], [1], [2, 4]):  # three tasks, uneven ranges
+        for batch in task(iter([pa.record_batch([pa.array(ids, pa.int64())], names=["id"])])):
+            rows += zip(*(batch.column(name).to_pylist() for name in ("lookup_key", "broker", "topic", "partition", "offset")))
+    assert len(rows) == len(set(rows)) and set(rows) == expected(truth, ASKED)
+    assert list(task(iter([]))) == []
