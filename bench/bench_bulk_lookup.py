@@ -1,8 +1,9 @@
 """Issue 14's benchmark: the messages of many keys at once (a DataFrame of keys), three ways, in one
 SparkSession and one run, on the same data:
 
-* msgindex:  ``msgindex.spark.lookup_keys(keys, store)``: keys hash-partitioned over tasks, each
-             looking its keys up in the store with the many-key lookup;
+* msgindex:  ``msgindex.spark.lookup_keys(keys, store)``: the keys collected and shipped to the
+             tasks (no shuffle below its ``max_collected_keys``), each looking its slice up in
+             the store with the many-key lookup;
 * kafka:     what a user does today: Spark's ``kafka`` source, a full batch scan of the topic,
              joined with the keys (``CAST(key AS STRING)``, Spark's own join strategy);
 * parquet:   the same join against a Parquet copy of the metadata (key, topic, partition, offset,

@@ -1,9 +1,12 @@
 """``msgindex.spark.lookup_keys``: the messages of every key of a DataFrame, against the
-ground-truth store (hash collisions, keys in several topics, commas, non-ASCII), with bad input
-answered clearly."""
+ground-truth store (hash collisions, keys in several topics, commas, non-ASCII), on both of its
+paths (keys collected and shipped to the tasks; above ``max_collected_keys``, hash-partitioned),
+on a local and an object-store store, with bad input answered clearly."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from datetime import UTC, datetime
 
 import pytest
@@ -12,10 +15,13 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from msgindex.errors import InvalidOptionError
 from msgindex.spark import lookup_keys
 from msgindex.spark.read.bulk_lookup import RESULT_SCHEMA
-from tests.datasource.conftest import BROKERS, COLLIDING, EDGE_KEY, SPECIAL, WINDOW
+from tests.datasource.conftest import BROKERS, COLLIDING, EDGE_KEY, KEY_POOL, SPECIAL, WINDOW, build_store
 
 pytestmark = pytest.mark.spark
 ASKED = (*COLLIDING, *SPECIAL, "user-3", "user-17", EDGE_KEY, "absent", "absent-2")
+# the two ways lookup_keys runs: keys collected to the driver (the default for few keys), and
+# hash-partitioned by a shuffle (above max_collected_keys; 0 forces it)
+PATHS = {"collected": {}, "shuffled": {"max_collected_keys": 0}}
 
 
 def expected(truth, keys, topics=None, begin=None, end=None, brokers=None) -> set[tuple]:
@@ -37,9 +43,17 @@ def keys_frame(spark, keys, column="key", type_="string"):
     return spark.createDataFrame([(k,) for k in keys], f"`{column}` {type_}")
 
 
-def test_every_key_exact_with_nulls_and_duplicates(spark, truth):
+def plan_of(df) -> str:
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        df.explain()
+    return captured.getvalue()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_key_exact_with_nulls_and_duplicates(spark, truth, path):
     keys = keys_frame(spark, [*ASKED, None, "Aa", None, "ключ-ünï"])  # nulls skipped, dups once
-    df = lookup_keys(keys, str(truth.path), num_partitions=3)
+    df = lookup_keys(keys, str(truth.path), num_partitions=3, **PATHS[path])
     assert df.schema == from_arrow_schema(RESULT_SCHEMA)
     assert df.rdd.getNumPartitions() == 3  # the keys are spread over tasks
     rows = found(df)
@@ -57,21 +71,55 @@ def test_full_rows_match_the_data_source(spark, truth):
     assert sorted(bulk.collect()) == sorted(read.collect())
 
 
-def test_topic_window_and_brokers(spark, truth):
+@pytest.mark.parametrize("path", PATHS)
+def test_topic_window_and_brokers(spark, truth, path):
     keys = keys_frame(spark, ASKED)
     begin = datetime.fromtimestamp(WINDOW[0] / 1000, UTC)
     df = lookup_keys(keys, str(truth.path), topic="orders", begin=begin, end=WINDOW[1],
-                     brokers=["broker-a", "broker-c"])
+                     brokers=["broker-a", "broker-c"], **PATHS[path])
     assert found(df) == expected(truth, ASKED, topics={"orders"}, begin=WINDOW[0], end=WINDOW[1],
                                  brokers={"broker-a", "broker-c"})
     edge = lookup_keys(keys_frame(spark, [EDGE_KEY]), str(truth.path),
-                       begin=begin.isoformat(), end=str(WINDOW[1]))
+                       begin=begin.isoformat(), end=str(WINDOW[1]), **PATHS[path])
     assert sorted(r.timestamp.timestamp() * 1000 for r in edge.collect()) == list(WINDOW)
 
 
-def test_binary_keys_are_kafka_key_bytes(spark, truth):
+@pytest.mark.parametrize("path", PATHS)
+def test_binary_keys_are_kafka_key_bytes(spark, truth, path):
     keys = spark.createDataFrame([(k.encode("utf-8"),) for k in ("Aa", "ключ-ünï", "absent")], "key binary")
-    assert found(lookup_keys(keys, str(truth.path))) == expected(truth, {"Aa", "ключ-ünï"})
+    assert found(lookup_keys(keys, str(truth.path), **PATHS[path])) == expected(truth, {"Aa", "ключ-ünï"})
+
+
+def test_every_key_of_every_shard_with_spark_choosing_the_tasks(spark, truth):
+    asked = [*KEY_POOL, EDGE_KEY, "absent", *KEY_POOL[:7]]  # every key of the store, some twice
+    rows = found(lookup_keys(keys_frame(spark, asked), str(truth.path)))
+    assert rows == expected(truth, asked)
+    assert {broker for _, broker, *_ in rows} == set(BROKERS)
+
+
+def test_keys_above_the_cap_are_shuffled_below_it_collected(spark, truth):
+    """At most max_collected_keys non-null rows (duplicates count: they are not collected
+    distinct) go to the driver, no shuffle; one more and the keys are hash-partitioned."""
+    keys = keys_frame(spark, ["Aa", None, "BB", "Aa"])
+    collected = lookup_keys(keys, str(truth.path), max_collected_keys=3)
+    shuffled = lookup_keys(keys, str(truth.path), max_collected_keys=2)
+    assert "Exchange" not in plan_of(collected) and "Range" in plan_of(collected)
+    assert "Exchange hashpartitioning" in plan_of(shuffled)
+    assert found(collected) == found(shuffled) == expected(truth, {"Aa", "BB"})
+    with pytest.raises(InvalidOptionError, match="max_collected_keys = -1 is not an integer >= 0"):
+        lookup_keys(keys, str(truth.path), max_collected_keys=-1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_object_store_store(spark, truth, s3, path):
+    url = s3.url()
+    build_store(url, list(truth.rows), storage_options=s3.options)
+    keys = keys_frame(spark, [*ASKED, "Aa", None])
+    df = lookup_keys(keys, url, storage_options=s3.options, **PATHS[path])
+    assert found(df) == expected(truth, ASKED) and df.count() == len(expected(truth, ASKED))
+    window = lookup_keys(keys, url, storage_options=s3.options, topic="payments", begin=WINDOW[0], end=WINDOW[1],
+                         **PATHS[path])
+    assert found(window) == expected(truth, ASKED, topics={"payments"}, begin=WINDOW[0], end=WINDOW[1])
 
 
 def test_from_sql_through_a_temp_view(spark, truth):
@@ -83,9 +131,10 @@ def test_from_sql_through_a_temp_view(spark, truth):
     assert {r.lookup_key: r.n for r in rows} == {k: sum(1 for e in want if e[0] == k) for k in ("BB", "user-3")}
 
 
-def test_no_keys_no_rows(spark, truth):
-    assert lookup_keys(keys_frame(spark, [None, None]), str(truth.path)).count() == 0
-    assert lookup_keys(keys_frame(spark, []), str(truth.path)).count() == 0
+@pytest.mark.parametrize("path", PATHS)
+def test_no_keys_no_rows(spark, truth, path):
+    assert lookup_keys(keys_frame(spark, [None, None]), str(truth.path), **PATHS[path]).count() == 0
+    assert lookup_keys(keys_frame(spark, []), str(truth.path), **PATHS[path]).count() == 0
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -120,10 +169,28 @@ def test_non_string_key_column_names_the_column(spark, truth):
         lookup_keys(numbers, str(truth.path), key_col="order_id")
 
 
-def test_bad_path_and_broker_fail_the_job_naming_them(spark, truth, tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_path_and_broker_fail_the_job_naming_them(spark, truth, tmp_path, path):
     with pytest.raises(Exception) as failure:
-        lookup_keys(keys_frame(spark, ["Aa"]), str(tmp_path / "nowhere")).collect()
+        lookup_keys(keys_frame(spark, ["Aa"]), str(tmp_path / "nowhere"), **PATHS[path]).collect()
     assert "lookup_keys: path" in str(failure.value) and "nowhere" in str(failure.value)
     with pytest.raises(Exception) as failure:
-        lookup_keys(keys_frame(spark, ["Aa"]), str(truth.path), brokers="broker-x").collect()
+        lookup_keys(keys_frame(spark, ["Aa"]), str(truth.path), brokers="broker-x", **PATHS[path]).collect()
     assert f"no shard named 'broker-x' in {truth.path} (shards: {', '.join(BROKERS)})" in str(failure.value)
+
+
+def test_task_slices_cover_every_key_once(truth):
+    """The collected path's task function, as Spark calls it: the tasks' id ranges together
+    answer every asked key exactly once, whichever ids a task gets."""
+    import pyarrow as pa
+
+    from msgindex.spark.read.bulk_lookup import BulkLookup, CollectedKeysLookup
+
+    asked = pa.array(list(dict.fromkeys(ASKED)))
+    task = CollectedKeysLookup(BulkLookup(path=str(truth.path)), asked, slices=5)
+    rows = []
+    for ids in ([0, 3], [1], [2, 4]):  # three tasks, uneven ranges
+        for batch in task(iter([pa.record_batch([pa.array(ids, pa.int64())], names=["id"])])):
+            rows += zip(*(batch.column(name).to_pylist() for name in ("lookup_key", "broker", "topic", "partition", "offset")))
+    assert len(rows) == len(set(rows)) and set(rows) == expected(truth, ASKED)
+    assert list(task(iter([]))) == []

@@ -6,12 +6,20 @@ scan of the topic.
     found.groupBy("lookup_key").count()
     incident_ids.join(found, incident_ids.order_id == found.lookup_key)   # back to the callers' rows
 
-How it runs: the distinct non-null keys are hash-partitioned by Spark (adaptive query execution
-sizes the partitions; ``num_partitions`` fixes their number), and each task looks all its keys up
-in every shard at once (``Store.lookup``), then pairs each found message with the asked keys it is
-indexed under. It is plain DataFrame API (``repartition`` + ``mapInArrow``), so it runs the same in
-a classic session and over Spark Connect; the executors need msgindex installed and the index
-path mounted, as for ``format("msgindex")``.
+How it runs: up to ``max_collected_keys`` non-null keys of at most ``MAX_COLLECTED_BYTES`` (the
+usual case) are collected to the driver when ``lookup_keys`` is called and shipped with the
+lookup function to every task, like the small side of a broadcast join: one stage, no shuffle of
+the keys. Task i of n looks up the keys whose position is i modulo n (``spark.range`` numbers the
+tasks; Spark's default parallelism picks n, ``num_partitions`` fixes it) in every shard at once
+(``Store.lookup``), then pairs each found message with the asked keys it is indexed under. Keys
+are split, not the store's files: each key's hash chains are walked once in all, a task needs no
+listing of the store (the driver may not see it: Spark Connect), and each key is answered from one
+snapshot even while the store commits. Above the cap (or for a streaming keys DataFrame) the
+distinct keys are hash-partitioned by Spark instead (adaptive query execution sizes the
+partitions; ``num_partitions`` fixes their number) and each task looks its keys up the same way.
+Both are plain DataFrame API (``mapInArrow``), so they run the same in a classic session and over
+Spark Connect; the executors need msgindex installed and the index path reachable, as for
+``format("msgindex")``.
 
 Result columns: ``lookup_key`` (string, the asked key), then the data source's columns
 (``msgindex.storage.message.ROW_SCHEMA``). One row per (asked key, message): a message indexed
@@ -54,6 +62,14 @@ KEY_TYPES = ("string", "binary")
 # records) while keeping the per-call cost (one hash pass, one walk per index file) amortised.
 KEYS_PER_STORE_LOOKUP = 50_000
 _KEY_COLUMN = "key"  # the single column of the repartitioned keys
+# Keys collected to the driver and pickled with the task function (Spark broadcasts a big one once
+# per executor; Connect sends it in the plan, whose gRPC limit is 128 MiB): a million short keys
+# are ~15 MiB. More go the shuffle path, which never holds them in one process.
+MAX_COLLECTED_KEYS = 1_000_000
+MAX_COLLECTED_BYTES = 16 << 20
+# Key slices when Spark's default parallelism sets the task count: each task takes the slices of
+# its range of ids, so the split follows whatever parallelism the cluster has, up to this.
+DEFAULT_KEY_SLICES = 1024
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,10 @@ class BulkLookup:
     field: str | None = None  # look the values up as this field's (storage/fields.py), not as keys
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        keys = _distinct_keys(batches)
+        yield from self.answer(_distinct_keys(batches))
+
+    def answer(self, keys: list[str]) -> Iterator[pa.RecordBatch]:
+        """RESULT_SCHEMA batches of every message indexed under `keys` (distinct str)."""
         if not keys:
             return
         from msgindex.storage.store import open_store
@@ -107,6 +126,23 @@ class BulkLookup:
         return list(self.brokers)
 
 
+@dataclass(frozen=True)
+class CollectedKeysLookup:
+    """The task function of the collected-keys path: its task's ids (``spark.range``) pick the key
+    slices it answers, slice s holding the keys at positions s, s + slices, ... of `keys`."""
+
+    lookup: BulkLookup
+    keys: pa.Array  # distinct, non-null; string or binary (Kafka key bytes)
+    slices: int
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ids = [batch.column(0).to_numpy() for batch in batches if batch.num_rows]
+        if not ids:
+            return
+        mine = np.isin(np.arange(len(self.keys)) % self.slices, np.concatenate(ids))
+        yield from self.lookup.answer(_as_lookup_keys(self.keys.filter(pa.array(mine))))
+
+
 def lookup_keys(
     keys_df: DataFrame,
     path: str,
@@ -119,6 +155,7 @@ def lookup_keys(
     num_partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     field: str | None = None,
+    max_collected_keys: int = MAX_COLLECTED_KEYS,
 ) -> DataFrame:
     """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
     DataFrame of ``lookup_key`` + the data source's columns (see the module doc).
@@ -130,8 +167,12 @@ def lookup_keys(
     adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s);
     `field`: the column holds values of this indexed field (``msgindex index --index-field``), not
     keys: every message carrying one, ``lookup_key`` the value it carries.
-    Bad arguments raise InvalidOptionError naming the argument and value;
-    WorkerPythonError when Spark's local Python workers cannot import msgindex."""
+    `max_collected_keys`: up to this many non-null keys (and MAX_COLLECTED_BYTES of them) are
+    collected to the driver (a job, when lookup_keys is called) and shipped to the tasks, no
+    shuffle; more, or 0, hash-partitions them instead (the keys DataFrame is then computed twice:
+    cache an expensive one) (see the module doc). Bad arguments raise
+    InvalidOptionError naming the argument and value; WorkerPythonError when Spark's local Python
+    workers cannot import msgindex."""
     zone = keys_df.sparkSession.conf.get(SESSION_TIME_ZONE_CONF) if begin is not None or end is not None else None
     query = BulkLookup(
         path=_path(path),
@@ -150,13 +191,35 @@ def lookup_keys(
     from msgindex.spark.runtime.worker_python import check_worker_python
 
     column = _key_column(keys_df, key_col)
+    limit = _non_negative("max_collected_keys", max_collected_keys)
+    if num_partitions is not None:
+        _positive("num_partitions", num_partitions)
     check_worker_python(keys_df.sparkSession)
     keys = keys_df.select(column.alias(_KEY_COLUMN)).where(F.col(_KEY_COLUMN).isNotNull())
+    schema = from_arrow_schema(RESULT_SCHEMA)
+    collected = _collected_keys(keys, limit)
+    if collected is not None:
+        slices = num_partitions or max(1, min(len(collected), DEFAULT_KEY_SLICES))
+        tasks = keys_df.sparkSession.range(0, slices, 1, num_partitions)
+        return tasks.mapInArrow(CollectedKeysLookup(query, collected, slices), schema)
     if num_partitions is None:
         keys = keys.repartition(F.col(_KEY_COLUMN))
     else:
-        keys = keys.repartition(_positive("num_partitions", num_partitions), F.col(_KEY_COLUMN))
-    return keys.mapInArrow(query, from_arrow_schema(RESULT_SCHEMA))
+        keys = keys.repartition(num_partitions, F.col(_KEY_COLUMN))
+    return keys.mapInArrow(query, schema)
+
+
+def _collected_keys(keys: DataFrame, limit: int) -> pa.Array | None:
+    """The distinct keys of `keys` (its one non-null column), collected in one job when there are
+    at most `limit` rows of them and MAX_COLLECTED_BYTES (at most limit + 1 rows reach the driver);
+    None: more, or a stream."""
+    if limit == 0 or keys.isStreaming:
+        return None
+    column = keys.limit(limit + 1).toArrow().column(0)
+    column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if len(column) > limit or column.nbytes > MAX_COLLECTED_BYTES:
+        return None
+    return pc.unique(column)
 
 
 def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
@@ -168,7 +231,8 @@ def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
     _, first = np.unique(row * len(wanted) + which, return_index=True)
     first.sort()
     row, which = row[first], which[first]
-    rows = found.take(pa.array(row))
+    # one asked key per row, the usual case: the rows as they are (a take copies every column)
+    rows = found if np.array_equal(row, np.arange(found.num_rows)) else found.take(pa.array(row))
     return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
 
 
@@ -225,11 +289,15 @@ def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:
     chunks = [batch.column(0) for batch in batches if batch.num_rows]
     if not chunks:
         return []
-    column = pa.chunked_array(chunks)
-    unique = pc.unique(column.drop_null())
-    if pa.types.is_binary(unique.type) or pa.types.is_large_binary(unique.type):
-        return [decode_key_bytes(raw) for raw in unique.to_pylist()]
-    return unique.to_pylist()
+    return _as_lookup_keys(pc.unique(pa.chunked_array(chunks).drop_null()))
+
+
+def _as_lookup_keys(keys: pa.Array | pa.ChunkedArray) -> list[str]:
+    """Distinct keys (string, or binary Kafka key bytes decoded losslessly) as the store's lookup
+    takes them."""
+    if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
+        return [decode_key_bytes(raw) for raw in keys.to_pylist()]
+    return keys.to_pylist()
 
 
 def _key_column(keys_df: DataFrame, key_col: str):
@@ -282,6 +350,12 @@ def _time_ms(name: str, value: TimeArg | None, zone: str | None) -> int | None:
         return to_epoch_ms(name, value, zone=zone)
     except InvalidOptionError as bad:
         raise InvalidOptionError(f"lookup_keys: {str(bad).replace('option ', '', 1)}") from None
+
+
+def _non_negative(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not an integer >= 0")
+    return value
 
 
 def _positive(name: str, value: object) -> int:
