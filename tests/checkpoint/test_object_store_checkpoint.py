@@ -44,6 +44,7 @@ from msgindex.spark.runtime.session import (
     _shipped_artifacts,
     hadoop_url,
     hadoop_version,
+    kafka_connector_jars,
     object_store_conf,
     object_store_jars,
     session_conf,
@@ -190,8 +191,9 @@ def _offline_maven(folder: Path) -> Path:
 
 
 def _home_with_kafka_jars(home: Path) -> Path:
-    """A msgindex home that has Spark's Kafka connector staged (copied) and nothing else."""
-    for staged in (msgindex_home() / "jars").glob("spark-kafka-*"):
+    """A msgindex home that has Spark's Kafka connector and spark-avro staged (copied) and nothing else."""
+    kafka_connector_jars()  # staged in this checkout's home (a fresh one has none yet)
+    for staged in [*(msgindex_home() / "jars").glob("spark-kafka-*"), *(msgindex_home() / "jars").glob("spark-avro-*")]:
         if staged.is_dir():
             shutil.copytree(staged, home / "jars" / staged.name, ignore=shutil.ignore_patterns(".lock"))
         else:
@@ -212,6 +214,24 @@ def test_connector_that_cannot_be_staged_is_one_line_naming_the_url(tmp_path, mo
                            f"(org.apache.hadoop:hadoop-aws:{hadoop_version()}), which could not be staged")
     # Maven's own first error: offline with an empty repository, it lacks even its dependency plugin
     assert "from Maven Central: No plugin found for prefix 'dependency'" in line
+
+
+def test_staged_connector_jars_serve_offline_and_a_missing_spark_avro_is_one_line(tmp_path, monkeypatch):
+    import pyspark
+
+    names = [jar.name for jar in kafka_connector_jars()]
+    home = _home_with_kafka_jars(tmp_path / "home")
+    monkeypatch.setenv("MSGINDEX_HOME", str(home))
+    monkeypatch.setenv("PATH", f"{_offline_maven(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    assert [jar.name for jar in kafka_connector_jars()] == names  # the staged copies, Maven offline
+    shutil.rmtree(home / "jars" / f"spark-avro-{pyspark.__version__}")
+    with pytest.raises(ConnectorJarsError) as failed:
+        kafka_connector_jars()
+    line = str(failed.value)
+    assert "\n" not in line
+    assert line.startswith(f"Spark's Avro functions org.apache.spark:spark-avro_2.13:{pyspark.__version__} (from_avro "
+                           f"in --index-field), the release matching the installed pyspark {pyspark.__version__}, "
+                           f"could not be staged from Maven Central: No plugin found for prefix 'dependency'"), line
 
 
 def test_kafka_jars_lists_the_object_store_connector_for_spark_submit():

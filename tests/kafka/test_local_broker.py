@@ -152,6 +152,7 @@ def test_cli_jars_prints_the_spark_connector_classpath():
     assert result.returncode == 0, result.stderr
     jars = result.stdout.strip().split(",")
     assert any(os.path.basename(jar).startswith("spark-sql-kafka-0-10_2.13-") for jar in jars)
+    assert any(os.path.basename(jar).startswith("spark-avro_2.13-") for jar in jars)  # from_avro in --index-field
     assert all(jar.endswith(".jar") and os.path.isfile(jar) for jar in jars)
 
 

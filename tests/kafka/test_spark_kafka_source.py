@@ -134,6 +134,9 @@ def test_connector_jars_match_pyspark_and_skip_what_pyspark_ships():
     names = {_artifact_of(jar): jar.name for jar in jars}
     assert names["spark-sql-kafka-0-10_2.13"] == f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
     assert {"spark-token-provider-kafka-0-10_2.13", "kafka-clients", "commons-pool2"} <= set(names)
+    # from_avro/to_avro: spark-avro at the same version; Avro itself and xz come with pyspark
+    assert names["spark-avro_2.13"] == f"spark-avro_2.13-{pyspark.__version__}.jar"
+    assert len(names) == len(jars)  # each artifact once
     if pyspark.__version__ == "4.2.0":  # the versions spark-parent 4.2.0's pom pins
         assert names["kafka-clients"] == "kafka-clients-3.9.2.jar"
         assert names["commons-pool2"] == "commons-pool2-2.13.1.jar"
@@ -149,6 +152,7 @@ def test_session_has_the_settings_msgindex_relies_on(spark):
     assert conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     jars = spark.sparkContext.getConf().get("spark.jars")
     assert f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar" in jars
+    assert f"spark-avro_2.13-{pyspark.__version__}.jar" in jars
     # the session's clock reads UTC: a known instant renders as its UTC wall time
     shown = spark.sql("SELECT CAST(TIMESTAMP_MILLIS(0) AS STRING) AS t").first().t
     assert shown == datetime(1970, 1, 1, tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S")

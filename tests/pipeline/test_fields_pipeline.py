@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 import msgindex
-from msgindex.errors import FieldCoverageWarning
+from msgindex.errors import FieldCoverageWarning, InvalidOptionError
 from msgindex.kafka.admin import create_topics
 from msgindex.kafka.loadgen import Message, produce
 from tests.pipeline.support import consume_all, forget_commit, job_args, run_job_in_process
@@ -163,3 +163,81 @@ def test_bad_field_declarations_are_one_line(kafka_bootstrap, tmp_path):
     done, _ = run_cli([*args, "--index-field", "bad=no_such_function(value)"])
     line = assert_one_line(done, "--index-field bad=no_such_function(value)", "Spark refuses the expression")
     assert "no_such_function" in line.split("refuses the expression", 1)[1]
+
+
+# --- Avro payloads (spark-avro's from_avro), plain and in Confluent's wire format -----------------
+
+ORDER_SCHEMA = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "order_id", "type": "string"},
+    {"name": "skus", "type": {"type": "array", "items": "string"}},
+    {"name": "note", "type": ["null", "string"], "default": None}]}
+SCHEMA_ID = 7  # the Schema Registry id Confluent's framing carries (from_avro ignores it: substring skips it)
+
+
+def _avro_payloads(rng: random.Random, count: int, framed: bool) -> list[tuple[bytes | None, dict | None]]:
+    """(payload, the record it encodes or None) pairs: valid records of ORDER_SCHEMA, one payload
+    that is not Avro of it, a tombstone; framed: Confluent's magic byte 0 and 4-byte schema id first."""
+    import io
+    import struct
+
+    import fastavro
+
+    parsed = fastavro.parse_schema(ORDER_SCHEMA)
+    out: list[tuple[bytes | None, dict | None]] = []
+    for _ in range(count):
+        record = {"order_id": f"o-{rng.randrange(25)}", "skus": [f"s-{rng.randrange(10)}" for _ in range(rng.randrange(3))],
+                  "note": rng.choice([None, "gift"])}
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, record)
+        out.append((body.getvalue(), record))
+    out[5] = (b"\x02\xff\xff\xff\xff", None)  # not Avro of the schema (a string whose length runs past the end)
+    out[9] = (None, None)  # a tombstone
+    prefix = b"\x00" + struct.pack(">i", SCHEMA_ID)
+    return [(prefix + payload if framed and payload is not None else payload, record) for payload, record in out]
+
+
+def test_avro_fields_plain_and_confluent_framed_are_indexed_and_found(kafka_bootstrap, kafka_topic, spark, tmp_path):
+    schema = json.dumps(ORDER_SCHEMA)
+    rng = random.Random(2222)
+    cases = {  # topic -> (the payload of each offset with what it encodes, the flags that index it)
+        kafka_topic(partitions=1, prefix="avro-plain"): (
+            _avro_payloads(rng, 120, framed=False),
+            [f"order=from_avro(value, '{schema}').order_id", f"sku=from_avro(value, '{schema}').skus"]),
+        kafka_topic(partitions=1, prefix="avro-confluent"): (
+            _avro_payloads(rng, 120, framed=True),
+            [f"order=from_avro(substring(value, 6), '{schema}').order_id",
+             f"sku=from_avro(substring(value, 6), '{schema}').skus"]),
+    }
+    for topic, (payloads, fields) in cases.items():
+        produce(kafka_bootstrap, [Message(topic, f"k{n}".encode(), payload) for n, (payload, _) in enumerate(payloads)])
+        truth: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for offset, (_, record) in enumerate(payloads):  # one partition, produced in order: offset = position
+            if record is not None:
+                truth[("order", record["order_id"])].add(offset)
+                for sku in record["skus"]:
+                    truth[("sku", sku)].add(offset)
+        without = {"order": sum(record is None for _, record in payloads),
+                   "sku": sum(record is None or not record["skus"] for _, record in payloads)}
+
+        index = tmp_path / topic
+        flags = [arg for field in fields for arg in ("--index-field", field)]
+        history = run_job_in_process(job_args(kafka_bootstrap, [topic], index, "--available-now", "--quiet-spark",
+                                              *flags))
+        assert sum(s.appended for s in history) == len(payloads)
+        # the payload that is not Avro and the tombstone: counted per field, never fatal
+        assert {name: sum(s.field_counts[name][1] for s in history) for name in without} == without, topic
+        with msgindex.open(index) as store:
+            for (name, value), offsets in sorted(truth.items()):
+                got = store.lookup(fields={name: value}).select(["topic", "offset"]).to_pylist()
+                assert {(r["topic"], r["offset"]) for r in got} == {(topic, o) for o in offsets}, (topic, name, value)
+
+    # a schema that is not JSON: Avro's parser refuses it at analysis (a Py4J error, not one of Spark's),
+    # still in one line naming the flag, before any query starts (the CLI prints InvalidOptionErrors as
+    # one line: test_bad_field_declarations_are_one_line)
+    flag = "bad=from_avro(value, '{\"type\": record}').order_id"
+    with pytest.raises(InvalidOptionError) as refused:
+        run_job_in_process(job_args(kafka_bootstrap, [topic], tmp_path / "bad", "--available-now", "--index-field", flag))
+    line = str(refused.value)
+    assert "\n" not in line and len(line) < 600, line
+    assert line.startswith(f"--index-field {flag}: Spark refuses the expression: org.apache.avro.SchemaParseException"), line
+    assert not (tmp_path / "bad" / "_checkpoint" / "offsets").exists()

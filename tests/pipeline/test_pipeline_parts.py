@@ -93,6 +93,26 @@ def test_one_job_per_index_at_a_time(tmp_path):
         pass
 
 
+@pytest.mark.parametrize(("written", "run"), [
+    ("from_avro(value, '{\"a\": \"b,c\"}').id", "from_avro(value, '{\"a\": \"b,c\"}', map('mode', 'PERMISSIVE')).id"),
+    ("FROM_AVRO ( substring(value, 6), 's' ).x", "FROM_AVRO ( substring(value, 6), 's' , map('mode', 'PERMISSIVE')).x"),
+    ("from_avro(value, 's', map('mode', 'FAILFAST')).x", "from_avro(value, 's', map('mode', 'FAILFAST')).x"),  # as written
+    ("concat(from_avro(key, 'it\\'s, (').y, from_avro(value, r's\\').z)",
+     "concat(from_avro(key, 'it\\'s, (', map('mode', 'PERMISSIVE')).y, from_avro(value, r's\\', map('mode', 'PERMISSIVE')).z)"),
+    ("from_avro(from_avro(value, 'a').b, 'c')",
+     "from_avro(from_avro(value, 'a', map('mode', 'PERMISSIVE')).b, 'c', map('mode', 'PERMISSIVE'))"),
+    # not from_avro calls: another function, a string, a backquoted name, a comment
+    ("my_from_avro(value, 's')", "my_from_avro(value, 's')"),
+    ("concat('from_avro(a, b)', `from_avro(c, d)`) /* from_avro(e, f) */ -- from_avro(g, h)",
+     "concat('from_avro(a, b)', `from_avro(c, d)`) /* from_avro(e, f) */ -- from_avro(g, h)"),
+    ("get_json_object(CAST(value AS STRING), '$.order.id')", "get_json_object(CAST(value AS STRING), '$.order.id')"),
+])
+def test_from_avro_without_options_runs_permissive(written, run):
+    from msgindex.spark.pipeline.field_values import permissive_avro
+
+    assert permissive_avro(written) == run
+
+
 def test_record_keys_follow_the_spec():
     table = pa.table({
         "topic": ["t"] * 6, "partition": pa.array([0] * 6, pa.int32()), "offset": pa.array(range(6), pa.int64()),

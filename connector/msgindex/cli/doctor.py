@@ -137,7 +137,8 @@ def _jars() -> Check:
     from msgindex.spark.runtime.session import kafka_connector_jars
 
     jars = kafka_connector_jars()
-    return Check("jars", True, f"Spark's Kafka connector: {len(jars)} jars in {jars[0].parent if jars else '-'}")
+    return Check("jars", True, f"Spark's Kafka connector and spark-avro: {len(jars)} jars in "
+                 f"{', '.join(sorted({str(jar.parent) for jar in jars})) or '-'}")
 
 
 def _kafka(bootstrap: str, args: argparse.Namespace) -> list[Check]:

@@ -1,6 +1,6 @@
 """`msgindex kafka start|stop|status|jars`: the local single-node KRaft broker, and the jars of
-Spark's Kafka connector (with ``--object-store s3a``, also of Hadoop's connector for a checkpoint
-on that store).
+Spark's Kafka connector and Avro functions (with ``--object-store s3a``, also of Hadoop's connector
+for a checkpoint on that store).
 
 Exit codes: 0 success (for `status`: running), 1 `status` says not running, 2 an error (port
 taken, java/mvn missing, ...), printed on stderr by the console script.
@@ -43,11 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _broker_options(action)
         action.set_defaults(handler=handler)
     jars = actions.add_parser(
-        "jars", help="stage the broker's and Spark's Kafka connector jars; print the connector's "
+        "jars", help="stage the broker's jars, Spark's Kafka connector and spark-avro; print Spark's "
                      "jars comma-separated (for spark-submit --jars)",
-        description="Stage the local broker's jars and Spark's Kafka connector from Maven Central; print the "
-                    "connector's jars comma-separated, for spark-submit --jars. With --object-store, also "
-                    "Hadoop's connector for a checkpoint on that store.")
+        description="Stage the local broker's jars, Spark's Kafka connector and Spark's Avro functions "
+                    "(spark-avro: from_avro in --index-field) from Maven Central; print Spark's jars "
+                    "comma-separated, for spark-submit --jars. With --object-store, also Hadoop's connector "
+                    "for a checkpoint on that store.")
     jars.add_argument("--object-store", action="append", default=[], metavar="SCHEME",
                       help="also Hadoop's connector for Spark paths (the checkpoint) with this scheme: s3a "
                            "(hadoop-aws + the AWS SDK bundle), gs, abfss; a URL names its scheme; repeatable")

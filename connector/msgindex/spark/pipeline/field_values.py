@@ -9,15 +9,23 @@ Arrow kernels on the executors.
   analysed against the streaming source before the query starts: an expression Spark refuses, or
   one of another type (a struct, a map), is an InvalidOptionError in one line naming the flag.
 * A header field takes every value of that header (a header may repeat), as UTF-8.
+* Avro payloads through Spark's ``from_avro(value, '<schema json>')`` (spark-avro is on the
+  session's jars); Confluent's wire format (a magic byte and a 4-byte schema id before the Avro
+  body) through ``from_avro(substring(value, 6), ...)``. ``from_avro`` fails the query on the first
+  payload that is not Avro of the schema unless its options say ``mode`` PERMISSIVE (then: null),
+  and Spark has no setting for that default: a call written without an options map runs with
+  ``map('mode', 'PERMISSIVE')`` (`permissive_avro`), one with its own map runs as written.
 * Per field and batch the progress line counts the values indexed, the records that gave none
   (null, empty, a payload the expression could not parse: Spark's JSON functions give null for
-  invalid JSON) and the values set aside because they are not UTF-8. None of these is fatal.
+  invalid JSON, from_avro for invalid Avro as above) and the values set aside because they are not
+  UTF-8. None of these is fatal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,13 +102,54 @@ def field_columns(kafka_df: DataFrame, fields: Sequence[DeclaredField | FieldDef
         if field.source == SOURCE_HEADER:
             values = header_values(field.text)
         else:
-            values = F.expr(field.text)
+            values = F.expr(permissive_avro(field.text))
             if getattr(field, "shape", SHAPE_ARRAY) == SHAPE_SINGLE:
                 values = F.array(values.cast("string"))
             else:
                 values = values.cast("array<string>")
         columns.append(values.alias(f"{COLUMN_PREFIX}{i}"))
     return columns
+
+
+PERMISSIVE_AVRO = "map('mode', 'PERMISSIVE')"
+_FROM_AVRO_CALL = re.compile(r"(?<![\w`.$])from_avro\s*$", re.IGNORECASE)
+
+
+def permissive_avro(expression: str) -> str:
+    """`expression` (Spark SQL) with ``map('mode', 'PERMISSIVE')`` as the options of each
+    ``from_avro`` call that has only its data and schema arguments, so that a payload which is
+    not Avro of the schema gives null instead of failing the query (from_avro's default mode is
+    FAILFAST). Commas, parentheses and function names inside string literals, backquoted names
+    and comments are not Spark's syntax and are skipped; everything else is left as written."""
+    calls: list[list] = []  # per open parenthesis: [a from_avro call?, top-level commas]
+    insert_at: list[int] = []
+    n, size = 0, len(expression)
+    while n < size:
+        char = expression[n]
+        if char in "'\"`":
+            raw = char != "`" and n > 0 and expression[n - 1] in "rR" and (n < 2 or not (
+                expression[n - 2].isalnum() or expression[n - 2] == "_"))
+            n += 1
+            while n < size and expression[n] != char:
+                n += 2 if expression[n] == "\\" and char != "`" and not raw else 1
+        elif expression.startswith("--", n):
+            n = expression.find("\n", n)
+            n = size if n < 0 else n
+        elif expression.startswith("/*", n):
+            n = expression.find("*/", n + 2)
+            n = size if n < 0 else n + 1
+        elif char == "(":
+            calls.append([bool(_FROM_AVRO_CALL.search(expression, 0, n)), 0])
+        elif char == "," and calls:
+            calls[-1][1] += 1
+        elif char == ")" and calls:
+            is_from_avro, commas = calls.pop()
+            if is_from_avro and commas == 1:
+                insert_at.append(n)
+        n += 1
+    for at in sorted(insert_at, reverse=True):
+        expression = f"{expression[:at]}, {PERMISSIVE_AVRO}{expression[at:]}"
+    return expression
 
 
 def header_values(name: str) -> Column:
@@ -114,6 +163,7 @@ def analysed_definitions(kafka_df: DataFrame, declared: Sequence[DeclaredField])
     """The definitions of `declared` with the shape Spark's analysis of each expression over
     `kafka_df` (the streaming source) gives; InvalidOptionError naming the flag for an
     expression Spark refuses or whose type is not a string, atomic value or array of them."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
     from pyspark.sql.types import ArrayType, AtomicType, BinaryType, StringType
 
@@ -126,8 +176,8 @@ def analysed_definitions(kafka_df: DataFrame, declared: Sequence[DeclaredField])
 
         try:
             with _quiet_query_context_logs():
-                kind = kafka_df.select(F.expr(field.text)).schema.fields[0].dataType
-        except PySparkException as error:
+                kind = kafka_df.select(F.expr(permissive_avro(field.text))).schema.fields[0].dataType
+        except (PySparkException, Py4JJavaError) as error:  # Py4J: e.g. from_avro's schema does not parse
             raise InvalidOptionError(f"{field.flag}: Spark refuses the expression: {short_error(error)}") from None
         if isinstance(kind, ArrayType) and isinstance(kind.elementType, AtomicType) and not isinstance(
                 kind.elementType, BinaryType):
@@ -159,8 +209,16 @@ def _quiet_query_context_logs() -> Iterator[None]:
 
 
 def short_error(error: Exception) -> str:
-    """Spark's analysis or parse error in one line: its first line, without the query plan."""
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    """Spark's analysis or parse error in one line: its first line, without the query plan (of a
+    Py4J error, whose own text only names the call, the first line of the JVM's exception)."""
+    text = str(error)
+    java = getattr(error, "java_exception", None)
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # the JVM may be gone: the Python text is all there is
+            pass
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return first if len(first) <= MAX_ERROR_CHARS else first[: MAX_ERROR_CHARS - 3] + "..."
 
 

@@ -5,7 +5,8 @@ pyspark's wheel ships the server (``jars/spark-connect_2.13-<version>.jar``) and
 Spark's ``sbin/start-connect-server.sh`` does. What msgindex adds, for a server on one machine
 (tests, benchmarks, trying Connect out):
 
-* Spark's Kafka connector jars (``kafka_connector_jars``) on ``spark.jars``, for the indexing job;
+* Spark's Kafka connector and spark-avro jars (``kafka_connector_jars``) on ``spark.jars``, for the
+  indexing job (``from_avro`` in its fields);
 * the Python that Spark starts for its workers is this interpreter (``PYSPARK_PYTHON`` in the
   server's environment, which is where Spark looks when it scans for ``pyspark_*`` data sources;
   ``spark.pyspark.python`` for everything else), so ``format("msgindex")`` is found and read;

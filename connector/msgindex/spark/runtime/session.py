@@ -1,15 +1,15 @@
 """THE SparkSession builder: every job, test and notebook of msgindex gets its session here.
 
-It puts Spark's Kafka connector (not shipped in the pyspark wheel) on ``spark.jars`` as local
-files staged once with Maven, so no Ivy download happens at run time, and it fixes the settings
-msgindex relies on (UTC session time zone, Arrow, Python data source filter pushdown). For
-object-store URLs it adds Hadoop's connector for the paths Spark opens itself (an ``s3a://``
-checkpoint: hadoop-aws and the AWS SDK bundle) and the ``AWS_*`` variables as Spark settings
-(``object_store_conf``). Cluster
-settings are the user's, as a Spark user expects: ``spark.master`` only when nothing else
-(spark-submit, ``--master``, spark-defaults.conf) set one, loopback binding and this interpreter
-for the workers only for ``local`` masters, and never over the user's PYSPARK_PYTHON /
-``spark.pyspark.python`` (see ``session_conf``).
+It puts Spark's Kafka connector and its Avro functions (``from_avro`` in ``--index-field``;
+neither is shipped in the pyspark wheel) on ``spark.jars`` as local files staged once with Maven,
+so no Ivy download happens at run time, and it fixes the settings msgindex relies on (UTC session
+time zone, Arrow, Python data source filter pushdown). For object-store URLs it adds Hadoop's
+connector for the paths Spark opens itself (an ``s3a://`` checkpoint: hadoop-aws and the AWS SDK
+bundle) and the ``AWS_*`` variables as Spark settings (``object_store_conf``). Cluster settings
+are the user's, as a Spark user expects: ``spark.master`` only when nothing else (spark-submit,
+``--master``, spark-defaults.conf) set one, loopback binding and this interpreter for the workers
+only for ``local`` masters, and never over the user's PYSPARK_PYTHON / ``spark.pyspark.python``
+(see ``session_conf``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 SCALA_SUFFIX = "_2.13"
 SQL_KAFKA = f"org.apache.spark:spark-sql-kafka-0-10{SCALA_SUFFIX}"  # group:artifact
 TOKEN_PROVIDER = f"org.apache.spark:spark-token-provider-kafka-0-10{SCALA_SUFFIX}"
+# from_avro/to_avro: Spark's SQL functions load their implementation from this jar at analysis
+AVRO = f"org.apache.spark:spark-avro{SCALA_SUFFIX}"
 # Some Maven Central mirrors carry spark-sql-kafka at a release but not its token provider
 # (seen: 4.2.0). The token provider's classes are small and stable across 4.x, so the newest
 # 4.x release that such mirrors do carry stands in; the choice is remembered per pyspark version.
@@ -109,17 +111,31 @@ def _stage_for(version: str) -> list[Path]:
     return jars
 
 
+def _stage_avro(version: str) -> list[Path]:
+    try:
+        return stage_jars(f"spark-avro-{version}", [f"{AVRO}:{version}"])
+    except MsgIndexError as failed:
+        raise ConnectorJarsError(
+            f"Spark's Avro functions {AVRO}:{version} (from_avro in --index-field), the release matching the "
+            f"installed pyspark {version}, could not be staged from Maven Central: {_maven_reason(failed)}") from failed
+
+
 def kafka_connector_jars() -> list[Path]:
-    """Local jar files of Spark's Kafka source/sink for the installed pyspark, staged with Maven on
-    first use: ``spark-sql-kafka-0-10_2.13`` at exactly ``pyspark.__version__``, its token
-    provider, kafka-clients and commons-pool2, minus every artifact pyspark's own ``jars/``
-    folder already ships (Scala, Hadoop, slf4j, compression codecs...), which would conflict.
+    """Local jar files of Spark's Kafka source/sink and Avro functions for the installed pyspark,
+    staged with Maven on first use: ``spark-sql-kafka-0-10_2.13`` at exactly
+    ``pyspark.__version__``, its token provider, kafka-clients and commons-pool2, and
+    ``spark-avro_2.13`` at the same version (``from_avro``/``to_avro`` in SQL expressions such as
+    ``--index-field``), minus every artifact pyspark's own ``jars/`` folder already ships (Scala,
+    Hadoop, Avro itself, slf4j, compression codecs...), which would conflict.
 
     For ``spark-submit --jars`` users: ``",".join(map(str, kafka_connector_jars()))``."""
     import pyspark
 
-    shipped = _shipped_artifacts()
-    return [jar for jar in _stage_for(pyspark.__version__) if _artifact_of(jar) not in shipped]
+    shipped, jars = _shipped_artifacts(), []
+    for jar in [*_stage_for(pyspark.__version__), *_stage_avro(pyspark.__version__)]:
+        if _artifact_of(jar) not in shipped and _artifact_of(jar) not in {_artifact_of(kept) for kept in jars}:
+            jars.append(jar)
+    return jars
 
 
 def _shipped_artifacts() -> set[str]:
@@ -486,7 +502,7 @@ def session_conf(app_name: str = "msgindex", master: str | None = None,
        `store_urls` -- paths msgindex's own client opens: the index; with the index's
        `storage_options`);
     and always: UTC session time zone, Arrow, Python data source filter pushdown (msgindex
-    relies on them), and the Kafka connector's jars joined to any others (``spark.jars``), with
+    relies on them), and the Kafka connector's and Avro functions' jars joined to any others (``spark.jars``), with
     the Hadoop connectors `hadoop_urls` need (`object_store_jars`) on the driver's class path
     only, whatever the master: only the driver opens Spark's checkpoint (the job keeps no state
     in executors), and Spark copies ``spark.jars`` to every executor (and for local masters into
