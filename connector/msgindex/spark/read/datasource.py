@@ -20,6 +20,11 @@ Columns (stable names; the store's ``ROW_SCHEMA``)::
     keys array<string> (every key the message is indexed under), timestamp timestamp (UTC, ms),
     commit_log_offset bigint, size int (null/-1 when the source has none), seq bigint (position in
     the shard's metadata log)
+    + one column per field the store indexes (storage/fields.py; read from the shards' coverage
+      when the DataFrame is loaded), in name order: a string for a field of shape ``single``, an
+      array<string> for ``array``; the record's values from its stored field terms, null where it
+      carries none (or was indexed before the field existed). A store without fields has none.
+    + any_key string, and any_<name> string per array field   (the pushdown source: ``pushdown``)
     + value binary, headers array<struct<key string, value binary>>   (with fetchValues=true)
 
 With ``.option("mode", "rocketmq")`` the path is a RocketMQ broker's store root (verified rows,
@@ -28,7 +33,9 @@ exact to the millisecond, uncapped) or its bare index directory (raw entries): s
 
 Options: see ``msgindex.spark.read.options``; accepted filters: see ``msgindex.spark.read.pushdown``.
 
-How a read is planned: with keys (options or a pushed ``key`` filter) each input partition looks
+How a read is planned: field values (a ``field.<name>`` option or a pushed filter on a field's
+column) are looked up by one partition, which then checks the other pushed conditions on the rows
+found. With keys (options or a pushed ``key`` filter) each input partition looks
 a slice of at most ``KEYS_PER_LOOKUP_TASK`` keys up in every shard (one partition for a few keys:
 a Spark task costs far more than their lookups; a single one with ``maxNum``, whose cap is
 global); without a key, one partition per piece of log that the sparse time index says the
