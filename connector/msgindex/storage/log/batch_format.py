@@ -1100,6 +1100,19 @@ def field_columns(terms: pa.LargeListArray, fields: Sequence[tuple[str, str, str
     return columns
 
 
+def record_field_columns(records: Sequence[MessageRecord], fields: Sequence[tuple[str, str, str]]) -> list[pa.Array]:
+    """``field_columns`` of `records`, one record at a time: what a lookup of a few records uses
+    (``read_few``), and the oracle of the vectorized rendering."""
+    columns = []
+    for _, name, shape in fields:
+        values = [[arrow_text(value) for named, value in record.fields if named == name] for record in records]
+        if shape == SHAPE_SINGLE:
+            columns.append(pa.array([found[0] if found else None for found in values], FIELD_VALUE_TYPES[shape]))
+        else:
+            columns.append(pa.array([found or None for found in values], FIELD_VALUE_TYPES[shape]))
+    return columns
+
+
 def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None,
          fields: Sequence[tuple[str, str, str]] = ()) -> pa.RecordBatch:
     """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given), and the columns
