@@ -35,9 +35,11 @@ def _error(action) -> str:
     return ""
 
 
-def read(spark, store: str, window: list[int], edge_key: str, storage: dict[str, str] | None = None) -> dict[str, Any]:
+def read(spark, store: str, window: list[int], edge_key: str, storage: dict[str, str] | None = None,
+         field_store: str | None = None) -> dict[str, Any]:
     """format("msgindex") through Connect: options, where without and with pushdown, bad input.
-    `storage`: an object store's client options, given to every read as storage.<name>."""
+    `storage`: an object store's client options, given to every read as storage.<name>;
+    `field_store`: a store with fields, read as ``fields`` reads it (in this client's session)."""
     from msgindex.spark import enable_pushdown
 
     def load(path: str = store, **options):
@@ -62,7 +64,24 @@ def read(spark, store: str, window: list[int], edge_key: str, storage: dict[str,
     window_df = load().where(f"timestamp >= timestamp_millis({window[0]}) "
                              f"AND timestamp <= timestamp_millis({window[1]})")
     result["where_window"] = _ids(window_df)
+    if field_store is not None:
+        result["fields"] = fields(spark, field_store)
     return result
+
+
+def fields(spark, store: str) -> dict[str, Any]:
+    """Field columns through Connect (tests/datasource/test_field_columns.py): the schema, and a
+    where on a field's column and on an array field's any_ column, pushed down."""
+    from pyspark.sql import functions as F
+
+    from msgindex.spark import enable_pushdown
+
+    enable_pushdown(spark)
+    df = spark.read.format("msgindex").load(store)
+    pushed = spark.read.format("msgindex").load(store).where(
+        F.col("order").isin("o-1", "o-2") & (F.col("any_trace") == "t-1") & (F.col("topic") == "orders"))
+    return {"columns": df.columns, "plan": _plan(pushed),
+            "rows": sorted([list(r) for r in pushed.select(*IDS, "order", "trace", "any_trace").collect()])}
 
 
 def bulk(spark, store: str, keys: list[str | None], storage: dict[str, str] | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import pytest
 from tests.datasource.conftest import (
     Truth,
     build_store,
+    field_store,  # noqa: F401  (the fixture: a store with fields)
     generate_records,
     rocketmq_dir,  # noqa: F401  (the fixture: a bare directory of index files)
 )

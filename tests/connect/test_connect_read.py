@@ -15,10 +15,22 @@ def as_set(rows) -> set[tuple]:
     return {tuple(row) for row in rows}
 
 
-def test_read_through_connect(connect_client, connect_truth):
-    got = connect_client("read", store=str(connect_truth.path), window=list(WINDOW), edge_key=EDGE_KEY)
+def test_read_through_connect(connect_client, connect_truth, field_store):
+    got = connect_client("read", store=str(connect_truth.path), window=list(WINDOW), edge_key=EDGE_KEY,
+                         field_store=str(field_store[0]))
     assert_read(got, connect_truth)
     assert "option 'path' = " in got["bad_path"] and "does not exist" in got["bad_path"]
+    assert_fields(got["fields"], field_store[1])
+
+
+def assert_fields(got: dict, written) -> None:
+    """The `fields` scenario's answers (tests/datasource/test_field_columns.py) against the records."""
+    assert got["columns"][-4:] == ["order", "trace", "any_key", "any_trace"]
+    assert "In(order" in got["plan"] and "EqualTo(any_trace,t-1)" in got["plan"]
+    expected = sorted([b, r.topic, r.partition, r.offset, order, [v for n, v in r.fields if n == "trace"], "t-1"]
+                      for b, r in written for order in [dict(r.fields).get("order")]
+                      if order in ("o-1", "o-2") and ("trace", "t-1") in r.fields and r.topic == "orders")
+    assert expected and got["rows"] == expected
 
 
 def assert_read(got: dict, truth) -> None:

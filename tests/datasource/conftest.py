@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.index_file import IndexFile, index_file_name
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
@@ -169,6 +170,45 @@ def truth(tmp_path_factory) -> Truth:
     path = tmp_path_factory.mktemp("datasource") / "store"
     build_store(path, rows)
     return Truth(path, tuple(rows))
+
+
+# A store with fields (storage/fields.py): what the field reads and field columns are tested on.
+FIELD_BASE_MS = 1_763_700_000_000
+ORDER_FIELD = FieldDefinition("order", "expression", "get_json_object(CAST(value AS STRING), '$.order')", "single")
+TRACE_FIELD = FieldDefinition("trace", "header", "trace", "array")
+FIELD_BROKERS = ("b0", "b1", "b2")
+FIELDS_FROM = {"b2": 100}  # offsets of b2 below this were indexed before its fields existed
+
+
+def build_field_store(path: Path | str, storage_options: dict[str, str] | None = None) -> list[tuple[str, MessageRecord]]:
+    """A store whose records carry field ``order`` (one value, a record) and ``trace`` (0-2
+    values): two topics, keys that look like order values, b2's first records indexed without
+    fields (as before a job declared them). Returns the (broker, record) pairs it indexed."""
+    rng = random.Random(5)
+    written = []
+    with open_store(path, create=True, storage_options=storage_options) as store:
+        for number, broker in enumerate(FIELD_BROKERS):
+            since = FIELDS_FROM.get(broker, 0)
+            records = []
+            for offset in range(400):
+                topic = rng.choice(["orders", "refunds"])
+                fields = (("order", f"o-{rng.randrange(20)}"),) + tuple(
+                    ("trace", f"t-{rng.randrange(9)}") for _ in range(rng.randrange(3)))
+                key = rng.choice(["o-1", f"k{offset}", None])
+                records.append(MessageRecord(topic, number, offset, FIELD_BASE_MS + offset, key,
+                                             () if key is None else (key,), fields=fields if offset >= since else ()))
+            with store.writer(broker) as writer:
+                if since:
+                    writer.append(records[:since])
+                writer.append(records[since:], fields=[ORDER_FIELD, TRACE_FIELD])
+            written += [(broker, r) for r in records]
+    return written
+
+
+@pytest.fixture(scope="session")
+def field_store(tmp_path_factory) -> tuple[Path, list[tuple[str, MessageRecord]]]:
+    path = tmp_path_factory.mktemp("fields") / "index"
+    return path, build_field_store(path)
 
 
 # a bare directory of RocketMQ index files (mode=rocketmq without a commit log)

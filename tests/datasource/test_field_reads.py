@@ -3,40 +3,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from msgindex.storage.fields import FieldDefinition
-from msgindex.storage.message import MessageRecord
-from msgindex.storage.store import open_store
+from tests.datasource.conftest import FIELD_BASE_MS as BASE_MS
 
 pytestmark = pytest.mark.spark
-
-BASE_MS = 1_763_700_000_000
-ORDER = FieldDefinition("order", "expression", "get_json_object(CAST(value AS STRING), '$.order')", "single")
-TRACE = FieldDefinition("trace", "header", "trace", "array")
-
-
-@pytest.fixture(scope="module")
-def field_store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("fields") / "index"
-    rng = random.Random(5)
-    written = []
-    with open_store(path, create=True) as store:
-        for broker in ("b0", "b1"):
-            with store.writer(broker) as writer:
-                records = []
-                for offset in range(400):
-                    topic = rng.choice(["orders", "refunds"])
-                    fields = (("order", f"o-{rng.randrange(20)}"),) + tuple(
-                        ("trace", f"t-{rng.randrange(9)}") for _ in range(rng.randrange(3)))
-                    key = rng.choice(["o-1", f"k{offset}", None])
-                    records.append(MessageRecord(topic, int(broker[1]), offset, BASE_MS + offset, key,
-                                                 () if key is None else (key,), fields=fields))
-                writer.append(records, fields=[ORDER, TRACE])
-                written += [(broker, r) for r in records]
-    return path, written
 
 
 def _truth(written, name, value, topic=None, begin=None):

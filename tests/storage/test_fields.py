@@ -154,3 +154,39 @@ def test_arrow_appends_carry_fields_and_bad_ones_are_refused(stores):
         assert sorted(store.lookup(fields={"order": "o-1"}).column("offset").to_pylist()) == [0, 3]
         assert store.lookup(fields={"sku": "x"}).column("offset").to_pylist() == [0]
         assert store.scan().__next__().num_rows == 4
+
+
+def _shown_fields(record: MessageRecord) -> tuple[str | None, list[str] | None]:
+    """(order, sku) as rows show a record's fields (the scalar oracle of batch_format.field_columns)."""
+    orders = [value for name, value in record.fields if name == "order"]
+    skus = [value for name, value in record.fields if name == "sku"]
+    return (orders[0] if orders else None), (skus or None)
+
+
+@pytest.mark.parametrize("few", [0, 10_000], ids=["vectorized", "record-by-record"])
+def test_rows_show_the_fields_asked_as_columns(stores, monkeypatch, few):
+    patch_few_candidates(monkeypatch, few)
+    rng = random.Random(7)
+    early = _records(rng, "orders", range(0, 50))
+    later = _records(rng, "orders", range(50, 250))
+    with stores.create(settings=TINY) as store, store.writer("b0") as writer:
+        writer.append([MessageRecord(r.topic, r.partition, r.offset, r.timestamp_ms, r.key, r.keys) for r in early])
+        writer.append(later, fields=[ORDER, SKU])
+    expected = {r.offset: (None, None) for r in early} | {r.offset: _shown_fields(r) for r in later}
+    columns = [("order", "single"), ("SKU", "array"), ("absent", "array")]  # names as asked, any case
+
+    def shown(table) -> dict[int, tuple]:
+        assert table.schema.names[-3:] == ["order", "SKU", "absent"]
+        assert table.column("absent").null_count == table.num_rows
+        return {r["offset"]: (r["order"], r["SKU"]) for r in table.select(["offset", "order", "SKU"]).to_pylist()}
+
+    with stores.open() as store, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FieldCoverageWarning)
+        scanned = pa.Table.from_batches(list(store.scan(Query.of(field_columns=columns))))
+        assert shown(scanned) == expected
+        for query in (Query.of(fields={"sku": ["a", "o-3"]}, field_columns=columns),
+                      Query.of(["o-3", "k9"], field_columns=columns)):
+            found = store.lookup(query)
+            assert found.num_rows and shown(found) == {offset: expected[offset] for offset in found["offset"].to_pylist()}
+        nothing = store.lookup(Query.of(["no-such-key"], field_columns=columns))
+        assert nothing.num_rows == 0

@@ -24,7 +24,9 @@ first ``#`` holds a NUL, which no topic holds, so no ``topic#key`` of RocketMQ's
 two strings may still share a 32-bit hash, which the comparison of stored terms resolves. The
 entries are RocketMQ IndexFile entries like any key's (phyOffset = the record's seq): the files stay
 byte-identical to RocketMQ's ``putKey`` of these strings. The ``keys`` column of results shows keys
-only.
+only; a query's ``field_columns`` show fields as columns of their own (``batch_format.field_columns``:
+a string for SHAPE_SINGLE, a list for SHAPE_ARRAY, null where a record carries no value), which is
+how ``spark.read.format("msgindex")`` gives each field a column.
 
 **Coverage.** A shard records, per field, its definition and the source offsets whose records were
 evaluated for it (``IndexedField``: ``SourceRanges``, committed atomically with the data, exactly as

@@ -109,6 +109,8 @@ class Query:
     end_ms: int | None = None
     max_results: int | None = None
     fields: tuple[tuple[str, str], ...] = ()
+    # fields shown as columns after ROW_SCHEMA's: (name, shape) (``batch_format.field_columns``)
+    field_columns: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate_window(self.begin_ms, self.end_ms, self.max_results)
@@ -128,12 +130,14 @@ class Query:
         end_ms: int | None = None,
         max_results: int | None = None,
         fields: FieldsArg | None = None,
+        field_columns: Iterable[tuple[str, str]] = (),
     ) -> Query:
         """The query of the public lookup/scan arguments: keys as ``normalize_keys`` takes them,
         `topic` (one) or `topics`, a single str wherever names are asked for. `begin`/`end`: the
         window as people type times (``msgindex.times``: epoch ms, ISO-8601 with or without a
         zone (none: UTC), ``-1h``, ``now``, a datetime); `begin_ms`/`end_ms`: epoch ms only.
-        `fields`: field values to find, ``{"order": ["o-42"]}`` (``normalize_fields``)."""
+        `fields`: field values to find, ``{"order": ["o-42"]}`` (``normalize_fields``);
+        `field_columns`: (name, shape) of the fields whose values the rows show as columns."""
         if topic is not None and topics is not None:
             raise InvalidArgumentError("give topic or topics, not both")
         begin_ms = _bound("begin", begin, begin_ms)
@@ -148,6 +152,7 @@ class Query:
             begin_ms=begin_ms,
             end_ms=end_ms,
             max_results=max_results,
+            field_columns=tuple(field_columns),
         )
 
     @property

@@ -899,6 +899,10 @@ class ShardReader(_Committed, VerifiedReads):
                          partitions=partitions)
         if query.keys is None:
             raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
+        return self._with_field_columns(self._lookup_rows(query), query)
+
+    def _lookup_rows(self, query: Query) -> pa.Table:
+        """``lookup``'s rows in ROW_SCHEMA."""
         topics = query.topics_among(self._checkpoint.topics)
         window = query.stored_window()  # what the window means for timestamps stored before the rule
         field_pairs = self._field_pairs(query)
@@ -979,8 +983,8 @@ class ShardReader(_Committed, VerifiedReads):
         if start >= end:
             return
         yield from self._log.scan_range(
-            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=query.topics, partitions=query.partitions
-        )
+            start, end, self.broker, begin_ms, end_ms, SCAN_BATCH_ROWS, topics=query.topics, partitions=query.partitions,
+            fields=self._rendered_fields(query))
 
     def close(self) -> None:
         for _, index_file in self._files:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.fields import FieldCoverage
 from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import LogReads
@@ -38,7 +39,7 @@ from msgindex.storage.message import (
     index_keys,
     term_hash_string,
 )
-from msgindex.storage.query import empty_rows, rows_from_records
+from msgindex.storage.query import Query, empty_rows, rows_from_records
 from msgindex.storage.result_order import OrderColumns, Part, result_order, topic_ranks
 
 
@@ -90,6 +91,28 @@ class VerifiedReads(ABC):
 
     broker: str
     _log: LogReads | None
+
+    @property
+    @abstractmethod
+    def field_coverage(self) -> FieldCoverage:
+        """The fields the shard indexes and what each covers (storage/fields.py)."""
+
+    def _rendered_fields(self, query: Query) -> tuple[tuple[str, str, str], ...]:
+        """The query's field columns as ``batch_format.field_columns`` takes them: (column, name
+        as this shard indexed it, shape)."""
+        coverage = self.field_coverage if query.field_columns else None
+        return tuple((name, coverage.spelled(name), shape) for name, shape in query.field_columns)
+
+    def _with_field_columns(self, table: pa.Table, query: Query) -> pa.Table:
+        """`table` (rows this shard found, any order) with the query's field columns."""
+        if not query.field_columns:
+            return table
+        fields = self._rendered_fields(query)
+        if table.num_rows and self._log is not None:
+            columns = self._log.field_columns(table["seq"].to_numpy(), fields)
+        else:
+            columns = [pa.nulls(table.num_rows, bf.FIELD_VALUE_TYPES[shape]) for _, _, shape in fields]
+        return pa.Table.from_arrays([*table.columns, *columns], schema=bf.field_schema(fields))
 
     @abstractmethod
     def _file_pointing_at(self, key_hash: int, seq: int) -> Path | str:

@@ -262,11 +262,12 @@ def shown_keys(asked: list[str]) -> pa.Array:
     return pa.array([arrow_text(key) for key in asked], pa.string())
 
 
-def asked_positions(found: pa.Table, wanted: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def asked_positions(found: pa.Table, wanted: pa.Array, column: str = "keys") -> tuple[np.ndarray, np.ndarray]:
     """(row, position in `wanted`) of every key of every row of `found` that is in `wanted`
     (shown keys). The store does not say which asked key found a row, so it is read back from
-    the row's ``keys``, which hold every key the message is indexed under, as rows show them."""
-    keys = found["keys"].combine_chunks()
+    the row's ``keys``, which hold every key the message is indexed under, as rows show them
+    (or from the list `column`: an array field's values)."""
+    keys = found[column].combine_chunks()
     flat = pc.list_flatten(keys)
     which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
     row = pc.list_parent_indices(keys).to_numpy()
@@ -274,10 +275,10 @@ def asked_positions(found: pa.Table, wanted: pa.Array) -> tuple[np.ndarray, np.n
     return row[hit], which[hit].astype(np.int64)
 
 
-def first_asked(found: pa.Table, wanted: pa.Array) -> np.ndarray:
+def first_asked(found: pa.Table, wanted: pa.Array, column: str = "keys") -> np.ndarray:
     """For each row of `found`, the position in `wanted` of the first wanted key it is indexed
-    under (-1: none)."""
-    row, which = asked_positions(found, wanted)
+    under (-1: none; `column`: as ``asked_positions``)."""
+    row, which = asked_positions(found, wanted, column)
     first = np.full(found.num_rows, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, row, which)
     first[first == np.iinfo(np.int64).max] = -1

@@ -20,6 +20,11 @@ Columns (stable names; the store's ``ROW_SCHEMA``)::
     keys array<string> (every key the message is indexed under), timestamp timestamp (UTC, ms),
     commit_log_offset bigint, size int (null/-1 when the source has none), seq bigint (position in
     the shard's metadata log)
+    + one column per field the store indexes (storage/fields.py; read from the shards' coverage
+      when the DataFrame is loaded), in name order: a string for a field of shape ``single``, an
+      array<string> for ``array``; the record's values from its stored field terms, null where it
+      carries none (or was indexed before the field existed). A store without fields has none.
+    + any_key string, and any_<name> string per array field   (the pushdown source: ``pushdown``)
     + value binary, headers array<struct<key string, value binary>>   (with fetchValues=true)
 
 With ``.option("mode", "rocketmq")`` the path is a RocketMQ broker's store root (verified rows,
@@ -28,7 +33,9 @@ exact to the millisecond, uncapped) or its bare index directory (raw entries): s
 
 Options: see ``msgindex.spark.read.options``; accepted filters: see ``msgindex.spark.read.pushdown``.
 
-How a read is planned: with keys (options or a pushed ``key`` filter) each input partition looks
+How a read is planned: field values (a ``field.<name>`` option or a pushed filter on a field's
+column) are looked up by one partition, which then checks the other pushed conditions on the rows
+found. With keys (options or a pushed ``key`` filter) each input partition looks
 a slice of at most ``KEYS_PER_LOOKUP_TASK`` keys up in every shard (one partition for a few keys:
 a Spark task costs far more than their lookups; a single one with ``maxNum``, whose cap is
 global); without a key, one partition per piece of log that the sparse time index says the
@@ -46,6 +53,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
@@ -64,7 +72,8 @@ from msgindex.spark.read.rocketmq_reader import (
     check_rocketmq_path,
     rocketmq_arrow_schema,
 )
-from msgindex.storage.message import ROW_SCHEMA
+from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE, FieldDefinition, check_compatible
+from msgindex.storage.log.batch_format import field_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,20 +91,42 @@ KEYS_PER_LOOKUP_TASK = 500
 
 
 ANY_KEY_FIELD = pa.field(pushdown.ANY_KEY_COLUMN, pa.string(), nullable=True)
+FieldColumns = tuple[tuple[str, str], ...]  # the store's fields as columns: (name, shape), name order
 
 
-def output_arrow_schema(options: ReadOptions, *, any_key: bool = False) -> pa.Schema:
-    """The Arrow schema of every batch a read yields (the declared Spark schema, in Arrow);
-    `any_key`: with the pushdown source's ``any_key`` column (a msgindex store's rows only)."""
+def lookup_fields(fields: FieldColumns) -> list[pa.Field]:
+    """The pushdown source's lookup columns: ``any_key``, then ``any_<name>`` per array field."""
+    return [ANY_KEY_FIELD, *(pa.field(pushdown.lookup_column(name), pa.string(), nullable=True)
+                             for name, shape in fields if shape == SHAPE_ARRAY)]
+
+
+def output_arrow_schema(options: ReadOptions, *, any_key: bool = False, fields: FieldColumns = ()) -> pa.Schema:
+    """The Arrow schema of every batch a read yields (the declared Spark schema, in Arrow): the
+    rows, a column per field of `fields`, with `any_key` the pushdown source's lookup columns
+    (a msgindex store's rows only), then fetchValues' columns."""
     if options.mode == MODE_ROCKETMQ:
         return rocketmq_arrow_schema(options)
-    return pa.schema([*ROW_SCHEMA, *([ANY_KEY_FIELD] if any_key else []),
+    rows = field_schema(tuple((name, name, shape) for name, shape in fields))
+    return pa.schema([*rows, *(lookup_fields(fields) if any_key else []),
                       *(VALUE_FIELDS if options.fetch_values else [])])
 
 
-def spark_schema(options: ReadOptions, *, any_key: bool = False) -> StructType:
+def spark_schema(options: ReadOptions, *, any_key: bool = False, fields: FieldColumns = ()) -> StructType:
     """The DataFrame schema, derived from the Arrow schema (one source of truth)."""
-    return from_arrow_schema(output_arrow_schema(options, any_key=any_key))
+    return from_arrow_schema(output_arrow_schema(options, any_key=any_key, fields=fields))
+
+
+def store_fields(store) -> FieldColumns:
+    """The fields any shard of `store` indexes, as columns (a name as its first shard spells it;
+    shards that define one name differently are refused, as the indexing job refuses them)."""
+    seen: dict[str, FieldDefinition] = {}
+    for broker in store.brokers():
+        with store.reader(broker) as reader:
+            definitions = reader.field_coverage.definitions()
+        check_compatible(seen.values(), definitions, f"store (shard {broker!r} and another)")
+        for definition in definitions:
+            seen.setdefault(definition.name.lower(), definition)
+    return tuple((d.name, d.shape) for d in sorted(seen.values(), key=lambda d: d.name.lower()))
 
 
 class MsgIndexDataSource(DataSource):
@@ -110,7 +141,7 @@ class MsgIndexDataSource(DataSource):
         super().__init__(options)
         # validated here so that a bad option fails at load(), naming the option and value
         self.parsed = ReadOptions.parse(dict(options))
-        _check_path(self.parsed)
+        self.fields = _check_path(self.parsed)
         if self.parsed.fetch_values and self.parsed.mode != MODE_ROCKETMQ:
             consumer_for(self.parsed.bootstrap_servers)  # Kafka unreachable: said at load(), in seconds
 
@@ -119,14 +150,14 @@ class MsgIndexDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return spark_schema(self.parsed)
+        return spark_schema(self.parsed, fields=self.fields)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.parsed.verified_rocketmq:
             return VerifiedRocketMQReader(self.parsed)
         if self.parsed.mode == MODE_ROCKETMQ:
             return RocketMQReader(self.parsed)
-        return MsgIndexReader(self.parsed)
+        return MsgIndexReader(self.parsed, self.fields)
 
 
 class MsgIndexPushdownDataSource(MsgIndexDataSource):
@@ -143,14 +174,14 @@ class MsgIndexPushdownDataSource(MsgIndexDataSource):
     column rather than a scan that finds nothing."""
 
     def schema(self) -> StructType:
-        return spark_schema(self.parsed, any_key=True)
+        return spark_schema(self.parsed, any_key=True, fields=self.fields)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.parsed.verified_rocketmq:
             return PushdownVerifiedRocketMQReader(self.parsed)
         if self.parsed.mode == MODE_ROCKETMQ:
             return RocketMQReader(self.parsed)
-        return PushdownMsgIndexReader(self.parsed)
+        return PushdownMsgIndexReader(self.parsed, self.fields)
 
 
 def enable_pushdown(spark: SparkSession) -> None:
@@ -175,14 +206,16 @@ def register_pushdown(spark: SparkSession) -> None:
     spark.dataSource.register(MsgIndexPushdownDataSource)
 
 
-def _check_path(options: ReadOptions) -> None:
+def _check_path(options: ReadOptions) -> FieldColumns:
+    """Check the path exists; the fields its store indexes (none in mode rocketmq)."""
     if options.mode == MODE_ROCKETMQ:
         check_rocketmq_path(options)
-        return
+        return ()
     from msgindex.storage.store import open_store
 
     try:
-        open_store(options.path, storage_options=options.store_options).close()
+        with open_store(options.path, storage_options=options.store_options) as store:
+            return store_fields(store)
     except StoreNotFoundError as missing:
         raise StoreNotFoundError(f"option 'path' = {options.path!r}: {missing}") from None
 
@@ -214,10 +247,11 @@ class MsgIndexReader(DataSourceReader):
     BATCH_ROWS = 65_536
     ANY_KEY = False  # whether rows carry the ``any_key`` column (the pushdown source's)
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, fields: FieldColumns = ()) -> None:
         self.options = options
-        self.query = pushdown.IndexQuery.from_options(options)
-        self.arrow_schema = output_arrow_schema(options, any_key=self.ANY_KEY)
+        self.fields = fields
+        self.query = pushdown.IndexQuery.from_options(options, fields)
+        self.arrow_schema = output_arrow_schema(options, any_key=self.ANY_KEY, fields=fields)
 
     # --- planning (driver) --------------------------------------------------------------------
     def partitions(self) -> Sequence[InputPartition]:
@@ -242,8 +276,9 @@ class MsgIndexReader(DataSourceReader):
         if not brokers:
             return []
         count = len(self.query.keys_to_look_up)
-        # field values (keys of any_key filters join them), or a global cap: one task sees every row
-        if self.query.fields is not None or self.query.max_results is not None:
+        # field values (the other conditions checked on the rows found), or a global cap: one
+        # task sees every row
+        if self.query.by_fields or self.query.max_results is not None:
             return [KeyLookup(tuple(brokers), 0, count, pin)]
         return [KeyLookup(tuple(brokers), start, min(start + KEYS_PER_LOOKUP_TASK, count), pin)
                 for start in range(0, count, KEYS_PER_LOOKUP_TASK)]
@@ -268,30 +303,66 @@ class MsgIndexReader(DataSourceReader):
         query = pushdown.task_query(self.query, self.options)
         with open_store(self.options.path, storage_options=self.options.store_options, pin=partition.pin) as store:
             if isinstance(partition, LogRange):
-                batches = self._with_any_key(self._scan(store, partition, query), None)
+                batches = self._with_lookup_columns(self._scan(store, partition, query), {})
             else:
-                table, any_key = self._lookup(store, partition, query)
-                batches = self._with_any_key(table.to_batches(self.BATCH_ROWS), any_key)
+                table, shown = self._lookup(store, partition, query)
+                batches = self._with_lookup_columns(table.to_batches(self.BATCH_ROWS), shown)
             for batch in batches:
                 if batch.num_rows:
                     yield self._finish(batch)
 
-    def _lookup(self, store, partition: KeyLookup, query: pushdown.IndexQuery) -> tuple[pa.Table, pa.Array]:
-        """The rows this partition's keys find, each once over the whole read, and each row's
-        ``any_key``: a message indexed under asked keys of several partitions is returned by
-        the partition of the first of them (the ``any_key`` it shows)."""
+    def _lookup(self, store, partition: KeyLookup,
+                query: pushdown.IndexQuery) -> tuple[pa.Table, dict[str, pa.Array]]:
+        """The rows this partition finds, each once over the whole read, and the lookup columns
+        they show (by name; absent: null): a message indexed under asked keys of several
+        partitions is returned by the partition of the first of them (the ``any_key`` it shows)."""
+        if query.by_fields:
+            return self._field_lookup(store, partition, query)
         asked = query.keys_to_look_up
-        table = store.lookup(query.store_query(asked[partition.start : partition.end], partition.brokers))
+        table = self._with_fields(store.lookup(query.store_query(asked[partition.start : partition.end],
+                                                                 partition.brokers)))
         if query.primary_keys is not None:
             table = table.filter(pc.is_in(table["key"], pa.array(sorted(query.primary_keys), pa.string())))
-        if query.fields is not None:  # found by field values: one partition, no asked key to show
-            return table, pa.nulls(table.num_rows, pa.string())
         wanted = shown_keys(list(asked))
         first = first_asked(table, wanted)
         mine = first >= partition.start
         if not mine.all():
             table, first = table.filter(pa.array(mine)), first[mine]
-        return table, wanted.take(pa.array(first))
+        return table, {pushdown.ANY_KEY_COLUMN: wanted.take(pa.array(first))}
+
+    def _field_lookup(self, store, partition: KeyLookup,
+                      query: pushdown.IndexQuery) -> tuple[pa.Table, dict[str, pa.Array]]:
+        """The rows field values find (one partition: ``_lookup_partitions``), kept where every
+        other pushed condition holds on their columns (``pushdown``: they intersect)."""
+        table = self._with_fields(store.lookup(query.store_query((), partition.brokers)))
+        keep = np.ones(table.num_rows, dtype=bool)
+        shown: dict[str, tuple[pa.Array, np.ndarray]] = {}
+        shapes = dict(self.fields)
+        for name, values in query.field_filters:
+            asked = pa.array(sorted(values), pa.string())
+            if shapes[name] == SHAPE_SINGLE:
+                keep &= pc.is_in(table[name], asked).fill_null(False).to_numpy(zero_copy_only=False)
+            else:
+                first = first_asked(table, asked, column=name)
+                keep &= first >= 0
+                shown[pushdown.lookup_column(name)] = (asked, first)
+        if query.lookup_keys is not None:
+            asked = shown_keys(list(query.lookup_keys))
+            first = first_asked(table, asked)
+            keep &= first >= 0
+            shown[pushdown.ANY_KEY_COLUMN] = (asked, first)
+        if query.primary_keys is not None:
+            keep &= pc.is_in(table["key"], pa.array(sorted(query.primary_keys), pa.string())).to_numpy(
+                zero_copy_only=False)
+        if not keep.all():
+            table = table.filter(pa.array(keep))
+        return table, {column: asked.take(pa.array(first[keep])) for column, (asked, first) in shown.items()}
+
+    def _with_fields(self, table: pa.Table) -> pa.Table:
+        """A store result with this read's field columns (a result without rows has none)."""
+        if not self.fields or table.num_rows:
+            return table
+        return field_schema(tuple((name, name, shape) for name, shape in self.fields)).empty_table()
 
     def _scan(self, store, piece: LogRange, query: pushdown.IndexQuery) -> Iterator[pa.RecordBatch]:
         reader = store.reader(piece.broker)
@@ -300,18 +371,20 @@ class MsgIndexReader(DataSourceReader):
         finally:
             reader.close()
 
-    def _with_any_key(self, batches: Iterator[pa.RecordBatch], any_key: pa.Array | None) -> Iterator[pa.RecordBatch]:
-        """`batches` with the ``any_key`` column when this reader's rows have it (null in scans)."""
+    def _with_lookup_columns(self, batches: Iterator[pa.RecordBatch],
+                             shown: dict[str, pa.Array]) -> Iterator[pa.RecordBatch]:
+        """`batches` with the lookup columns when this reader's rows have them: each one's
+        values of `shown` (over all batches), null where it is absent (always in scans)."""
         if not self.ANY_KEY:
             yield from batches
             return
+        added = lookup_fields(self.fields)
         done = 0
         for batch in batches:
-            column = (pa.nulls(batch.num_rows, pa.string()) if any_key is None
-                      else any_key.slice(done, batch.num_rows))
+            columns = [pa.nulls(batch.num_rows, pa.string()) if field.name not in shown
+                       else shown[field.name].slice(done, batch.num_rows) for field in added]
             done += batch.num_rows
-            yield pa.RecordBatch.from_arrays([*batch.columns, column],
-                                             schema=pa.schema([*batch.schema, ANY_KEY_FIELD]))
+            yield pa.RecordBatch.from_arrays([*batch.columns, *columns], schema=pa.schema([*batch.schema, *added]))
 
     def _finish(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch in the declared schema (values fetched from Kafka when asked)."""

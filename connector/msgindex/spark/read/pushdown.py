@@ -19,6 +19,17 @@ own evaluation would keep; everything else goes back to Spark, which re-checks i
   message is indexed under (so ``any_key IN ('a', 'b')`` returns a message under both once, and
   Spark's own check of the condition on that row agrees); outside key lookups it is null.
 
+* a field column (``msgindex.storage.fields``: one per field the store indexes) ``=`` / ``IN`` /
+  ``<=>``, for a field of shape ``single``; ``any_<name>`` ``=`` / ``IN`` / ``<=>`` for one of
+  shape ``array`` (its column is an array; ``any_<name>`` is its lookup column, as ``any_key`` is
+  of ``keys``): the hash index lookup of those values, exact (a row shows a field's values from
+  the record's stored field terms, the very terms the lookup finds: a record indexed before the
+  field existed shows null there and is not found, and the storage layer warns of that range).
+  Filters on several fields (and with ``any_key`` / ``key``) intersect: one field's values drive
+  the lookup, the found rows are then kept where the other conditions hold on their columns.
+  ``any_<name>`` holds, in rows found by a filter on it, the first asked value the record
+  carries; null otherwise (so a scan never satisfies it: use ``IN``, not ``OR``).
+
 Why a column and not ``array_contains(keys, v)``: Spark hands a Python data source only
 comparisons of a column with literals (``EqualTo``, ``In``, ``GreaterThan``..., ``IsNull``,
 ``StringStartsWith``...: ``pyspark.sql.datasource``); for ``array_contains(keys, 'x')`` it passes
@@ -48,6 +59,7 @@ from pyspark.sql.datasource import (
 )
 
 from msgindex.spark.read.options import ReadOptions, session_zone
+from msgindex.storage.fields import LOOKUP_COLUMN_PREFIX, SHAPE_SINGLE
 from msgindex.storage.message import text_of_shown
 from msgindex.storage.query import Query
 from msgindex.times import micros_since_epoch
@@ -76,11 +88,17 @@ class IndexQuery:
     end_ms: int | None = None
     max_results: int | None = None
     fields: tuple[tuple[str, str], ...] | None = None  # field values to look up (the field.<name> options)
+    # the store's fields as columns: (name, shape) in name order (``batch_format.field_columns``)
+    field_columns: tuple[tuple[str, str], ...] = ()
+    # pushed filters on field columns: (field name, values a row's field must hold one of), a
+    # field at most once (several filters on it intersect), in the order pushed
+    field_filters: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @classmethod
-    def from_options(cls, options: ReadOptions) -> IndexQuery:
-        """The query the options alone ask for."""
+    def from_options(cls, options: ReadOptions, field_columns: tuple[tuple[str, str], ...] = ()) -> IndexQuery:
+        """The query the options alone ask for (rows showing the fields `field_columns`)."""
         return cls(
+            field_columns=field_columns,
             fields=options.fields,
             lookup_keys=options.keys,
             topics=_set(options.topics),
@@ -94,7 +112,21 @@ class IndexQuery:
     @property
     def is_lookup(self) -> bool:
         """True when the hash index drives the read (a key is known); else a (time) scan."""
-        return self.lookup_keys is not None or self.primary_keys is not None or self.fields is not None
+        return self.lookup_keys is not None or self.primary_keys is not None or self.by_fields
+
+    @property
+    def by_fields(self) -> bool:
+        """True when field values drive the lookup (options or pushed filters on field columns)."""
+        return self.fields is not None or bool(self.field_filters)
+
+    def field_pairs(self) -> tuple[tuple[str, str], ...]:
+        """The (field, value) pairs a field-driven lookup asks the index for: the ``field.<name>``
+        options, else the values of the pushed field filter with the fewest (the other pushed
+        conditions are checked on the rows found, ``field_filters``)."""
+        if self.fields is not None:
+            return self.fields
+        name, values = min(self.field_filters, key=lambda item: len(item[1]))
+        return tuple((name, text_of_shown(value)) for value in sorted(values))
 
     @property
     def keys_to_look_up(self) -> tuple[str, ...]:
@@ -113,6 +145,7 @@ class IndexQuery:
             for values in (self.primary_keys, self.topics, self.brokers, self.partitions)
         )
         empty_keys = self.lookup_keys is not None and not self.lookup_keys
+        empty_set = empty_set or any(not values for _, values in self.field_filters)
         empty_window = (self.begin_ms is not None and self.end_ms is not None
                         and self.begin_ms > self.end_ms)
         return empty_set or empty_keys or empty_window
@@ -121,7 +154,9 @@ class IndexQuery:
         """The storage Query that reads `keys` (None: a scan) from the shards `brokers` under
         this query's restrictions (``primary_keys`` are the reader's to apply afterwards)."""
         return Query.of(keys, topics=self.topics, brokers=brokers, partitions=self.partitions,
-                        begin_ms=self.begin_ms, end_ms=self.end_ms, max_results=self.max_results, fields=self.fields)
+                        begin_ms=self.begin_ms, end_ms=self.end_ms, max_results=self.max_results,
+                        fields=self.field_pairs() if keys is not None and self.by_fields else None,
+                        field_columns=self.field_columns)
 
     def within(self, begin_ms: int | None, end_ms: int | None) -> IndexQuery:
         """This query with its window narrowed to [begin_ms, end_ms] (None: no bound)."""
@@ -131,9 +166,17 @@ class IndexQuery:
         """This query narrowed by `filter_`, or None when the index cannot apply it exactly."""
         path = getattr(filter_, "attribute", ())  # Not(...) has none: never accepted
         column = path[0] if len(path) == 1 else None
+        field = self._filtered_field(column)
+        if field is not None:
+            values = _equality_values(filter_, str)
+            if values is None:
+                return None
+            current = dict(self.field_filters)
+            current[field] = values if field not in current else current[field] & values
+            return replace(self, field_filters=tuple(current.items()))
         if column == ANY_KEY_COLUMN:
             values = _equality_values(filter_, str)
-            if values is None or self.fields is not None:  # (a field read's rows show no any_key: Spark checks)
+            if values is None:
                 return None
             wanted = {text_of_shown(value) for value in values}
             current = self.lookup_keys
@@ -153,6 +196,24 @@ class IndexQuery:
                 return None
             return self.within(*bounds)
         return None
+
+
+    def _filtered_field(self, column: str | None) -> str | None:
+        """The field whose values a filter on `column` asks for: the column of a ``single``
+        field, ``any_<name>`` of an ``array`` one (Spark resolves names case-insensitively)."""
+        if column is None:
+            return None
+        wanted = column.lower()
+        for name, shape in self.field_columns:
+            shown = name if shape == SHAPE_SINGLE else lookup_column(name)
+            if shown.lower() == wanted:
+                return name
+        return None
+
+
+def lookup_column(field: str) -> str:
+    """The lookup column of an array field (``any_<name>``, as ``any_key`` is of ``keys``)."""
+    return LOOKUP_COLUMN_PREFIX + field
 
 
 def task_query(query: IndexQuery, options: ReadOptions) -> IndexQuery:

@@ -99,15 +99,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
+from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE
 from msgindex.storage.int_limits import INT32_MAX
 from msgindex.storage.log.columns import LogColumns, ranges_owner
 from msgindex.storage.message import (
+    FIELD_NAME_END,
     FIELD_TERM_MARKER,
     NO_VALUE,
     ROW_SCHEMA,
     MessageRecord,
     arrow_text,
     decode_text,
+    encode_text,
     shown_timestamps,
     split_terms,
 )
@@ -1053,11 +1056,74 @@ def shown_keys(keys: pa.LargeListArray) -> tuple[np.ndarray, pa.Array]:
     return new_offsets, values.filter(pa.array(kept))
 
 
-def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None) -> pa.RecordBatch:
-    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given). Timestamps a
-    store holds from before the timestamp rule show as the nearest bound (``shown_timestamps``)."""
+# A field's column (``field_columns``): a string for a field of shape "single", a list of strings
+# for "array" (the item field as the ``keys`` column's).
+FIELD_VALUE_TYPES = {SHAPE_SINGLE: pa.string(), SHAPE_ARRAY: ROW_SCHEMA.field("keys").type}
+
+
+def field_schema(fields: Sequence[tuple[str, str, str]]) -> pa.Schema:
+    """ROW_SCHEMA and the columns ``rows`` adds for `fields` ((column, name as stored, shape))."""
+    return pa.schema([*ROW_SCHEMA, *(pa.field(column, FIELD_VALUE_TYPES[shape], nullable=True)
+                                     for column, _, shape in fields)])
+
+
+def field_columns(terms: pa.LargeListArray, fields: Sequence[tuple[str, str, str]]) -> list[pa.Array]:
+    """Per (column, name as stored, shape) of `fields`, each record's values of that field from its
+    stored terms `terms` (``message.field_term``), as rows show texts: a string (shape "single": at
+    most one value a record, fields.py) or a list of strings in stored order ("array"); null where
+    the record carries no value of it (none, or indexed before the field existed)."""
+    count = len(terms)
+    offsets = terms.offsets.to_numpy()
+    values = terms.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    data = values.buffers()[2]
+    if data is None or not (np.frombuffer(data, np.uint8) == FIELD_TERM_MARKER[0]).any():
+        return [pa.nulls(count, FIELD_VALUE_TYPES[shape]) for _, _, shape in fields]
+    parents = np.repeat(np.arange(count, dtype=np.int64), np.diff(offsets))
+    columns = []
+    for _, name, shape in fields:
+        prefix = FIELD_TERM_MARKER + encode_text(name) + FIELD_NAME_END
+        hit = pc.equal(pc.binary_slice(values, 0, len(prefix)), pa.scalar(prefix, values.type))
+        hit = hit.to_numpy(zero_copy_only=False)
+        # (binary_slice with only a start fails in Arrow 26 on some arrays: replace_slice does not)
+        found = _string_array(pc.binary_replace_slice(values.filter(pa.array(hit)), 0, len(prefix), b""))
+        owners = parents[hit]
+        if shape == SHAPE_SINGLE:
+            at = np.full(count, -1, dtype=np.int64)
+            at[owners[::-1]] = np.arange(len(owners) - 1, -1, -1)  # (the first, were there several)
+            columns.append(found.take(pa.array(at, mask=at < 0)))
+            continue
+        lengths = np.bincount(owners, minlength=count)
+        list_offsets = np.zeros(count + 1, dtype=np.int32)
+        np.cumsum(lengths, out=list_offsets[1:])
+        columns.append(pa.ListArray.from_arrays(pa.array(list_offsets), found, type=FIELD_VALUE_TYPES[shape],
+                                                mask=pa.array(lengths == 0)))
+    return columns
+
+
+def record_field_columns(records: Sequence[MessageRecord], fields: Sequence[tuple[str, str, str]]) -> list[pa.Array]:
+    """``field_columns`` of `records`, one record at a time: what a lookup of a few records uses
+    (``read_few``), and the oracle of the vectorized rendering."""
+    columns = []
+    for _, name, shape in fields:
+        values = [[arrow_text(value) for named, value in record.fields if named == name] for record in records]
+        if shape == SHAPE_SINGLE:
+            columns.append(pa.array([found[0] if found else None for found in values], FIELD_VALUE_TYPES[shape]))
+        else:
+            columns.append(pa.array([found or None for found in values], FIELD_VALUE_TYPES[shape]))
+    return columns
+
+
+def rows(batch: DecodedRows, broker: str, take: np.ndarray | None = None,
+         fields: Sequence[tuple[str, str, str]] = ()) -> pa.RecordBatch:
+    """ROW_SCHEMA rows of `batch` (of its rows `take`, in that order, when given), and the columns
+    of `fields` (``field_columns``) after them. Timestamps a store holds from before the timestamp
+    rule show as the nearest bound (``shown_timestamps``)."""
     if take is not None:
         batch = batch.take(np.asarray(take, dtype=np.int64))
+    if fields:
+        plain = rows(batch, broker)
+        return pa.RecordBatch.from_arrays([*plain.columns, *field_columns(batch.keys, fields)],
+                                          schema=field_schema(fields))
     count = len(batch)
     if count == 0:
         return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)

@@ -372,6 +372,10 @@ class ObjectShardReader(VerifiedReads):
                          partitions=partitions)
         if query.keys is None:
             raise InvalidArgumentError("a lookup needs keys (a Query without keys is a scan: scan_range)")
+        return self._with_field_columns(self._lookup_rows(query), query)
+
+    def _lookup_rows(self, query: Query) -> pa.Table:
+        """``lookup``'s rows in ROW_SCHEMA."""
         topics = query.topics_among(self.version.topics)
         window = query.stored_window()
         field_pairs = self._field_pairs(query)
@@ -448,7 +452,8 @@ class ObjectShardReader(VerifiedReads):
         self._log.load_footers([c for c in self._log.chunk_objects()
                                 if c.next_seq > start and c.base_seq < end and _overlaps(c, *window)])
         yield from self._log.scan_range(start, end, self.broker, window[0], window[1], SCAN_BATCH_ROWS,
-                                        topics=query.topics, partitions=query.partitions)
+                                        topics=query.topics, partitions=query.partitions,
+                                        fields=self._rendered_fields(query))
 
 
 # --- writing -------------------------------------------------------------------------------------
