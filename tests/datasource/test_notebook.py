@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,11 @@ def run_notebook(work: Path, remote: str | None = None, index: str | None = None
     assert "6 messages under 'order-00321' in 2 topics and 2 partitions" in text
     assert "PushedFilters: [EqualTo(any_key,order-00321)]" in text and "6 messages (the lookup above: 6)" in text
     assert "issuer timeout" in text and "declined at " in text and "shipped" in text
+    # section 5: the declines around it, found by the payload field the index holds
+    declines = re.search(r"(\d+) declined payments from \S+ to \S+ UTC, found by the 'status' field", text)
+    assert declines and int(declines.group(1)) > 0, text[-3000:]
+    mine = re.search(r"order-00321: (\d+) of them", text)  # as many as its payloads say (section 4)
+    assert mine and int(mine.group(1)) == text.count("declined at ") > 0, text[-3000:]
     assert (remote or "a local Spark session") in text
     # ... and it cleaned up: its broker stopped, no temporary folders left, nothing written but the index
     assert ("stopped the broker this notebook started" in text) == (bootstrap is None)

@@ -72,12 +72,18 @@ def _produce(bootstrap: str, records: int, events: int) -> None:
          f"in {time.perf_counter() - started:.1f} s")
 
 
-def _index(bootstrap: str, topics: list[str], path: Path, input_kind: str, per_trigger: int) -> None:
+# A payload field indexed beside the keys: every declined payment of the incident, by value
+STATUS_FIELD = "status=get_json_object(CAST(value AS STRING), '$.status')"
+
+
+def _index(bootstrap: str, topics: list[str], path: Path, input_kind: str, per_trigger: int,
+           fields: tuple[str, ...] = ()) -> None:
     from msgindex.cli import index
     from msgindex.spark.pipeline.job import index_kafka
 
     args = ["--bootstrap-servers", bootstrap, "--subscribe", ",".join(topics), "--path", str(path),
-            "--input", input_kind, "--available-now", "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark"]
+            "--input", input_kind, "--available-now", "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark",
+            *(flag for field in fields for flag in ("--index-field", field))]
     index_kafka(index.options_from_args(index.build_parser().parse_args(args)))
 
 
@@ -109,6 +115,8 @@ def _lookups(records_index: Path, metadata_index: Path) -> None:
         begin, end = to_epoch_ms("begin", "-30m", now_ms=now), to_epoch_ms("end", "-15m", now_ms=now)
         _show(store, f"'order-00001' in demo-payments from 30 to 15 minutes ago ({format_window(begin, end)})",
               "order-00001", topic="demo-payments", begin_ms=begin, end_ms=end)
+        _show(store, f"payments whose payload says status 'declined', the same window (the field {STATUS_FIELD!r})",
+              None, fields={"status": ["declined"]}, begin_ms=begin, end_ms=end)
     with msgindex.open(metadata_index) as store:
         _show(store, "'order-00007' in RocketMQ topic TopicTest (metadata events)", "order-00007", topic="TopicTest")
 
@@ -127,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         _produce(bootstrap, args.records, args.events)
         indexing = time.perf_counter()
-        _index(bootstrap, list(RECORD_TOPICS), root / "records", "records", args.max_offsets_per_trigger)
+        _index(bootstrap, list(RECORD_TOPICS), root / "records", "records", args.max_offsets_per_trigger,
+               fields=(STATUS_FIELD,))
         _index(bootstrap, [METADATA_TOPIC[0]], root / "metadata", "metadata", args.max_offsets_per_trigger)
         _say(f"\nindexed {args.records + args.events:,} messages in {time.perf_counter() - indexing:.1f} s "
              f"(Spark start-up included) into {root}")
@@ -153,4 +162,5 @@ def _next_steps(root: Path, bootstrap: str | None) -> str:
             f"  examples/explore.ipynb   (the incident, plotted: open it in Jupyter, or "
             f"jupyter nbconvert --to html --execute examples/explore.ipynb)\n"
             f"  spark.read.format('msgindex').load('{index}').where(\"any_key = 'order-00321'\")   "
-            f"(after msgindex.spark.enable_pushdown(spark))")
+            f"(after msgindex.spark.enable_pushdown(spark))\n"
+            f"  msgindex lookup {index} --field status=declined --since 1h   (by a payload field)")
