@@ -14,7 +14,7 @@ from msgindex.cli import main
 from msgindex.errors import FieldCoverageWarning, InvalidAppendError, InvalidOptionError
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.inspect import inspect_path
-from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord
+from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord, decode_key_bytes
 from msgindex.storage.query import Query
 from tests.storage.kinds import patch_few_candidates
 from tests.storage.shard_model import TINY
@@ -154,3 +154,21 @@ def test_arrow_appends_carry_fields_and_bad_ones_are_refused(stores):
         assert sorted(store.lookup(fields={"order": "o-1"}).column("offset").to_pylist()) == [0, 3]
         assert store.lookup(fields={"sku": "x"}).column("offset").to_pylist() == [0]
         assert store.scan().__next__().num_rows == 4
+
+
+def test_field_values_beside_keys_that_are_not_utf8(stores):
+    """A batch's index strings are Arrow strings when its field terms' hash strings are UTF-8,
+    and Python strs when a key holds lone surrogates (undecodable key bytes): both found."""
+    odd = decode_key_bytes(b"k\xff")
+    records = [MessageRecord("orders", 0, n, BASE + n, odd if n % 2 else f"k{n}", (odd,) if n % 2 else (f"k{n}",),
+                             fields=(("order", f"o-{n % 3}"),)) for n in range(12)]
+    with stores.create() as store, store.writer("b0") as writer:
+        writer.append(records[:6], fields=[ORDER])  # one with the odd key
+        writer.append([r for r in records[6:] if r.offset % 2 == 0], fields=[ORDER])  # UTF-8 only
+    with stores.open() as store:
+        for value in ("o-0", "o-1", "o-2"):
+            found = _found(store.lookup(fields={"order": value}))
+            wanted = {r for r in records[:6] + [r for r in records[6:] if r.offset % 2 == 0]
+                      if r.fields[0][1] == value}
+            assert found == {(r.topic, r.partition, r.offset) for r in wanted}
+        assert sorted(store.lookup(b"k\xff").column("offset").to_pylist()) == [1, 3, 5]
