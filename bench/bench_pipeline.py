@@ -3,8 +3,9 @@
     python bench/bench_pipeline.py [--records 600000] [--bootstrap-servers HOST:PORT]
                                    [--cluster-workers N]      (a local standalone cluster, N 1-core workers)
 
-Produces the records once (Zipf keys, some KEYS/UNIQ_KEY headers; a local broker is started when
-no --bootstrap-servers is given), warms Spark up, then reads the same topic with fresh
+Produces the records once (Zipf keys, some KEYS/UNIQ_KEY headers, JSON payloads of ~200 bytes with
+an order id and 1-3 line items, a trace-id header on each: loadgen.keyed_records(json_fields=True);
+a local broker is started when no --bootstrap-servers is given), warms Spark up, then reads the same topic with fresh
 checkpoints, each run measured from query start (everything already produced) to query end
 (everything committed), available-now, same micro-batch size, interleaved:
 
@@ -17,6 +18,13 @@ checkpoints, each run measured from query start (everything already produced) to
             (rows to Arrow in the JVM, to the Python workers, per-batch jobs); not a goal baseline;
   pipeline  the real job (msgindex.spark.pipeline.job.index_kafka): shards appended and committed.
 
+and with fields (issue 22; skipped with --no-fields): two JSON fields and a header (FIELD_FLAGS:
+an order id by get_json_object, the line items' skus by from_json, the trace-id header):
+
+  parquet-fields   the same projection plus the fields' extracted values as columns, into the
+                   Parquet file sink: the competitor of a field index;
+  pipeline-fields  the real job with those --index-field / --index-header flags.
+
 and, on an object store (moto's S3 server in its own process on loopback, started here; skipped
 with --no-object-store), where everything lives in one bucket, Spark's checkpoints included
 (``s3a://``, Hadoop's connector, as the job defaults to for an ``s3://`` index):
@@ -25,13 +33,16 @@ with --no-object-store), where everything lives in one bucket, Spark's checkpoin
   pipeline-s3  the real job with --path s3://bench/...: chunk PUTs + put-if-absent commits.
 
 Prints records/s of each (median of --repeat runs), the ratios (pipeline/noop, goal >= 0.9;
-pipeline/parquet, goal >= 1.0; pipeline-s3/pipeline, goal >= 0.8; pipeline-s3/parquet-s3), the
+pipeline/parquet, goal >= 1.0; pipeline-fields/pipeline, goal >= 0.75; pipeline-fields/parquet-fields;
+pipeline-s3/pipeline, goal >= 0.8; pipeline-s3/parquet-s3), the
 object store's requests per micro-batch, and where the pipeline's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import shutil
 import statistics
 import sys
@@ -44,11 +55,21 @@ from moto_s3 import add_object_store_flag
 TOPIC_PARTITIONS = 3
 
 
-def _options(bootstrap: str, topic: str, path: Path | str, per_trigger: int, master: str | None, conf: dict):
+def field_flags() -> list[str]:
+    """The field runs' flags: two JSON fields of loadgen's payloads and its trace-id header."""
+    from msgindex.kafka.loadgen import ITEMS_SCHEMA, ORDER_ID_PATH, TRACE_HEADER
+
+    return ["--index-field", f"order=get_json_object(CAST(value AS STRING), '{ORDER_ID_PATH}')",
+            "--index-field", f"sku=from_json(CAST(value AS STRING), '{ITEMS_SCHEMA}').items.sku",
+            "--index-header", f"trace={TRACE_HEADER}"]
+
+
+def _options(bootstrap: str, topic: str, path: Path | str, per_trigger: int, master: str | None, conf: dict,
+             fields: bool = False):
     from msgindex.cli import index as index_job
 
     args = ["--bootstrap-servers", bootstrap, "--subscribe", topic, "--path", str(path), "--available-now",
-            "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark"]
+            "--max-offsets-per-trigger", str(per_trigger), "--quiet-spark", *(field_flags() if fields else [])]
     if master:
         args += ["--master", master]
     for key, value in conf.items():
@@ -92,14 +113,17 @@ def _arrow_floor(spark, options, scratch: Path) -> tuple[float, int]:
 
 
 def _baseline(spark, options, sink_format: str, scratch: Path) -> tuple[float, int]:
-    """Seconds and rows of the same source and projection into one of Spark's own sinks (the
-    Parquet files go to <--path>/parquet, through Hadoop's connector on an object store)."""
+    """Seconds and rows of the same source and projection (with the fields of `options` as
+    columns) into one of Spark's own sinks (the Parquet files go to <--path>/parquet, through
+    Hadoop's connector on an object store)."""
+    from msgindex.spark.pipeline.field_values import analysed_definitions
     from msgindex.spark.pipeline.job import kafka_stream
     from msgindex.spark.pipeline.kafka_records import project_records
     from msgindex.spark.runtime.session import hadoop_url
 
     planner = _planner(spark, options, scratch)
-    projected = project_records(kafka_stream(spark, options), planner._broker_column())
+    fields = analysed_definitions(kafka_stream(spark, options), options.fields)
+    projected = project_records(kafka_stream(spark, options), planner._broker_column(), fields)
     writer = projected.writeStream.format(sink_format).option("checkpointLocation", options.checkpoint)
     if sink_format == "parquet":
         writer = writer.option("path", f"{hadoop_url(options.path) if options.on_object_store else options.path}/parquet")
@@ -118,12 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each variant (the median is reported)")
     parser.add_argument("--cluster-workers", type=int, default=0,
                         help="run on a local Spark standalone cluster of N 1-core workers (default: local[2])")
+    parser.add_argument("--no-fields", dest="fields", action="store_false",
+                        help="skip the runs with two JSON fields and a header (parquet-fields, pipeline-fields)")
     add_object_store_flag(parser, "the runs into an S3 bucket")
     args = parser.parse_args(argv)
 
     from msgindex.kafka.admin import create_topics
     from msgindex.kafka.broker import LocalBroker, free_port
     from msgindex.kafka.loadgen import keyed_records, produce
+    from msgindex.spark.pipeline.field_values import describe_counts, merged_counts
     from msgindex.spark.pipeline.job import index_kafka
     from msgindex.spark.runtime.session import build_spark_session, hadoop_url
     from msgindex.spark.runtime.standalone import LocalStandaloneCluster
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             master = cluster.master_url
             conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                     "spark.executor.memory": "512m", "spark.pyspark.python": sys.executable}
-        names = ["noop", "parquet", "arrow", "pipeline"]
+        names = ["noop", "parquet", "arrow", "pipeline"] + (["parquet-fields", "pipeline-fields"] if args.fields else [])
         store_urls: list[str] = []
         if args.object_store:
             from moto_s3 import Servers
@@ -155,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         topic = f"bench-{int(time.time())}"
         create_topics(bootstrap, {topic: TOPIC_PARTITIONS})
         started = time.perf_counter()
-        produce(bootstrap, keyed_records([topic], args.records, seed=3))
+        produce(bootstrap, keyed_records([topic], args.records, seed=3, json_fields=True))
         print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f} s", flush=True)
         # the first session's jars are the process's: Hadoop's S3 connector staged now if wanted
         spark = build_spark_session(app_name="bench-pipeline", master=master, extra_conf=conf,
@@ -164,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         # warm-up: the JVM (noop) and the Python workers with msgindex imported (a pipeline run)
         _baseline(spark, _options(bootstrap, topic, work / "warmup", args.records, master, conf), "noop",
                   work / "warmup-plan")
-        index_kafka(_options(bootstrap, topic, work / "warmup-pipeline", args.records, master, conf))
+        index_kafka(_options(bootstrap, topic, work / "warmup-pipeline", args.records, master, conf, args.fields))
         if args.object_store:
             index_kafka(_options(bootstrap, topic, "s3://bench/warmup", args.records, master, conf))
 
@@ -173,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.repeat):  # interleaved, so drifting machine load hits all of them alike
             for name in runs:
                 path = f"s3://bench/{name}-{rep}" if name.endswith("-s3") else work / f"{name}-{rep}"
-                options = _options(bootstrap, topic, path, args.max_offsets_per_trigger, master, conf)
+                options = _options(bootstrap, topic, path, args.max_offsets_per_trigger, master, conf,
+                                   name.endswith("-fields"))
                 scratch = work / f"plan-{name}-{rep}"
                 if name.startswith("pipeline"):
                     started = time.perf_counter()
@@ -182,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                 elif name == "arrow":
                     seconds, rows = _arrow_floor(spark, options, scratch)
                 else:
-                    seconds, rows = _baseline(spark, options, name.removesuffix("-s3"), scratch)
+                    seconds, rows = _baseline(spark, options, name.removesuffix("-s3").removesuffix("-fields"), scratch)
                 assert rows == args.records, f"{name} saw {rows} rows, not {args.records}"
                 runs[name].append(seconds)
-                print(f"run {rep + 1}/{args.repeat} {name:9s} {rows:,} rows in {seconds:6.1f} s = "
+                print(f"run {rep + 1}/{args.repeat} {name:15s} {rows:,} rows in {seconds:6.1f} s = "
                       f"{rows / seconds:9,.0f} records/s", flush=True)
 
         median = {name: statistics.median(times) for name, times in runs.items()}
@@ -193,11 +221,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{where}: median of {args.repeat} runs, {args.records:,} records, "
               f"{args.max_offsets_per_trigger:,} per micro-batch:")
         for name in runs:
-            print(f"  {name:9s} {median[name]:6.1f} s = {rate[name]:9,.0f} records/s")
+            print(f"  {name:15s} {median[name]:6.1f} s = {rate[name]:9,.0f} records/s")
         print(f"ratio pipeline/noop = {rate['pipeline'] / rate['noop']:.2f} (goal >= 0.9); "
               f"pipeline/parquet = {rate['pipeline'] / rate['parquet']:.2f} (goal >= 1.0); "
               f"arrow floor/noop = {rate['arrow'] / rate['noop']:.2f}; pipeline/arrow floor = "
               f"{rate['pipeline'] / rate['arrow']:.2f}")
+        if args.fields:
+            stats = history["pipeline-fields"]
+            counts = json.loads(functools.reduce(merged_counts, (json.dumps(s.field_counts) for s in stats), "") or "{}")
+            print(f"fields: pipeline-fields/pipeline = {rate['pipeline-fields'] / rate['pipeline']:.2f} (goal >= 0.75); "
+                  f"pipeline-fields/parquet-fields = {rate['pipeline-fields'] / rate['parquet-fields']:.2f}; "
+                  f"parquet-fields/parquet = {rate['parquet-fields'] / rate['parquet']:.2f}; "
+                  f"values indexed (last run){describe_counts(counts).removeprefix(' | fields')}")
+            for name in ("pipeline", "pipeline-fields"):
+                print(f"  {name} (last run): {sum(s.write_seconds for s in history[name]):.1f} s in the tasks' "
+                      f"appends, {sum(s.seconds for s in history[name]):.1f} s inside foreachBatch, "
+                      f"{sum(s.keys_indexed for s in history[name]):,} index entries")
         if args.object_store:
             requests = [s.requests for s in history["pipeline-s3"]]
             print(f"object store: pipeline-s3/pipeline = {rate['pipeline-s3'] / rate['pipeline']:.2f} (goal >= 0.8); "

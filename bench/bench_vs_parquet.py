@@ -19,11 +19,21 @@ hottest key on ~18% of the records), ~12% with an extra key, timestamps over 3 h
   key), ``first_key`` marking each message's first, sorted by that key, 122,880-row groups: what
   answers a lookup of any key, as msgindex does). Each ratio is against the faster of the two.
 
+Field lookups (issue 22; skipped with --no-fields): every record also carries an order id field
+(``FIELD``, an array field: FIELD_SHARE of the records hold one, FIELD_SEVERAL_SHARE of those 2-3,
+ids drawn uniformly from a pool of one per record), written into a second store (``Store.writer()
+.append(table, fields=[FIELD])``) and as a column of two more Parquet copies for DuckDB: the
+*compact* one with the field as a list column (one row per message, sorted by key: a lookup reads
+every row group) and one row per (message, field value) sorted by the value (row groups pruned by
+its statistics, as the exploded copy's keys are). The key-only store and copies, and every measure
+above, are as without fields; the field store's extra bytes are printed apart.
+
 Measured: random key p50/p99 (keys drawn uniformly from the distinct keys; every side timed in
 alternating blocks of LATENCY_BLOCK keys after a pause, each block's first query, on a CPU that
 was idle, timed apart; msgindex's also alone, before DuckDB first runs in the process, since
 DuckDB's lingering worker threads slow a lookup timed after one), the hottest key, 1,000 random
-keys in one call, a 1% time window (each side's runs back to back, medians); bytes of everything
+keys in one call, a 1% time window (each side's runs back to back, medians), a random field
+value's p50/p99 (values drawn uniformly from those held, timed the same way as keys); bytes of everything
 but the hash index files and of the whole store vs the compact Parquet file, and bytes per
 record by kind of file.
 
@@ -50,6 +60,8 @@ import pyarrow.parquet as pq
 
 from msgindex.storage import hash_run
 from msgindex.storage.disk_usage import disk_usage
+from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.message import FIELD_PAIR, FIELDS_COLUMN
 from msgindex.storage.store import StoreSettings, open_store
 
 TOPIC_NAMES = ["orders", "payments", "users", "events"]  # then topic-4, topic-5, ...
@@ -59,6 +71,12 @@ LATENCY_BLOCK = 25  # random-key lookups timed in alternating blocks of this man
 # Between blocks: DuckDB's worker threads linger up to ~0.3 s after a query and slow what runs
 # next on 2 cores (a msgindex lookup 2x at 0.05 s, unchanged from 0.3 s on).
 LATENCY_PAUSE_S = 0.3
+# The field lookups' field: what an indexing job declares for an order id in a JSON payload.
+FIELD = FieldDefinition("order_id", "expression",
+                        "from_json(CAST(value AS STRING), 'struct<order_ids:array<string>>').order_ids", "array")
+FIELD_SHARE = 0.9  # records with the field
+FIELD_SEVERAL_SHARE = 0.15  # of those, records with 2-3 values
+FIELD_SPREAD = 7_919  # a record's further values: its first + k * FIELD_SPREAD (distinct within the record)
 
 
 @dataclass(frozen=True)
@@ -178,16 +196,42 @@ def generate(count: int, seed: int, shape: Shape = SHAPES["project"]) -> pa.Tabl
     })
 
 
-def write_exploded(table: pa.Table, path: Path) -> None:
+def field_values(count: int, seed: int) -> pa.ListArray:
+    """Each record's values of FIELD (module docstring): ids like ``o-000001234``, distinct within
+    a record, drawn with a generator of their own (the other rows are the same with or without)."""
+    rng = np.random.default_rng(seed + 22)
+    per_record = (rng.random(count) < FIELD_SHARE).astype(np.int64)
+    several = (per_record == 1) & (rng.random(count) < FIELD_SEVERAL_SHARE)
+    per_record[several] = rng.integers(2, 4, int(several.sum()))
+    firsts = rng.integers(0, count, count)
+    owners = np.repeat(np.arange(count), per_record)
+    within = np.arange(len(owners)) - np.repeat(np.cumsum(per_record) - per_record, per_record)
+    numbers = (firsts[owners] + within * FIELD_SPREAD) % max(count, 1)
+    offsets = np.zeros(count + 1, np.int32)
+    np.cumsum(per_record, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), _rendered(numbers, "o-", 9),
+                                    type=pa.list_(pa.field("item", pa.string(), nullable=False)))
+
+
+def with_fields(table: pa.Table, values: pa.ListArray) -> pa.Table:
+    """`table` with the ``fields`` column of a field append (FIELDS_COLUMN: FIELD's `values`)."""
+    flat = pc.list_flatten(values)
+    pairs = pa.StructArray.from_arrays([pa.repeat(pa.scalar(FIELD.name), len(flat)), flat], fields=list(FIELD_PAIR))
+    column = pa.ListArray.from_arrays(values.offsets, pairs, type=FIELDS_COLUMN.type)
+    return table.append_column(FIELDS_COLUMN, column)
+
+
+def write_exploded(table: pa.Table, path: Path, list_column: str = "keys", lookup_column: str = "lookup_key") -> None:
     """One row per (message, key), sorted by that key (``lookup_key``; ``first_key`` marks each
     message's first row, so that a time scan returns each message once): what answers a lookup of
-    any key of a message, as msgindex does."""
-    parents = pc.list_parent_indices(table.column("keys")).to_numpy()
+    any key of a message, as msgindex does. With another `list_column` (a field's values), one
+    row per (message, value) sorted by the value, in `lookup_column`."""
+    parents = pc.list_parent_indices(table.column(list_column)).to_numpy()
     first = np.r_[True, parents[1:] != parents[:-1]]
-    exploded = table.take(pa.array(parents)).append_column("lookup_key", pc.list_flatten(table.column("keys")))
+    exploded = table.take(pa.array(parents)).append_column(lookup_column, pc.list_flatten(table.column(list_column)))
     exploded = exploded.append_column("first_key", pa.array(first))
     # DuckDB's own row-group size (122,880 rows): small enough for key statistics to prune well
-    pq.write_table(exploded.sort_by("lookup_key"), path, compression="zstd", row_group_size=122_880)
+    pq.write_table(exploded.sort_by(lookup_column), path, compression="zstd", row_group_size=122_880)
 
 
 def write_compact(db, table: pa.Table, path: Path) -> None:
@@ -202,11 +246,12 @@ def write_compact(db, table: pa.Table, path: Path) -> None:
 class Duck:
     """DuckDB's queries over one Parquet file (Arrow results, as msgindex returns)."""
 
-    def __init__(self, db, path: Path, key_column: str, one_row_per_message: str) -> None:
+    def __init__(self, db, path: Path, key_column: str, one_row_per_message: str, match: str = "{} = ?") -> None:
         self.db, self.source, self.key_column, self.once = db, f"read_parquet('{path}')", key_column, one_row_per_message
+        self.match = match.format(key_column)  # one key's condition: a list column's is list_contains({}, ?)
 
     def key(self, key: str) -> pa.Table:
-        return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.key_column} = ?", params=[key]).to_arrow_table()
+        return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.match}", params=[key]).to_arrow_table()
 
     def keys(self, keys: list[str]) -> pa.Table:
         return self.db.sql(f"SELECT * FROM {self.source} WHERE {self.key_column} IN (SELECT unnest(?))",
@@ -217,12 +262,13 @@ class Duck:
                            params=[begin, end]).to_arrow_table()
 
 
-def write_store(table: pa.Table, root: Path, append_rows: int) -> None:
+def write_store(table: pa.Table, root: Path, append_rows: int, fields: tuple[FieldDefinition, ...] = ()) -> None:
     """Write the store as the pipeline does: appends of `append_rows`, each committed (and its
-    hash index file's committed entries sealed into hash runs when due)."""
+    hash index file's committed entries sealed into hash runs when due); `fields`: the
+    definitions of the ``fields`` column's values (with_fields)."""
     with open_store(root, create=True, settings=StoreSettings()) as store, store.writer("b0") as writer:
         for start in range(0, table.num_rows, append_rows):
-            writer.append(table.slice(start, append_rows))
+            writer.append(table.slice(start, append_rows), fields=fields)
 
 
 def remove_hash_runs(root: Path) -> int:
@@ -250,6 +296,34 @@ def median_time(fn, runs: int) -> tuple[float, object]:
     return statistics.median(t for t, _ in results), results[0][1]
 
 
+def alternating_latencies(sides: dict, keys: list[str], wake_keys: list[str]) -> tuple[dict, dict]:
+    """Each side's one-key lookup times ({name: [seconds]}) and its times after an idle pause, the
+    sides answering the same keys in alternating blocks of LATENCY_BLOCK; every key's row count
+    checked equal across the sides.
+
+    Alternate blocks of keys, each started after a pause, rather than single queries: DuckDB's
+    worker threads keep working after a query returns and, on 2 cores, slow the next lookup
+    (one-key p50 0.14 ms alone vs 0.6-0.8 ms right after a DuckDB query, p99 0.75 vs 1.6-6 ms,
+    10M store). The first query after a pause runs on a CPU that was idle: on this VM even a plain
+    Python loop of 0.13 ms takes 2x as long then, a one-key lookup ~1.4 ms instead of ~0.2. That
+    first query of each block is a key of its own (`wake_keys`, one a block), timed apart ("after
+    an idle pause") so that it neither hides nor makes the steady p50/p99."""
+    lat = {name: [] for name in sides}
+    after_idle = {name: [] for name in sides}
+    for block in range(0, len(keys), LATENCY_BLOCK):
+        chunk = keys[block : block + LATENCY_BLOCK]
+        wake = wake_keys[block // LATENCY_BLOCK]
+        answers = {}
+        for name, lookup in sides.items():
+            time.sleep(LATENCY_PAUSE_S)  # each side starts with the others idle
+            after_idle[name].append(timed(lambda: lookup(wake))[0])
+            answers[name] = [timed(lambda: lookup(key)) for key in chunk]
+            lat[name] += [t for t, _ in answers[name]]
+        for n, key in enumerate(chunk):
+            assert len({answer[n][1].num_rows for answer in answers.values()}) == 1, key
+    return lat, after_idle
+
+
 HASH_KINDS = ("hash_index_files", "hash_runs")
 
 
@@ -260,6 +334,38 @@ def store_bytes_goal(records: int) -> float:
     return 8.0 - 3.0 * position
 
 
+def field_measures(args, db, table: pa.Table, work: Path, rng: np.random.Generator) -> tuple:
+    """The field lookups (module docstring): FIELD's values, the seconds the store with them took
+    to write, each side's one-value lookup times and times after an idle pause
+    (alternating_latencies), the rows each value found, and the bytes of the store and the two
+    Parquet copies with the field."""
+    values = field_values(args.records, args.seed)
+    t_store, _ = timed(lambda: write_store(with_fields(table, values), work / "store-fields", args.append_rows, (FIELD,)))
+    with_column = table.append_column(FIELD.name, values)
+    write_compact(db, with_column, work / "fields-compact.parquet")
+    write_exploded(with_column, work / "fields-exploded.parquet", FIELD.name, "lookup_value")
+    ducks = {"compact": Duck(db, work / "fields-compact.parquet", FIELD.name, "", "list_contains({}, ?)"),
+             "exploded": Duck(db, work / "fields-exploded.parquet", "lookup_value", "first_key AND")}
+    held = pc.unique(pc.list_flatten(values))
+    picked = rng.integers(0, len(held), args.random_keys + -(-args.random_keys // LATENCY_BLOCK)).tolist()
+    random_values = held.take(pa.array(picked)).to_pylist()
+    wake_values = random_values[args.random_keys:]
+    with open_store(work / "store-fields") as store:
+        def lookup(value):
+            return store.lookup(fields={FIELD.name: value})
+
+        lookup(random_values[0])  # open the reader, warm caches on every side
+        for duck in ducks.values():
+            duck.key(random_values[0])
+        sides = {"msgindex": lookup, **{name: duck.key for name, duck in ducks.items()}}
+        lat, after_idle = alternating_latencies(sides, random_values[: args.random_keys], wake_values)
+        rows = [lookup(value).num_rows for value in random_values[: args.random_keys]]
+    usage = disk_usage(work / "store-fields")
+    sizes = {"store": max(usage.apparent, usage.allocated),
+             **{name: (work / f"fields-{name}.parquet").stat().st_size for name in ducks}}
+    return values, t_store, lat, after_idle, rows, sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=10_000_000)
@@ -268,6 +374,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs of each bulk query (median)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--no-fields", dest="fields", action="store_false",
+                        help="skip the field lookups (a second store and two more Parquet copies)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="project",
                         help="named workload shape (the flags below override its fields)")
     for name, value in dataclasses.asdict(Shape()).items():
@@ -330,28 +438,8 @@ def main() -> None:
             for duck in ducks.values():
                 duck.key(random_keys[0])
             rows = {}
-            lat = {"msgindex": [], **{name: [] for name in ducks}}
-            after_idle = {name: [] for name in lat}
-            # Alternate blocks of keys, each started after a pause, rather than single queries:
-            # DuckDB's worker threads keep working after a query returns and, on 2 cores, slow
-            # the next lookup (one-key p50 0.14 ms alone vs 0.6-0.8 ms right after a DuckDB
-            # query, p99 0.75 vs 1.6-6 ms, 10M store).
-            # The first query after a pause runs on a CPU that was idle: on this VM even a plain
-            # Python loop of 0.13 ms takes 2x as long then, a one-key lookup ~1.4 ms instead of
-            # ~0.2. That first query of each block is a key of its own, timed apart ("after an
-            # idle pause") so that it neither hides nor makes the steady p50/p99.
             sides = {"msgindex": store.lookup, **{name: duck.key for name, duck in ducks.items()}}
-            for block in range(0, len(random_keys), LATENCY_BLOCK):
-                keys = random_keys[block : block + LATENCY_BLOCK]
-                wake = wake_keys[block // LATENCY_BLOCK]
-                answers = {}
-                for name, lookup in sides.items():
-                    time.sleep(LATENCY_PAUSE_S)  # each side starts with the others idle
-                    after_idle[name].append(timed(lambda: lookup(wake))[0])
-                    answers[name] = [timed(lambda: lookup(key)) for key in keys]
-                    lat[name] += [t for t, _ in answers[name]]
-                for n, key in enumerate(keys):
-                    assert len({answer[n][1].num_rows for answer in answers.values()}) == 1, key
+            lat, after_idle = alternating_latencies(sides, random_keys, wake_keys)
             quantiles = {name: np.percentile(times, [50, 99]) for name, times in lat.items()}
             t_hot, hot = {}, {}
             for name, lookup in sides.items():
@@ -375,10 +463,17 @@ def main() -> None:
                 t_bare[name], answer = median_time(lambda: lookup(hot_key), args.runs)
                 assert answer.num_rows == rows["hot"]
 
+        if args.fields:
+            fielded = field_measures(args, db, table, work, rng)
+
         def line(name, values, goal):
             best = min(values[duck] for duck in ducks)
             print(f"| {name} | {values['msgindex'] * 1000:,.2f} ms | {values['compact'] * 1000:,.2f} ms | "
                   f"{values['exploded'] * 1000:,.2f} ms | {values['msgindex'] / best:.3f} | {goal} |")
+
+        def quantile_lines(what: str, quantiles: dict, p99_goal: str) -> None:
+            line(f"random {what} p50 ({args.random_keys} {what}s)", {name: q[0] for name, q in quantiles.items()}, "<= 0.1")
+            line(f"random {what} p99", {name: q[1] for name, q in quantiles.items()}, p99_goal)
 
         def medians(results):
             return {name: statistics.median(t for t, _ in times) for name, times in results.items()}
@@ -388,8 +483,7 @@ def main() -> None:
         print("| measure | msgindex | DuckDB, compact Parquet | DuckDB, exploded Parquet | ratio msgindex / the faster "
               "DuckDB | goal |")
         print("|---|---|---|---|---|---|")
-        line(f"random key p50 ({args.random_keys} keys)", {name: q[0] for name, q in quantiles.items()}, "<= 0.1")
-        line("random key p99", {name: q[1] for name, q in quantiles.items()}, "p99 <= 1 ms")
+        quantile_lines("key", quantiles, "p99 <= 1 ms")
         print(f"| random key p50 / p99, msgindex alone (timed before DuckDB first ran in the process) | "
               f"{q_alone[0] * 1000:,.2f} / {q_alone[1] * 1000:,.2f} ms | | | | p99 <= 1 ms |")
         print(f"| random key p50 / p99, msgindex alone, CPU time (what a lookup costs without waiting for "
@@ -404,6 +498,25 @@ def main() -> None:
         for what, mine, limit in (("all but hash files", bytes_mi, 1.5), ("whole store", bytes_store, goal)):
             print(f"| bytes, {what} | {mine:,} | {bytes_compact:,} | {bytes_exploded:,} | {mine / bytes_compact:.3f} "
                   f"(exploded: {mine / bytes_exploded:.3f}) | <= {limit:g} x compact |")
+        if args.fields:
+            values, t_fstore, f_lat, f_idle, f_rows, f_bytes = fielded
+            f_quantiles = {name: np.percentile(times, [50, 99]) for name, times in f_lat.items()}
+            flat, per_record = pc.list_flatten(values), pc.list_value_length(values).to_numpy()
+            print(f"\nfield lookups: field {FIELD.name!r} ({FIELD.shape}) on {int((per_record > 0).sum()):,} records, "
+                  f"{len(flat):,} values ({pc.count_distinct(flat).as_py():,} distinct; "
+                  f"{int((per_record > 1).sum()):,} records with 2-3); store with the field "
+                  f"written in {t_fstore:.1f} s; rows a lookup found: median {statistics.median(f_rows)}, max {max(f_rows)}")
+            print("| measure | msgindex, store with the field | DuckDB, compact Parquet + the field as a list column | "
+                  "DuckDB, a row per (message, field value) sorted by it | ratio msgindex / the faster DuckDB | goal |")
+            print("|---|---|---|---|---|---|")
+            quantile_lines("field value", f_quantiles, "")
+            line(f"random field value after an idle pause, median of {len(f_idle['msgindex'])}",
+                 {name: statistics.median(times) for name, times in f_idle.items()}, "")
+            print(f"| field value p50 / key p50 (msgindex, this run) | "
+                  f"{f_quantiles['msgindex'][0] / quantiles['msgindex'][0]:.2f} | | | | |")
+            print(f"| bytes, whole store / Parquet copy | {f_bytes['store']:,} | {f_bytes['compact']:,} | "
+                  f"{f_bytes['exploded']:,} | {f_bytes['store'] / f_bytes['compact']:.3f} (the key-only store: "
+                  f"{bytes_store / bytes_compact:.3f}) | |")
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
         print(f"\nbytes per record by kind (compact Parquet: {bytes_compact / args.records:.2f} B/record, exploded "
               f"{bytes_exploded / args.records:.2f}; 'x compact' = the kind's bytes / the compact Parquet file's)")

@@ -14,7 +14,7 @@ from msgindex.cli import main
 from msgindex.errors import FieldCoverageWarning, InvalidAppendError, InvalidOptionError
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.inspect import inspect_path
-from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord
+from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord, decode_key_bytes
 from msgindex.storage.query import Query
 from tests.storage.kinds import patch_few_candidates
 from tests.storage.shard_model import TINY
@@ -190,3 +190,21 @@ def test_rows_show_the_fields_asked_as_columns(stores, monkeypatch, few):
             assert found.num_rows and shown(found) == {offset: expected[offset] for offset in found["offset"].to_pylist()}
         nothing = store.lookup(Query.of(["no-such-key"], field_columns=columns))
         assert nothing.num_rows == 0
+
+
+def test_field_values_beside_keys_that_are_not_utf8(stores):
+    """A batch's index strings are Arrow strings when its field terms' hash strings are UTF-8,
+    and Python strs when a key holds lone surrogates (undecodable key bytes): both found."""
+    odd = decode_key_bytes(b"k\xff")
+    records = [MessageRecord("orders", 0, n, BASE + n, odd if n % 2 else f"k{n}", (odd,) if n % 2 else (f"k{n}",),
+                             fields=(("order", f"o-{n % 3}"),)) for n in range(12)]
+    with stores.create() as store, store.writer("b0") as writer:
+        writer.append(records[:6], fields=[ORDER])  # one with the odd key
+        writer.append([r for r in records[6:] if r.offset % 2 == 0], fields=[ORDER])  # UTF-8 only
+    with stores.open() as store:
+        for value in ("o-0", "o-1", "o-2"):
+            found = _found(store.lookup(fields={"order": value}))
+            wanted = {r for r in records[:6] + [r for r in records[6:] if r.offset % 2 == 0]
+                      if r.fields[0][1] == value}
+            assert found == {(r.topic, r.partition, r.offset) for r in wanted}
+        assert sorted(store.lookup(b"k\xff").column("offset").to_pylist()) == [1, 3, 5]

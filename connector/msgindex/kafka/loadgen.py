@@ -8,6 +8,8 @@ Keys follow a Zipf distribution over a pool (a few hot keys, a long tail), about
 carry a ``KEYS`` header (space-separated extra keys) and 5% a ``UNIQ_KEY`` header; metadata
 events name brokers ``broker-a``/``broker-b``/... and use the schema of
 msgindex.spark.pipeline.metadata_events. Everything is seeded: the same flags produce the same messages.
+With ``json_fields`` the payloads are JSON carrying an order id and line items (``--index-field``
+material) and every record a ``trace-id`` header (``--index-header``): see ``json_payload``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ ZIPF_EXPONENT = 1.2
 KEYS_HEADER_SHARE = 0.10
 UNIQ_KEY_SHARE = 0.05
 VALUE_BYTES = 200  # payloads exist (the pipeline must not read them), their content does not matter
+TRACE_HEADER = "trace-id"  # json_fields: every record's trace id
+# json_fields: the JSON paths an indexing job's fields read (bench_pipeline.py declares them)
+ORDER_ID_PATH, ITEMS_SCHEMA = "$.order.id", "struct<items:array<struct<sku:string>>>"
+MISSING_ORDER_SHARE = 0.02  # json_fields: payloads without an order (a field's records "without")
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,21 @@ def zipf_key_ids(count: int, pool: int, seed: int) -> np.ndarray:
     return rng.choice(pool, size=count, p=weights / weights.sum())
 
 
-def keyed_records(topics: list[str], count: int, *, key_pool: int = DEFAULT_KEY_POOL, seed: int = 7) -> Iterator[Message]:
-    """Records spread over `topics`: Zipf keys like ``order-00042``, some KEYS / UNIQ_KEY headers."""
+def json_payload(rng: random.Random, n: int, seed: int) -> tuple[bytes, tuple[str, bytes]]:
+    """A JSON payload of about VALUE_BYTES: ``{"order": {"id": "o-..."}, "items": [{"sku": ...}, 1-3
+    of them], ...}`` (MISSING_ORDER_SHARE without the order), and its ``trace-id`` header."""
+    items = [{"sku": f"sku-{rng.randrange(20_000):05d}", "qty": rng.randint(1, 4)} for _ in range(rng.randint(1, 3))]
+    event = {"order": {"id": f"o-{seed:02x}{n:08x}", "state": "created"}} if rng.random() >= MISSING_ORDER_SHARE else {}
+    event.update(items=items, customer=f"customer-{rng.randrange(50_000):05d}", amount=rng.randrange(100, 99_999) / 100)
+    text = json.dumps(event, separators=(",", ":"))
+    text = text[:-1] + f',"note":"{"x" * max(0, VALUE_BYTES - len(text) - 10)}"}}'
+    return text.encode(), (TRACE_HEADER, f"{seed:04x}{n:012x}".encode())
+
+
+def keyed_records(topics: list[str], count: int, *, key_pool: int = DEFAULT_KEY_POOL, seed: int = 7,
+                  json_fields: bool = False) -> Iterator[Message]:
+    """Records spread over `topics`: Zipf keys like ``order-00042``, some KEYS / UNIQ_KEY headers;
+    with `json_fields`, JSON payloads and a trace-id header on each (json_payload)."""
     rng = random.Random(seed)
     ids = zipf_key_ids(count, key_pool, seed)
     payload = bytes(rng.getrandbits(8) for _ in range(VALUE_BYTES))
@@ -60,7 +79,11 @@ def keyed_records(topics: list[str], count: int, *, key_pool: int = DEFAULT_KEY_
             headers.append(("KEYS", extra.encode()))
         if rng.random() < UNIQ_KEY_SHARE:
             headers.append(("UNIQ_KEY", f"{seed:04X}{n:016X}".encode()))
-        yield Message(topic, f"order-{int(key_id):05d}".encode(), payload, tuple(headers))
+        value = payload
+        if json_fields:
+            value, trace = json_payload(rng, n, seed)
+            headers.append(trace)
+        yield Message(topic, f"order-{int(key_id):05d}".encode(), value, tuple(headers))
 
 
 MINUTE_MS = 60_000

@@ -94,6 +94,11 @@ class AppendColumns:
                 separator = pc.if_else(pa.array(is_term), pa.scalar(encode_text(FIELD_HASH_SEPARATOR), RAW_TEXT),
                                        separator)
         joined = pc.binary_join_element_wise(self.topic.take(pa.array(parents)), items, separator)
+        if joined.type == RAW_TEXT:
+            try:  # RAW_TEXT only for its field terms: their hash strings are UTF-8, and so Arrow strings
+                joined = joined.cast(TEXT)
+            except pa.ArrowInvalid:  # a lone surrogate somewhere: Python strs
+                pass
         keys = joined if joined.type == TEXT else _python_strs(joined)
         return keys, parents + first_seq, self.timestamp_ms[parents]
 

@@ -264,6 +264,16 @@ def coverage_in(extra: Mapping[str, Any], *, source: object) -> FieldCoverage:
     return FieldCoverage.from_json(extra.get(EXTRA_MEMBER), source=source)
 
 
+def cached_coverage(cached: tuple[object, FieldCoverage] | None, state: object, extra: Mapping[str, Any], *,
+                    source: object) -> tuple[object, FieldCoverage]:
+    """(`state`, the coverage its `extra` holds), reusing `cached` when it is of the same state
+    object: a committed state never changes, and parsing its ranges on every field lookup cost
+    ~0.1-0.3 ms of a ~0.7 ms lookup (32 topic-partitions; it grows with them)."""
+    if cached is not None and cached[0] is state:
+        return cached
+    return state, coverage_in(extra, source=source)
+
+
 def extra_after_append(extra: Mapping[str, Any], definitions: Sequence[FieldDefinition], committed: SourceRanges,
                        appended: SourceRanges, *, source: object) -> dict[str, Any]:
     """`extra` after an append that evaluated `definitions` over the slices `appended` of which

@@ -237,6 +237,7 @@ class _Committed(ABC):
     """What writer and reader both expose of the checkpoint they hold; both are context managers."""
 
     _checkpoint: Checkpoint
+    _coverage: tuple | None = None  # (the checkpoint, its field coverage): fields.cached_coverage
 
     @abstractmethod
     def close(self) -> None:
@@ -260,7 +261,9 @@ class _Committed(ABC):
     @property
     def field_coverage(self) -> fields.FieldCoverage:
         """The fields the shard indexes and the source offsets each covers (storage/fields.py)."""
-        return fields.coverage_in(self._checkpoint.extra, source=checkpoint_path(self.directory))
+        self._coverage = fields.cached_coverage(self._coverage, self._checkpoint, self._checkpoint.extra,
+                                                source=checkpoint_path(self.directory))
+        return self._coverage[1]
 
 
 class ShardWriter(_Committed):

@@ -336,6 +336,7 @@ class ObjectShardReader(VerifiedReads):
         self.client = client
         self.version = version
         self.url = f"{client.location.url.rstrip('/')}/{shard_prefix}"
+        self._coverage: tuple | None = None  # (the version, its field coverage): fields.cached_coverage
         chunks = [ObjectChunk(client, shard_prefix, ref) for ref in version.chunks]
         self._log = ObjectLog(chunks, version.log_start_seq, version.record_count, self.url) if chunks else None
 
@@ -395,7 +396,8 @@ class ObjectShardReader(VerifiedReads):
     @property
     def field_coverage(self) -> fields.FieldCoverage:
         """The fields the shard indexes and the source offsets each covers (storage/fields.py)."""
-        return fields.coverage_in(self.version.extra, source=self.url)
+        self._coverage = fields.cached_coverage(self._coverage, self.version, self.version.extra, source=self.url)
+        return self._coverage[1]
 
     def _field_pairs(self, query: Query) -> tuple[tuple[str, str], ...]:
         """As ``ShardReader._field_pairs``: names as indexed, a warning per field not covering
