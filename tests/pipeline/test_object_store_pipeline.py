@@ -26,6 +26,7 @@ from tests.pipeline.test_cli_failures import MSGINDEX, assert_one_line
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 RECORDS = 6_000
+SLOT = "slot=CAST(offset % 7 AS STRING)"  # a field from a Kafka column: its truth is the offsets
 
 
 def _options(s3) -> list[str]:
@@ -42,10 +43,14 @@ def test_the_job_indexes_into_an_object_store_exactly_once(kafka_bootstrap, kafk
     checkpoint = tmp_path / "checkpoints" / "first"
     history = run_job_in_process(job_args(kafka_bootstrap, topics, url, "--available-now", "--quiet-spark",
                                           "--max-offsets-per-trigger", "2500", "--checkpoint", str(checkpoint),
-                                          *_options(s3)))
+                                          "--index-field", SLOT, *_options(s3)))
     assert len(history) >= 2
     assert sum(s.appended for s in history) == sum(s.records for s in history) == len(truth.messages)
     assert_index_equals(url, truth, topics=topics, storage_options=s3.options)
+    with msgindex.open(url, storage_options=s3.options) as store:  # a field, in the bucket's shards too
+        found = store.lookup(fields={"slot": "3"}).select(["topic", "partition", "offset"]).to_pylist()
+        assert sorted((r["topic"], r["partition"], r["offset"]) for r in found) == sorted(
+            where for where in truth.messages if where[2] % 7 == 3)
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]
 
     # what the job keeps beside the shards is in the bucket too
@@ -55,7 +60,8 @@ def test_the_job_indexes_into_an_object_store_exactly_once(kafka_bootstrap, kafk
 
     # a new Spark checkpoint starts again from earliest: every record found committed
     again = run_job_in_process(job_args(kafka_bootstrap, topics, url, "--available-now", "--quiet-spark",
-                                        "--checkpoint", str(tmp_path / "checkpoints" / "second"), *_options(s3)))
+                                        "--checkpoint", str(tmp_path / "checkpoints" / "second"),
+                                        "--index-field", SLOT, *_options(s3)))
     assert sum(s.appended for s in again) == 0
     assert sum(s.already_committed for s in again) == len(truth.messages)
     assert_index_equals(url, truth, topics=topics, storage_options=s3.options)

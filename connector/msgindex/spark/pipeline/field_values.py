@@ -19,6 +19,10 @@ Arrow kernels on the executors.
   (null, empty, a payload the expression could not parse: Spark's JSON functions give null for
   invalid JSON, from_avro for invalid Avro as above) and the values set aside because they are not
   UTF-8. None of these is fatal.
+* An expression that fails on a record under Spark's ANSI mode (a cast of ``'abc'`` to INT, an
+  index past an array's end, a division by zero) would fail the query: while a job with fields
+  runs, its session evaluates with ``spark.sql.ansi.enabled=false`` (`lenient_expressions`), where
+  those give null, counted as "without". A user's ``--conf spark.sql.ansi.enabled=...`` wins.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from msgindex.storage.fields import (
 from msgindex.storage.message import FIELD_PAIR, FIELDS_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 COLUMN_PREFIX = "msgindex_field_"  # the projected column of field i: COLUMN_PREFIX + str(i)
 MAX_ERROR_CHARS = 300
@@ -296,3 +300,24 @@ def describe_counts(counts: dict[str, list[int]]) -> str:
         notes = [f"{without:,} without"] + ([f"{not_utf8:,} not UTF-8"] if not_utf8 else [])
         parts.append(f"{name} {indexed:,} ({', '.join(notes)})")
     return " | fields " + ", ".join(parts)
+
+
+ANSI_MODE = "spark.sql.ansi.enabled"
+
+
+@contextmanager
+def lenient_expressions(spark: SparkSession, fields: Sequence[object], user_conf: dict[str, str]) -> Iterator[None]:
+    """While the job runs: its session's ANSI mode off when it evaluates fields (module docstring),
+    unless the user set it; restored afterwards (a session may outlive the job)."""
+    if not fields or ANSI_MODE in user_conf:
+        yield
+        return
+    before = spark.conf.get(ANSI_MODE, None)
+    spark.conf.set(ANSI_MODE, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(ANSI_MODE)
+        else:
+            spark.conf.set(ANSI_MODE, before)

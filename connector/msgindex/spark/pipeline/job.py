@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgindex.errors import InvalidOptionError
-from msgindex.spark.pipeline.field_values import DeclaredField
+from msgindex.spark.pipeline.field_values import DeclaredField, lenient_expressions
 from msgindex.spark.pipeline.kafka_source import KAFKA_OPTION_PREFIX, KafkaSource
 from msgindex.spark.pipeline.progress import say
 from msgindex.spark.pipeline.shard_owner import (
@@ -245,7 +245,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                           .queryName(options.query_name), options)
         started = time.perf_counter()
         try:
-            with _StopOnSignal(stop) as stop_request:
+            with _StopOnSignal(stop) as stop_request, lenient_expressions(spark, config.fields, options.spark_conf):
                 query = stream_writer.start()
                 say(f"indexing {options.subscribe or options.subscribe_pattern} from {options.bootstrap_servers} "
                     f"into {options.path} (input {options.input_kind}, checkpoint {options.checkpoint}, "

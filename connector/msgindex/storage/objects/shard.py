@@ -211,6 +211,17 @@ class ObjectChunk(BatchReads):
         except ObjectMissingError:
             raise CorruptFileError(f"{self.path}: chunk object listed by the shard version is missing") from None
 
+    def candidates_in_memory(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """`hash_candidates` when the process holds what answers it (the bloom filter says none,
+        or the whole hash section is cached): None when a request is needed. A warm lookup
+        answers most chunks so, in its own thread: handing each to the I/O threads cost more
+        than the answer."""
+        cached = FOOTERS.get(self.path, self._load_footer)
+        hashes = key_hashes[cached.footer.may_hold(key_hashes)]
+        if not len(hashes):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return None if cached.items is None else self._items_of(cached.items, hashes)
+
     def hash_candidates(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(seqs, key hashes) of the chunk's items of `key_hashes` (distinct, uint32): the pages
         that may hold them read in one request, checked, filtered."""
@@ -415,7 +426,10 @@ class ObjectShardReader(VerifiedReads):
         chunks = [c for c in self._log.chunk_objects() if _overlaps(c, begin_ms, end_ms)]
         self._log.load_footers(chunks)
         distinct = np.unique(wanted.hashes).astype(np.uint32)
-        found = in_parallel(lambda chunk: chunk.hash_candidates(distinct), chunks)
+        found = [chunk.candidates_in_memory(distinct) for chunk in chunks]
+        pending = [at for at, result in enumerate(found) if result is None]
+        for at, result in zip(pending, in_parallel(lambda at: chunks[at].hash_candidates(distinct), pending)):
+            found[at] = result
         seqs = np.concatenate([s for s, _ in found]) if found else np.zeros(0, np.int64)
         hashes = np.concatenate([h for _, h in found]) if found else np.zeros(0, np.int64)
         if not len(seqs):
