@@ -18,7 +18,7 @@ from msgindex.spark.pipeline.partition_brokers import FILE_NAME, PartitionBroker
 from msgindex.spark.pipeline.quarantine import committed_ranges, read_quarantine, write_quarantine
 from msgindex.spark.pipeline.shard_owner import append_to_shard, forget_writers
 from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets as spark_batch_end_offsets
-from msgindex.spark.pipeline.spark_checkpoint import local_path
+from msgindex.spark.pipeline.spark_checkpoint import clear_interrupted_first_batch, local_path
 from msgindex.storage.location import parse_location
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.root_files import root_files
@@ -190,6 +190,27 @@ def test_batch_end_offsets_from_sparks_offset_log(tmp_path):
     assert spark_batch_end_offsets(tmp_path.as_uri(), 4) == {("t", 0): 12, ("t", 1): 30, ("u", 0): 1}
     assert spark_batch_end_offsets(tmp_path, 5) == {}
     assert spark_batch_end_offsets("hdfs://nn/ck", 4) == {} and local_path("s3a://b/ck") is None
+
+
+def test_an_unfinished_first_offset_entry_is_cleared_and_nothing_else(tmp_path):
+    """A job SIGKILLed while Spark wrote its first offset-log entry leaves only Spark's temporary
+    files (Spark then refuses the checkpoint: STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)."""
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    unfinished = [".0.ab33f013-09b3-490e-9f66-76274724a391.tmp", "..0.ab33f013-09b3-490e-9f66-76274724a391.tmp.crc"]
+    for name in unfinished:
+        (offsets / name).write_bytes(b"")
+    assert clear_interrupted_first_batch(str(tmp_path)) == sorted(unfinished)
+    assert list(offsets.iterdir()) == []
+    # an entry exists (Spark ignores temporary files then), or something else is there: untouched
+    for others in (["0"], ["notes.txt"]):
+        for name in [*unfinished, *others]:
+            (offsets / name).write_bytes(b"v1\n")
+        assert clear_interrupted_first_batch(tmp_path.as_uri()) == []
+        assert sorted(p.name for p in offsets.iterdir()) == sorted([*unfinished, *others])
+        for p in offsets.iterdir():
+            p.unlink()
+    assert clear_interrupted_first_batch("s3a://b/ck") == [] and clear_interrupted_first_batch(str(tmp_path / "x")) == []
 
 
 def test_batch_end_offsets_from_an_offset_log_in_a_bucket(s3):

@@ -212,6 +212,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
     from msgindex.spark.pipeline.progress import SparkProgressListener
     from msgindex.spark.pipeline.sink import BatchWriter, IndexSink
+    from msgindex.spark.pipeline.spark_checkpoint import clear_interrupted_first_batch
     from msgindex.spark.runtime.hadoop_paths import check_hadoop_path
     from msgindex.spark.runtime.session import build_spark_session, is_local_master
     from msgindex.spark.runtime.shipping import check_executors_see_index, ship_code
@@ -229,6 +230,10 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                     store_urls=[options.path] if options.on_object_store else [],
                                     storage_options=options.storage_options or None)
         check_hadoop_path(spark, options.checkpoint)
+        cleared = clear_interrupted_first_batch(options.checkpoint)
+        if cleared:
+            say(f"checkpoint {options.checkpoint}: removed Spark's unfinished first offset-log entry "
+                f"({', '.join(cleared)}: a job stopped while writing it)")
         ship_code(spark)
         master = spark.sparkContext.master
         if not is_local_master(master):

@@ -11,6 +11,7 @@ Spark (any Hadoop filesystem).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,3 +95,31 @@ def batch_ranges(spark: SparkSession | None, checkpoint: str, batch_id: int) -> 
     previous = (batch_end_offsets(checkpoint, batch_id - 1, spark) if batch_id > 0
                 else _source_offsets(_checkpoint_text(spark, checkpoint, "sources/0/0")))
     return {tp: OffsetRange(previous.get(tp), end) for tp, end in ends.items() if previous.get(tp, -1) < end}
+
+
+# Spark writes each offset-log entry as a hidden temporary file (``.<batch>.<uuid>.tmp``, beside
+# it Hadoop's ``..<batch>.<uuid>.tmp.crc``) renamed to ``<batch>`` once whole.
+_SPARK_TEMPORARY = re.compile(r"^\.{1,2}\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
+
+
+def clear_interrupted_first_batch(checkpoint: str) -> list[str]:
+    """The temporary files a job killed while writing its first offset-log entry left in a local
+    checkpoint's ``offsets/``, removed; their names. Spark refuses to start a query whose offset
+    log holds no batch yet but whose directory is not empty (STATE_STORE_CHECKPOINT_LOCATION_NOT_
+    EMPTY): without this, a job SIGKILLed at that moment could never be restarted on its
+    checkpoint. Nothing is removed once an entry exists (Spark then ignores temporary files
+    itself) or when anything else is in the directory; the job holds the index's claim, so no
+    other query of it is writing there."""
+    directory = local_path(checkpoint)
+    if directory is None:
+        return []
+    offsets = directory / "offsets"
+    try:
+        names = [entry.name for entry in offsets.iterdir()]
+    except OSError:
+        return []
+    if not names or not all(_SPARK_TEMPORARY.match(name) for name in names):
+        return []
+    for name in names:
+        (offsets / name).unlink(missing_ok=True)
+    return sorted(names)
