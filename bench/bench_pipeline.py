@@ -123,7 +123,7 @@ def _baseline(spark, options, sink_format: str, scratch: Path) -> tuple[float, i
 
     planner = _planner(spark, options, scratch)
     fields = analysed_definitions(kafka_stream(spark, options), options.fields)
-    projected = project_records(kafka_stream(spark, options), planner._broker_column(), fields)
+    projected = project_records(kafka_stream(spark, options), planner.shard_column(), fields)
     writer = projected.writeStream.format(sink_format).option("checkpointLocation", options.checkpoint)
     if sink_format == "parquet":
         writer = writer.option("path", f"{hadoop_url(options.path) if options.on_object_store else options.path}/parquet")

@@ -474,14 +474,17 @@ def test_a_batch_asks_kafka_for_leaders_only_when_its_offset_log_entry_names_a_n
         return {("a", 0): 1, ("a", 1): 2, ("a", 2): 3}
 
     monkeypatch.setattr("msgindex.kafka.admin.partition_leaders", leaders)
-    writer._broker_column(3)
+    rows = spark.createDataFrame([], "key binary, value binary, topic string, partition int, offset long, "
+                                     "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>")
+    writer.prepare(rows, 3)
     assert len(asked) == 1 and writer.partition_brokers.as_dict() == {("a", 0): "1", ("a", 1): "2", ("a", 2): "3"}
-    writer._broker_column(3)  # every partition recorded: Kafka is not asked
-    writer._broker_column(4)
-    assert len(asked) == 1
+    columns = writer._projection[1]
+    writer.prepare(rows, 3)  # every partition recorded: Kafka is not asked, the columns are reused
+    assert writer.prepare(rows, 4).columns[:2] == ["broker", "topic"]
+    assert len(asked) == 1 and writer._projection[1] is columns
     fresh = BatchWriter(writer.config, source=writer.source, checkpoint=str(checkpoint))
-    fresh._broker_column(5)  # no entry for the batch: Kafka is asked, as without a checkpoint
-    BatchWriter(writer.config, source=writer.source)._broker_column(3)
+    fresh.prepare(rows, 5)  # no entry for the batch: Kafka is asked, as without a checkpoint
+    BatchWriter(writer.config, source=writer.source).prepare(rows, 3)
     assert len(asked) == 3
 
 

@@ -96,7 +96,7 @@ def declared_fields(index_fields: Sequence[str], index_headers: Sequence[str]) -
     return tuple(declared)
 
 
-def field_columns(kafka_df: DataFrame, fields: Sequence[DeclaredField | FieldDefinition]) -> list[Column]:
+def field_columns(fields: Sequence[DeclaredField | FieldDefinition]) -> list[Column]:
     """Each field's values as a column of the Kafka rows (array<string>, array<binary> for
     headers), named ``COLUMN_PREFIX + i``."""
     from pyspark.sql import functions as F

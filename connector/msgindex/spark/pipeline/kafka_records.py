@@ -43,24 +43,32 @@ KEY_RAW, KEYS_HEADERS, UNIQ_HEADERS = "key_raw", "keys_headers", "uniq_headers"
 
 def project_records(kafka_df: DataFrame, broker: Column, fields: Sequence[FieldDefinition] = ()) -> DataFrame:
     """Kafka source rows (read with includeHeaders=true) -> the metadata the index needs, with
-    `broker` as the shard column; header values travel as bytes, decoded on the executor. A
-    record whose timestamp breaks the rule gets a ``reason`` and (only then) its value. The
-    values of `fields` come as one column each (field_values.field_columns)."""
+    `broker` as the shard column (``record_columns``)."""
+    return kafka_df.select(*record_columns(broker, fields))
+
+
+def record_columns(broker: Column, fields: Sequence[FieldDefinition] = ()) -> list[Column]:
+    """The columns ``project_records`` selects from Kafka source rows: the metadata the index
+    needs, with `broker` as the shard column; header values travel as bytes, decoded on the
+    executor. A record whose timestamp breaks the rule gets a ``reason`` and (only then) its
+    value. The values of `fields` come as one column each (field_values.field_columns). Columns
+    are expressions, not bound to a DataFrame: a job builds them once and selects them from every
+    micro-batch (building them is ~370 Py4J round trips, 0.13-0.3 s of a 1 s trigger here)."""
     from pyspark.sql import functions as F
 
     timestamp_ms = F.expr("unix_millis(timestamp)")
     reason = timestamp_reason(timestamp_ms)
-    return kafka_df.select(
+    return [
         broker.alias("broker"),
-        "topic", "partition", "offset",
+        F.col("topic"), F.col("partition"), F.col("offset"),
         timestamp_ms.alias("timestamp_ms"),
         F.col("key").alias(KEY_RAW),
         header_values(KEYS_PROPERTY).alias(KEYS_HEADERS),
         header_values(UNIQ_KEY_PROPERTY).alias(UNIQ_HEADERS),
         reason.alias(REASON),
         F.when(reason.isNotNull(), F.col("value")).alias(RAW_VALUE),
-        *field_columns(kafka_df, fields),
-    )
+        *field_columns(fields),
+    ]
 
 
 def _decode(raw: bytes) -> str:

@@ -41,7 +41,7 @@ from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
 from msgindex.spark.pipeline.attempt_counts import AttemptMarkers, CommittedCounts
 from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row, with_committed
 from msgindex.spark.pipeline.field_values import describe_counts, merged_counts
-from msgindex.spark.pipeline.kafka_records import project_records
+from msgindex.spark.pipeline.kafka_records import record_columns
 from msgindex.spark.pipeline.kafka_source import KafkaSource
 from msgindex.spark.pipeline.metadata_events import parse_metadata_events
 from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
@@ -193,10 +193,12 @@ class BatchWriter:
         self.claim = claim
         self._partition_brokers: PartitionBrokerMap | None = None  # read where the batches run
         self._claimed: IndexClaim | None = None
+        # the batch's columns (kafka_records.record_columns) and the partition map they were built for
+        self._projection: tuple[dict[tuple[str, int], str], list[Column]] | None = None
 
     def __getstate__(self) -> dict:
         # what the batches' process opens for itself: never pickled
-        return {**self.__dict__, "_partition_brokers": None, "_claimed": None}
+        return {**self.__dict__, "_partition_brokers": None, "_claimed": None, "_projection": None}
 
     @property
     def partition_brokers(self) -> PartitionBrokerMap:
@@ -262,9 +264,22 @@ class BatchWriter:
         (`batch_id`: the micro-batch, whose partitions Spark's offset log names)."""
         if self.config.input_kind == INPUT_METADATA:
             return parse_metadata_events(df)
-        broker = self._broker_column(batch_id)
+        self._record_new_partitions(batch_id)
         self._follow_new_topics()
-        return project_records(df, broker, self.config.fields)
+        mapping = self.partition_brokers.as_dict()
+        if self._projection is None or self._projection[0] != mapping:
+            self._projection = (mapping, record_columns(broker_column(mapping), self.config.fields))
+        return df.select(*self._projection[1])
+
+    def shard_column(self, batch_id: int | None = None) -> Column:
+        """Each Kafka row's shard (``broker_column``), new partitions' leaders recorded first."""
+        self._record_new_partitions(batch_id)
+        return broker_column(self.partition_brokers.as_dict())
+
+    def _record_new_partitions(self, batch_id: int | None) -> None:
+        """Record the leader of each partition without a shard yet, before any row of it is written."""
+        if not self._partitions_recorded(batch_id):
+            self.partition_brokers.extend({tp: str(leader) for tp, leader in self._new_partition_leaders().items()})
 
     def _follow_new_topics(self) -> None:
         """With the default age limit (the longest retention.ms of the indexed topics), topics a
@@ -318,17 +333,6 @@ class BatchWriter:
                 return {tp: leader for tp, leader in new.items() if leader != NO_LEADER}
             time.sleep(0.5)
 
-    def _broker_column(self, batch_id: int | None = None) -> Column:
-        """partition -> broker as a map literal: new partitions get their leader, recorded first."""
-        from pyspark.sql import functions as F
-
-        if not self._partitions_recorded(batch_id):
-            self.partition_brokers.extend({tp: str(leader) for tp, leader in self._new_partition_leaders().items()})
-        mapping = self.partition_brokers.as_dict()
-        if not mapping:
-            return F.lit(None).cast("string")
-        pairs = [F.lit(x) for (topic, partition), broker in sorted(mapping.items()) for x in (f"{topic}:{partition}", broker)]
-        return F.try_element_at(F.create_map(*pairs), F.concat_ws(":", "topic", F.col("partition").cast("string")))
 
 
 class IndexSink:
@@ -408,3 +412,14 @@ class IndexSink:
             self._close_offsets()
             return None
         return sum(max(latest.get(tp, end) - end, 0) for tp, end in ends.items())
+
+
+def broker_column(mapping: dict[tuple[str, int], str]) -> Column:
+    """The shard of each Kafka row: its (topic, partition)'s recorded broker, from `mapping` as
+    a map literal (null for a partition not in it)."""
+    from pyspark.sql import functions as F
+
+    if not mapping:
+        return F.lit(None).cast("string")
+    pairs = [F.lit(x) for (topic, partition), broker in sorted(mapping.items()) for x in (f"{topic}:{partition}", broker)]
+    return F.try_element_at(F.create_map(*pairs), F.concat_ws(":", "topic", F.col("partition").cast("string")))
