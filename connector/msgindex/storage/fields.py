@@ -209,6 +209,20 @@ class FieldCoverage:
         return cls(tuple(sorted(fields, key=lambda f: f.name.lower())))
 
 
+def store_fields(store: Any) -> tuple[tuple[str, str], ...]:
+    """The fields any shard of `store` (a local or object store) indexes, as (name, shape) in name
+    order: a name as its first shard spells it; shards that define one name differently are an
+    InvalidOptionError, as the indexing job refuses them."""
+    seen: dict[str, FieldDefinition] = {}
+    for broker in store.brokers():
+        with store.reader(broker) as reader:
+            definitions = reader.field_coverage.definitions()
+        check_compatible(seen.values(), definitions, f"store (shard {broker!r} and another)")
+        for definition in definitions:
+            seen.setdefault(definition.name.lower(), definition)
+    return tuple((d.name, d.shape) for d in sorted(seen.values(), key=lambda d: d.name.lower()))
+
+
 def check_compatible(existing: Iterable[FieldDefinition], declared: Iterable[FieldDefinition], where: str) -> None:
     """InvalidOptionError when a declared field redefines one the `where` (a shard, the store)
     already indexes: its old values were computed otherwise, so one name would find two things."""

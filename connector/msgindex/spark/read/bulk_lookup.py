@@ -49,7 +49,9 @@ import pyarrow.compute as pc
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
-from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, text_of_shown
+from msgindex.storage.fields import SHAPE_SINGLE, store_fields
+from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
+from msgindex.storage.query import Query
 from msgindex.times import TimeArg, to_epoch_ms
 
 if TYPE_CHECKING:
@@ -100,13 +102,17 @@ class BulkLookup:
             raise StoreNotFoundError(f"lookup_keys: path {self.path!r}: {missing}") from None
         with store:
             brokers = self._brokers(store)
+            indexed: tuple[str, str] | tuple[()] | None = None  # the field's (name, shape) in the store
             for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
                 chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
                 if self.field is not None:
-                    found = store.lookup(fields={self.field: chunk}, topic=self.topic, begin_ms=self.begin_ms,
-                                         end_ms=self.end_ms, brokers=brokers)
-                    if found.num_rows:
-                        yield from with_field_values(store, found, self.field, chunk).to_batches()
+                    if indexed is None:  # no shard indexes it: nothing carries it (Store.lookup warns)
+                        indexed = next((f for f in store_fields(store) if f[0].lower() == self.field.lower()), ())
+                    query = Query.of(fields={self.field: chunk}, topic=self.topic, begin_ms=self.begin_ms,
+                                     end_ms=self.end_ms, brokers=brokers, field_columns=[indexed] if indexed else ())
+                    found = store.lookup(query)
+                    if found.num_rows and indexed:
+                        yield from with_field_values(found, *indexed, chunk).to_batches()
                     continue
                 found = store.lookup(chunk, topic=self.topic, begin_ms=self.begin_ms,
                                      end_ms=self.end_ms, brokers=brokers)
@@ -236,24 +242,18 @@ def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
     return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
 
 
-def with_field_values(store, found: pa.Table, field: str, asked: list[str]) -> pa.Table:
-    """`found` (ROW_SCHEMA rows of a lookup of `asked` as values of `field`) with the asked value
-    each row carries in front, one row per (value, row), in RESULT_SCHEMA. Rows do not show
-    field values, so each found record's values are read back from its shard's log (by seq:
-    the found rows only, a few reads per block)."""
-    wanted = {value: at for at, value in enumerate(asked)}
-    name = field.lower()
-    brokers, seqs = found["broker"].to_pylist(), found["seq"].to_pylist()
-    carried: dict[tuple[str, int], list[int]] = {}
-    for broker in sorted(set(brokers)):
-        mine = sorted({seq for b, seq in zip(brokers, seqs) if b == broker})
-        with store.reader(text_of_shown(broker)) as reader:
-            for seq, record in zip(mine, reader.log.read_few(mine)):
-                carried[(broker, seq)] = sorted({wanted[v] for n, v in record.fields if n.lower() == name and v in wanted})
-    row = [at for at, (b, seq) in enumerate(zip(brokers, seqs)) for _ in carried[(b, seq)]]
-    which = [w for b, seq in zip(brokers, seqs) for w in carried[(b, seq)]]
-    rows = found.take(pa.array(row, pa.int64()))
-    values = pa.array([arrow_text(asked[w]) for w in which], pa.string())
+def with_field_values(found: pa.Table, name: str, shape: str, asked: list[str]) -> pa.Table:
+    """`found` (rows of a lookup of `asked` as values of field `name`, the field's column last,
+    as the lookup rendered it: ``Query.field_columns``) with the asked value each row carries in
+    front, one row per (value, row), in RESULT_SCHEMA."""
+    wanted = shown_keys(asked)
+    row, which = asked_positions(found, wanted, name, single=shape == SHAPE_SINGLE)
+    # a value an array field holds twice in one record (a repeated header) pairs once; order kept
+    _, first = np.unique(row * len(wanted) + which, return_index=True)
+    first.sort()
+    row, which = row[first], which[first]
+    rows = found.select([f.name for f in ROW_SCHEMA]).take(pa.array(row))
+    values = pa.array([arrow_text(asked[w]) for w in which.tolist()], pa.string())
     return pa.Table.from_arrays([values, *rows.columns], schema=RESULT_SCHEMA)
 
 
@@ -262,15 +262,19 @@ def shown_keys(asked: list[str]) -> pa.Array:
     return pa.array([arrow_text(key) for key in asked], pa.string())
 
 
-def asked_positions(found: pa.Table, wanted: pa.Array, column: str = "keys") -> tuple[np.ndarray, np.ndarray]:
+def asked_positions(found: pa.Table, wanted: pa.Array, column: str = "keys", *,
+                    single: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(row, position in `wanted`) of every key of every row of `found` that is in `wanted`
     (shown keys). The store does not say which asked key found a row, so it is read back from
     the row's ``keys``, which hold every key the message is indexed under, as rows show them
-    (or from the list `column`: an array field's values)."""
+    (or from the list `column`: an array field's values; `single`: a string column, a single
+    field's value)."""
     keys = found[column].combine_chunks()
-    flat = pc.list_flatten(keys)
+    if single:
+        flat, row = keys, np.arange(len(keys))
+    else:
+        flat, row = pc.list_flatten(keys), pc.list_parent_indices(keys).to_numpy()
     which = pc.index_in(flat, value_set=wanted).to_numpy(zero_copy_only=False)  # NaN: not asked
-    row = pc.list_parent_indices(keys).to_numpy()
     hit = ~np.isnan(which)
     return row[hit], which[hit].astype(np.int64)
 

@@ -72,7 +72,7 @@ from msgindex.spark.read.rocketmq_reader import (
     check_rocketmq_path,
     rocketmq_arrow_schema,
 )
-from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE, FieldDefinition, check_compatible
+from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE, store_fields
 from msgindex.storage.log.batch_format import field_schema
 
 if TYPE_CHECKING:
@@ -114,19 +114,6 @@ def output_arrow_schema(options: ReadOptions, *, any_key: bool = False, fields: 
 def spark_schema(options: ReadOptions, *, any_key: bool = False, fields: FieldColumns = ()) -> StructType:
     """The DataFrame schema, derived from the Arrow schema (one source of truth)."""
     return from_arrow_schema(output_arrow_schema(options, any_key=any_key, fields=fields))
-
-
-def store_fields(store) -> FieldColumns:
-    """The fields any shard of `store` indexes, as columns (a name as its first shard spells it;
-    shards that define one name differently are refused, as the indexing job refuses them)."""
-    seen: dict[str, FieldDefinition] = {}
-    for broker in store.brokers():
-        with store.reader(broker) as reader:
-            definitions = reader.field_coverage.definitions()
-        check_compatible(seen.values(), definitions, f"store (shard {broker!r} and another)")
-        for definition in definitions:
-            seen.setdefault(definition.name.lower(), definition)
-    return tuple((d.name, d.shape) for d in sorted(seen.values(), key=lambda d: d.name.lower()))
 
 
 class MsgIndexDataSource(DataSource):
