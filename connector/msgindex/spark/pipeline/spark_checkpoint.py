@@ -10,6 +10,7 @@ Spark (any Hadoop filesystem).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from urllib.parse import urlparse
 from msgindex.errors import MsgIndexError
 from msgindex.spark.pipeline.kafka_source import OffsetRange
 from msgindex.storage.location import parse_location
-from msgindex.storage.root_files import root_files
+from msgindex.storage.root_files import RootFiles, root_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,7 +50,7 @@ def _checkpoint_text(spark: SparkSession | None, checkpoint: str, relative: str,
         except OSError:
             return None
     try:  # hdfs:// and the like are no store location: Spark's filesystem reads them
-        data = root_files(parse_location(checkpoint, storage_options)).read(relative)
+        data = _bucket_files(str(checkpoint), tuple(sorted((storage_options or {}).items()))).read(relative)
         return None if data is None else data.decode("utf-8", errors="replace")
     except MsgIndexError:  # unreachable or refused: Spark's own filesystem may still read it
         pass
@@ -60,6 +61,14 @@ def _checkpoint_text(spark: SparkSession | None, checkpoint: str, relative: str,
     except Exception:  # missing file: Spark's AnalysisException (its class differs under Connect)
         return None
     return rows[0][0] if rows else None
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket_files(checkpoint: str, storage_options: tuple[tuple[str, str], ...]) -> RootFiles:
+    """The files of a checkpoint in a bucket, through one client per process: the driver reads
+    the offset log twice a micro-batch (its partitions, its lag), and a new client costs a
+    connection and ~8 ms of set-up each time."""
+    return root_files(parse_location(checkpoint, dict(storage_options) or None))
 
 
 def _source_offsets(text: str | None) -> dict[tuple[str, int], int]:
