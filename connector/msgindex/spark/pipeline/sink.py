@@ -334,7 +334,6 @@ class BatchWriter:
             time.sleep(0.5)
 
 
-
 class IndexSink:
     """The ``foreachBatch`` callable of a local driver: a BatchWriter plus graceful stop, lag
     and progress lines (its threads and locks never leave the driver)."""
