@@ -3,6 +3,8 @@ batches, and writing the lost batches again must give the bytes of an uninterrup
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing
 import os
 import random
 import shutil
@@ -11,10 +13,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from msgindex.storage.index_file import IndexFile
+from msgindex.storage.shard import ShardWriter
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import (
     CRASH_BATCHES,
@@ -191,3 +196,82 @@ def run_trials(tmp_path: Path, server: WriterServer) -> None:
     print(f"crash trials: {outcomes}, {torn_trials} left uncommitted bytes")
     # most kills must land inside an append, or this test would prove little
     assert torn_trials >= TRIALS // 4, f"only {torn_trials} of {TRIALS} kills left uncommitted bytes"
+
+
+# --- kills at exact points -------------------------------------------------------------------
+# A writer killed at one exact line (a tracer SIGKILLs the process just before the line runs):
+# instants a few microseconds wide that the random trials above rarely hit, hit every run.
+FORK = multiprocessing.get_context("fork")
+
+
+def _kill_before(function, line: str) -> Callable:
+    """A tracer that SIGKILLs the process just before `function` runs the source line `line`."""
+    source, first = inspect.getsourcelines(function)
+    target = first + next(n for n, text in enumerate(source) if text.strip() == line)
+
+    def trace(frame, event, arg):
+        if frame.f_code is not function.__code__:
+            return None
+
+        def each_line(frame, event, arg):
+            if event == "line" and frame.f_lineno == target:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return each_line
+        return each_line
+    return trace
+
+
+def _write_killed(root: Path, batches: list, function, line: str) -> None:
+    """In a child process: open a writer (it rolls back what a dead writer left) and append
+    `batches`, killed just before `function` runs `line` (the open counts)."""
+    def child():
+        sys.settrace(_kill_before(function, line))
+        with open_store(root) as store, store.writer(BROKER) as writer:
+            for batch in batches:
+                writer.append(batch)
+        os._exit(0)
+    process = FORK.Process(target=child)
+    process.start()
+    process.join(60)
+    assert process.exitcode == -signal.SIGKILL, f"never reached {line!r} in {function.__qualname__}"
+
+
+def _committed_then(root: Path, seed: int, committed: int) -> dict[str, bytes]:
+    """A store whose shard committed the first `committed` batches of `seed`; its files."""
+    with open_store(root, create=True, settings=TINY) as store, store.writer(BROKER) as writer:
+        for batch in crash_batches(seed)[:committed]:
+            writer.append(batch)
+    return shard_files(root / f"broker={BROKER}")
+
+
+def _assert_recovers_to(root: Path, seed: int, committed: int, files: dict[str, bytes]) -> None:
+    """The next writer rolls the shard back to exactly `files`, and finishes the batches."""
+    with open_store(root) as store:
+        store.writer(BROKER).close()
+    assert shard_files(root / f"broker={BROKER}") == files
+    model = ShardModel(BROKER)
+    for batch in crash_batches(seed)[:committed]:
+        model.append(batch)
+    assert_shard_equals_model(root, model)
+
+
+def test_killed_between_the_key_hashes_and_the_prev_indexes_of_a_put(tmp_path):
+    # Seed 1 leaves its active file with 7 entries: batch 1's first put is one entry into it
+    # whose slot points at a committed entry. put_hashes wrote its keyHash and died before its
+    # prevIndex (0 in the file) and its slot: a rollback that took that 0 as the slot's old value
+    # zeroed a committed slot, and every later writer refused the shard.
+    files = _committed_then(tmp_path, seed=1, committed=1)
+    _write_killed(tmp_path, crash_batches(1)[1:], IndexFile.put_hashes, 'block["phy_offset"] = offsets')
+    _assert_recovers_to(tmp_path, 1, 1, files)
+
+
+def test_killed_while_rolling_back(tmp_path):
+    # A writer dies just before committing batch 1 (every entry and slot of it written); the
+    # next dies in its rollback before writing the header. The rollback after that must still
+    # find what is left to undo: a header that counts entries it already zeroed was refused as
+    # a damaged header.
+    files = _committed_then(tmp_path, seed=1, committed=1)
+    _write_killed(tmp_path, crash_batches(1)[1:], ShardWriter._commit, "committed_before = {state.name: "
+                  "state.index_count for state in self._checkpoint.index_files}")
+    _write_killed(tmp_path, [], IndexFile.rollback_to, "self._write_header(header)")
+    _assert_recovers_to(tmp_path, 1, 1, files)

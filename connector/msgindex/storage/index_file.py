@@ -484,7 +484,18 @@ class IndexFile:
         The on-disk header is not trusted for where the undone entries end: a put writes entry,
         then slot, then header, so a writer killed mid-batch leaves entries (and slots) past the
         header's count. The end is the furthest of: the header's count, the last non-zero entry,
-        and the highest entry a slot points at (an entry may legitimately be all zeros)."""
+        and the highest entry a slot points at (an entry may legitimately be all zeros).
+
+        Nor is an undone entry trusted for its slot's old value unless its put reached the slot:
+        ``put_hashes`` writes the entries column by column (keyHash first, prevIndex last) and the
+        slots after them all, so a writer killed in between leaves entries with a keyHash and a
+        prevIndex of 0 while their slots still point at committed entries. Only a slot pointing
+        into the undone entries was moved by the dead batch; it gets back the prevIndex of its
+        oldest undone entry (complete: its put wrote the slot after it). Every other slot keeps
+        its value. The same rule makes a rollback killed halfway safe to run again: a slot it
+        already restored points below `index_count` and is left alone, and it writes the header
+        before zeroing the entries, the first undone entry last, so that whatever it left undone
+        still shows (``ShardWriter`` looks at the header and the first entry past the commit)."""
         self._require_writable()
         if header.index_count != index_count or not FIRST_INDEX <= index_count <= self.index_num:
             raise InvalidOptionError(
@@ -506,12 +517,13 @@ class IndexFile:
                 bad = index_count + int(np.argmax(hashes < 0))
                 raise CorruptFileError(f"{self.path}: entry {bad} has a negative key hash; cannot roll back")
             slots = hashes % self.hash_slot_num
-            # The oldest undone entry of each slot holds, as prevIndex, the value the slot had
-            # before the batch -- also when the writer died before updating that slot.
             unique_slots, first = np.unique(slots, return_index=True)
-            self._slots[unique_slots] = undone["prev_index"][first]
-            undone[...] = np.zeros(1, dtype=ENTRY_DTYPE)
+            moved = self._slots[unique_slots] >= index_count  # committed slots point below it
+            self._slots[unique_slots[moved]] = undone["prev_index"][first[moved]]
         self._write_header(header)
+        if end > index_count:
+            undone[1:] = np.zeros(1, dtype=ENTRY_DTYPE)
+            undone[:1] = np.zeros(1, dtype=ENTRY_DTYPE)
         if hash_run.covered_count_of(self.path) > index_count:
             # runs over entries that are gone (they should only ever cover committed ones)
             self.forget_hash_runs()
