@@ -102,17 +102,18 @@ class BulkLookup:
             raise StoreNotFoundError(f"lookup_keys: path {self.path!r}: {missing}") from None
         with store:
             brokers = self._brokers(store)
-            indexed: tuple[str, str] | tuple[()] | None = None  # the field's (name, shape) in the store
+            # the field's (name, shape) as the store indexes it; none: nothing carries it (Store.lookup warns)
+            indexed = None if self.field is None else next(
+                (f for f in store_fields(store) if f[0].lower() == self.field.lower()), None)
             for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
                 chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
                 if self.field is not None:
-                    if indexed is None:  # no shard indexes it: nothing carries it (Store.lookup warns)
-                        indexed = next((f for f in store_fields(store) if f[0].lower() == self.field.lower()), ())
                     query = Query.of(fields={self.field: chunk}, topic=self.topic, begin_ms=self.begin_ms,
                                      end_ms=self.end_ms, brokers=brokers, field_columns=[indexed] if indexed else ())
                     found = store.lookup(query)
                     if found.num_rows and indexed:
-                        yield from with_field_values(found, *indexed, chunk).to_batches()
+                        name, shape = indexed
+                        yield from with_lookup_keys(found, chunk, name, single=shape == SHAPE_SINGLE).to_batches()
                     continue
                 found = store.lookup(chunk, topic=self.topic, begin_ms=self.begin_ms,
                                      end_ms=self.end_ms, brokers=brokers)
@@ -228,33 +229,22 @@ def _collected_keys(keys: DataFrame, limit: int) -> pa.Array | None:
     return pc.unique(column)
 
 
-def with_lookup_keys(found: pa.Table, asked: list[str]) -> pa.Table:
-    """`found` (ROW_SCHEMA rows of a lookup of `asked`) with the asked keys each row is indexed
-    under in front, one row per (asked key, row), in RESULT_SCHEMA."""
+def with_lookup_keys(found: pa.Table, asked: list[str], column: str = "keys", *, single: bool = False) -> pa.Table:
+    """`found` (ROW_SCHEMA rows of a lookup of `asked`, maybe with field columns after them) with
+    the asked keys each row is indexed under in front, one row per (asked key, row), in
+    RESULT_SCHEMA. The asked key a row carries is read from `column` (``asked_positions``: the
+    keys, or the looked-up field's column as the lookup rendered it, ``Query.field_columns``)."""
     wanted = shown_keys(asked)
-    row, which = asked_positions(found, wanted)
-    # a key repeated inside one message (RocketMQ KEYS may repeat) pairs once; order kept
+    row, which = asked_positions(found, wanted, column, single=single)
+    # a key repeated inside one message (RocketMQ KEYS may repeat; a repeated header's value) pairs once; order kept
     _, first = np.unique(row * len(wanted) + which, return_index=True)
     first.sort()
     row, which = row[first], which[first]
+    if found.num_columns > len(ROW_SCHEMA):
+        found = found.select([f.name for f in ROW_SCHEMA])
     # one asked key per row, the usual case: the rows as they are (a take copies every column)
     rows = found if np.array_equal(row, np.arange(found.num_rows)) else found.take(pa.array(row))
     return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
-
-
-def with_field_values(found: pa.Table, name: str, shape: str, asked: list[str]) -> pa.Table:
-    """`found` (rows of a lookup of `asked` as values of field `name`, the field's column last,
-    as the lookup rendered it: ``Query.field_columns``) with the asked value each row carries in
-    front, one row per (value, row), in RESULT_SCHEMA."""
-    wanted = shown_keys(asked)
-    row, which = asked_positions(found, wanted, name, single=shape == SHAPE_SINGLE)
-    # a value an array field holds twice in one record (a repeated header) pairs once; order kept
-    _, first = np.unique(row * len(wanted) + which, return_index=True)
-    first.sort()
-    row, which = row[first], which[first]
-    rows = found.select([f.name for f in ROW_SCHEMA]).take(pa.array(row))
-    values = pa.array([arrow_text(asked[w]) for w in which.tolist()], pa.string())
-    return pa.Table.from_arrays([values, *rows.columns], schema=RESULT_SCHEMA)
 
 
 def shown_keys(asked: list[str]) -> pa.Array:
