@@ -110,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sink.add_argument("--index-header", action="append", default=[], metavar="[NAME=]HEADER",
                       help="also index each record under every value of header HEADER, as field NAME (default: the "
                            "header's name) (repeatable)")
+    sink.add_argument("--backfill-fields", action="store_true",
+                      help="before indexing new records, index the declared fields over the records the index "
+                           "already holds and a field does not cover yet (re-read from Kafka, as far as it still "
+                           "retains them; exactly once)")
     sink.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
                       help="how long a task waits for a shard lock held by another attempt (default 120)")
     kept = parser.add_argument_group("retention (applied by the shards' writers between appends)")
@@ -203,6 +207,8 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
     fields = declared_fields(args.index_field, args.index_header)
     if fields and args.input != "records":
         raise InvalidOptionError("--index-field/--index-header: fields are indexed with --input records only (so far)")
+    if args.backfill_fields and not fields:
+        raise InvalidOptionError("--backfill-fields: declare the fields to backfill (--index-field / --index-header)")
     if fields and args.remote is not None:
         raise InvalidOptionError("--index-field/--index-header: fields are not indexed by --remote jobs yet")
     return IndexJobOptions(
@@ -216,6 +222,7 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
         query_name=args.query_name, spark_progress=not args.quiet_spark, min_partitions=args.min_partitions,
         spark_conf=spark_conf, retention_ms=retention_ms, retention_bytes=retention_bytes,
         retention_interval_s=args.retention_interval, remote=args.remote, storage_options=storage, fields=fields,
+        backfill_fields=args.backfill_fields,
     )
 
 

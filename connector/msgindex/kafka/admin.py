@@ -221,6 +221,20 @@ def latest_offsets(bootstrap: str, topics: Iterable[str], timeout: float = DEFAU
     return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
 
 
+def earliest_offsets(bootstrap: str, partitions: Iterable[tuple[str, int]], timeout: float = DEFAULT_TIMEOUT_S
+                     ) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): earliest offset Kafka still retains}`` for the `partitions` that
+    exist (a deleted topic's are left out)."""
+    consumer = offsets_consumer(bootstrap, timeout)
+    try:
+        wanted = [TopicPartition(topic, partition) for topic, partition in partitions
+                  if partition in (consumer.partitions_for_topic(topic) or ())]
+        starts = consumer.beginning_offsets(wanted) if wanted else {}
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): offset for tp, offset in starts.items()}
+
+
 @dataclass(frozen=True)
 class FetchedRecord:
     """One record read back from Kafka (the fields the pipeline sets aside with)."""

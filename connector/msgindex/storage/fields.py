@@ -35,8 +35,9 @@ before the field existed (or by a job without it): a lookup of that field says s
 (``uncovered``) instead of answering as if complete.
 
 Records whose offsets a shard committed before a field existed are not indexed under it by a
-later job (exactly once by offsets: it skips them); re-reading them for new fields alone
-(``--backfill-fields``) is not built yet.
+later job (exactly once by offsets: it skips them); ``--backfill-fields`` re-reads them from Kafka
+for the fields and gives them the field's terms (backfill.py), growing the coverage by what it
+evaluated.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ from msgindex.storage.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
     read_checkpoint,
+    write_checkpoint,
 )
-from msgindex.storage.durable import fsync_directory, is_temporary, write_atomically
+from msgindex.storage.durable import fsync_directory, is_temporary, parse_versioned_json, write_atomically
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
@@ -93,6 +94,11 @@ from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
+# A shard rebuilt beside itself (backfill.py) and swapped in: the marker holds the new checkpoint
+BACKFILL_MARKER = "backfill"
+BACKFILL_MARKER_FORMAT = "msgindex-shard-backfill"
+BACKFILL_NEW_DIR = "backfill.new"
+BACKFILL_OLD_DIR = "backfill.old"
 LOG_DIR = "log"
 INDEX_DIR = "index"
 # Kafka's sparse index entries are 8 (offset) and 12 (time) bytes; a segment gets at most one
@@ -405,6 +411,25 @@ class ShardWriter(_Committed):
             raise
         return result
 
+    def append_rewritten(self, columns: LogColumns | None, ranges: SourceRanges, extra: dict) -> None:
+        """Append records that are not new source offsets but a rewrite of a shard's committed
+        ones (``backfill``: with more terms, in a new shard directory), and commit with `ranges`
+        and `extra` as given; None: commit them alone. No exactly-once check: the caller's."""
+        self._require_locked()
+        if columns is None or not len(columns):
+            self._commit(set(), [], ranges, extra)
+            return
+        try:
+            seqs = self._append_to_log(columns, ranges)
+            batch = AppendColumns.from_log_columns(columns)
+            keys, phy_offsets, timestamps = batch.index_entries(seqs.start)
+            first_touched = max(len(self._files) - 1, 0)
+            self._put_keys(keys, phy_offsets, timestamps)
+            self._commit(batch.topics(), self._files[first_touched:], ranges, extra)
+        except BaseException:
+            self._reload()
+            raise
+
     def _append_to_log(self, columns: LogColumns, ranges: SourceRanges) -> range:
         """The log append of `columns`, carrying the shard's cumulative committed source ranges
         after this append as the log's annotation (compact JSON): a lost checkpoint can then be
@@ -484,6 +509,9 @@ class ShardWriter(_Committed):
     # --- revalidation and recovery --------------------------------------------------------------
     def _revalidate(self) -> None:
         """Bring this writer's view to the shard's committed state (the lock is held)."""
+        if (self.directory / BACKFILL_MARKER).is_file():  # a backfill died swapping in the rebuilt shard
+            self._release_files()
+            finish_interrupted_swap(self.directory)
         path = checkpoint_path(self.directory)
         try:
             raw = path.read_bytes()
@@ -1194,3 +1222,47 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def swapped_in_directories() -> tuple[str, ...]:
+    """The directories of a shard a rebuilt one replaces (everything else in it stays)."""
+    return (LOG_DIR, INDEX_DIR, hot_keys.DIRECTORY)
+
+
+def finish_interrupted_swap(directory: Path) -> bool:
+    """Step 4 of backfill.py's module docstring when a marker says the rebuilt shard is complete
+    (each step safe to repeat after a crash); without a marker, delete what an interrupted build
+    left. The caller holds the shard's lock. True when a swap was finished."""
+    directory = Path(directory)
+    marker = directory / BACKFILL_MARKER
+    new, old = directory / BACKFILL_NEW_DIR, directory / BACKFILL_OLD_DIR
+    if not marker.is_file():
+        for leftover in (new, old):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+        return False
+    _, body = parse_versioned_json(marker.read_bytes(), source=marker, what="backfill marker",
+                                   format_name=BACKFILL_MARKER_FORMAT, versions=(1,))
+    try:
+        checkpoint = Checkpoint.from_dict(body["checkpoint"], source=marker)
+        present = set(body["present"])
+    except (KeyError, TypeError) as bad:
+        raise CorruptFileError(f"{marker}: backfill marker is malformed ({bad!r})") from None
+    old.mkdir(exist_ok=True)
+    for name in swapped_in_directories():
+        if name in present and not (new / name).exists():
+            continue  # swapped in before a crash
+        if (directory / name).exists():
+            if (old / name).exists():
+                shutil.rmtree(directory / name)  # (cannot happen: a swapped-in directory has no copy in new/)
+            else:
+                os.rename(directory / name, old / name)
+        if name in present:
+            os.rename(new / name, directory / name)
+    fsync_directory(directory)
+    write_checkpoint(checkpoint_path(directory), checkpoint)
+    marker.unlink()
+    fsync_directory(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(new, ignore_errors=True)
+    return True

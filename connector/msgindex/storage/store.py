@@ -47,6 +47,7 @@ from msgindex.storage.shard import (
 from msgindex.times import TimeArg
 
 if TYPE_CHECKING:
+    from msgindex.storage.backfill import BackfillResult, FieldBackfill
     from msgindex.storage.objects.store import ObjectStore, StorePin
 
 LISTING_SETTLED_NS = 2_000_000_000
@@ -221,6 +222,14 @@ class Store:
             with self.reader(broker) as reader:
                 for start, end in reader.scan_ranges(query.begin_ms, query.end_ms):
                     yield from reader.scan_range(start, end, query)
+
+    def backfill(self, broker: str, backfill: FieldBackfill, *, lock_timeout_s: float = 120.0) -> BackfillResult:
+        """Index `backfill`'s fields over the records shard `broker` committed before they existed
+        (backfill.py: the shard is rebuilt under its writer lock, waiting up to `lock_timeout_s`)."""
+        from msgindex.storage.backfill import backfill_shard
+
+        return backfill_shard(self._existing_shard(broker), broker, self.settings, backfill,
+                              lock_timeout_s=lock_timeout_s)
 
     def apply_retention(
         self,

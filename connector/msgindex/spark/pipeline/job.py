@@ -67,6 +67,7 @@ class IndexJobOptions:
     remote: str | None = None  # sc://HOST:PORT: run on a Spark Connect server
     storage_options: dict[str, str] = field(default_factory=dict)  # --storage-option K=V (object stores)
     fields: tuple[DeclaredField, ...] = ()  # --index-field / --index-header (field_values.py)
+    backfill_fields: bool = False  # --backfill-fields: index the fields over what the shards hold first (backfill.py)
 
     @property
     def on_object_store(self) -> bool:
@@ -239,6 +240,11 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         if not is_local_master(master):
             check_executors_see_index(spark, root, options.storage_options or None)
         config = sink_config(options, root, start.retention, declare_fields(spark, options, store))
+        if options.backfill_fields:
+            from msgindex.spark.pipeline.backfill import backfill_fields
+
+            with lenient_expressions(spark, config.fields, options.spark_conf):
+                backfill_fields(spark, options.kafka_source(), store, config, say=say)
         writer = BatchWriter(config, source=options.kafka_source(), parallelism=spark.sparkContext.defaultParallelism,
                              checkpoint=options.checkpoint, job_id=uuid.uuid4().hex)
         sink = IndexSink(writer, checkpoint=options.checkpoint, on_batch=lambda stats: say(stats.line()))

@@ -157,11 +157,11 @@ def _columns_from_arrow(table: pa.Table | pa.RecordBatch) -> LogColumns:
     items = _arrow_text(items, "keys item", nullable=True)
     ints = {name: _arrow_int(column(name), name, dtype) for name, dtype in INT_FIELDS.items()}
     if "fields" in table.schema.names:
-        list_offsets, items = _with_field_terms(list_offsets, items, column("fields"))
+        list_offsets, items = with_field_terms(list_offsets, items, column("fields"))
     return LogColumns(topic, key, list_offsets, items, ints)
 
 
-def _with_field_terms(list_offsets: np.ndarray, items: pa.Array, fields: pa.Array) -> tuple[np.ndarray, pa.Array]:
+def with_field_terms(list_offsets: np.ndarray, items: pa.Array, fields: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Each record's key items followed by the field terms of its `fields` (a list of (name,
     value) structs; a null list: none), as new list offsets into new items."""
     if not (pa.types.is_list(fields.type) or pa.types.is_large_list(fields.type)) or not pa.types.is_struct(

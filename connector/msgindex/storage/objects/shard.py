@@ -55,6 +55,15 @@ import pyarrow as pa
 from msgindex.errors import CommitConflictError, CorruptFileError, InvalidAppendError, InvalidArgumentError
 from msgindex.storage import fields
 from msgindex.storage.append_columns import AppendColumns
+from msgindex.storage.backfill import (
+    BackfillResult,
+    FieldBackfill,
+    RecordValues,
+    concat_columns,
+    extra_after,
+    growth,
+    rewritten_columns,
+)
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.log.columns import LogColumns
@@ -280,6 +289,20 @@ class ObjectChunk(BatchReads):
         return hit["rel_seq"].astype(np.int64) + self.base_seq, hit["key_hash"].astype(np.int64)
 
 
+class _HeldChunk(ObjectChunk):
+    """A chunk whose whole object was read with one GET: its ranges come from memory (a backfill
+    decodes every batch, a request each otherwise)."""
+
+    def __init__(self, client: ObjectClient, shard_prefix: str, ref: ChunkRef, data: bytes) -> None:
+        super().__init__(client, shard_prefix, ref)
+        self._data = memoryview(data)
+
+    def _ranges(self, starts: list[int], lengths: list[int]) -> list[memoryview]:
+        if any(start + length > len(self._data) for start, length in zip(starts, lengths)):
+            raise CorruptFileError(f"{self.path}: chunk object is shorter than its shard version records")
+        return [self._data[start : start + length] for start, length in zip(starts, lengths)]
+
+
 def listed_footer(data: bytes | memoryview, info: ChunkInfo, name: object) -> ChunkFooter:
     """The footer whose bytes are `data`, checked by the checksum its shard version records and
     against the facts it records (CorruptFileError naming `name`)."""
@@ -482,6 +505,18 @@ class _WrittenChunk:
     info: object
     topics: frozenset[str]
     put_at: float  # time.monotonic() of its put: collection may delete it once past the grace period
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    """What a backfill made of a listed chunk: the chunk written in its place (no name: none, no
+    record of it gets values) and what that added."""
+
+    name: str = ""
+    info: ChunkInfo | None = None
+    records_with_values: int = 0
+    values_added: int = 0
+    put_at: float = 0.0
 
 
 class ObjectShardWriter:
@@ -796,6 +831,103 @@ class ObjectShardWriter:
             state = self._know(self.versions.latest(state))
         self.client.delete([f"{self.prefix}/{name}"])
         return None
+
+    # --- backfill -------------------------------------------------------------------------------
+    def backfill(self, backfill: FieldBackfill) -> BackfillResult:
+        """Give the committed records `backfill`'s values and grow the fields' coverage by the
+        offsets they were evaluated over (backfill.py): each chunk holding records that get values
+        is rewritten (the same records and seqs, their new terms) and all are committed in place
+        of the old ones, with the grown coverage, in one version; the old ones are removed as
+        compaction removes its inputs. A lost version is read again and the backfill redone over
+        it: growth recomputed (another backfill may have covered offsets meanwhile; a change drops
+        every rewrite), the rewrites of chunks it still lists kept, chunks new to it (compacted,
+        appended) read. InvalidOptionError when a field is defined otherwise than the shard's."""
+        rewrites: dict[str, _Rewrite] = {}  # by the name of the listed chunk
+        grown_for: dict | None = None
+        values: RecordValues | None = None
+        state = self.refresh()
+        try:
+            for attempt in range(MAX_COMMIT_ATTEMPTS):
+                if attempt:
+                    state = self._know(self.versions.latest(state))
+                coverage = fields.coverage_in(state.extra, source=self.url)
+                fields.check_compatible(coverage.definitions(), backfill.definitions, f"shard {self.broker!r}")
+                grown = growth(coverage, state.source_ranges, backfill)
+                if not any(ranges.ranges for ranges in grown.values()):
+                    return BackfillResult(self.broker, grown)
+                if grown != grown_for:  # a chunk rewritten for other growth could get values twice
+                    self._drop_rewrites(rewrites, list(rewrites))
+                    values, grown_for = RecordValues(backfill, grown), grown
+                listed = {ref.name for ref in state.chunks}
+                # rewrites of chunks no longer listed (compacted away) go, and so do those unlisted for so long
+                # that collection may take them for orphans (made again)
+                self._drop_rewrites(rewrites, [name for name, rewrite in rewrites.items() if name not in listed or (
+                    rewrite.name and self._may_be_collected(rewrite.put_at))])
+                for ref in state.chunks:
+                    if ref.name not in rewrites and (rewrite := self._rewrite_chunk(ref, values)) is not None:
+                        rewrites[ref.name] = rewrite
+                if len(rewrites) < len(state.chunks) or any(r.name and self._may_be_collected(r.put_at)
+                                                            for r in rewrites.values()):
+                    continue  # a chunk was compacted away and collected meanwhile, or the rewrites took that long
+                now = self._now_ms()
+                changed = [ref.name for ref in state.chunks if rewrites[ref.name].name]
+                stamps = self._stamps(state)
+                stamps["removed"] = (*stamps["removed"], *(Removed(name, now) for name in changed))
+                chunks = tuple(ChunkRef(rewrites[ref.name].name, ref.base_seq, rewrites[ref.name].info)
+                               if rewrites[ref.name].name else ref for ref in state.chunks)
+                candidate = state.successor(chunks=chunks, extra=extra_after(
+                    state.extra, grown, backfill.definitions, source=self.url), **stamps)
+                try:
+                    won = self._commit(candidate)
+                except BaseException:
+                    rewrites.clear()  # the version may exist and list them: collection deletes them if not
+                    raise
+                if won:
+                    self._adopt(candidate)
+                    done = [rewrites.pop(name) for name in changed]
+                    return BackfillResult(self.broker, grown, sum(r.records_with_values for r in done),
+                                          sum(r.values_added for r in done), sum(r.info.records for r in done))
+            raise CommitConflictError(f"{self.url}: backfill of shard {self.broker!r} lost {MAX_COMMIT_ATTEMPTS} "
+                                      f"versions in a row; nothing of it is committed")
+        finally:
+            self._drop_rewrites(rewrites, list(rewrites))
+
+    def _rewrite_chunk(self, ref: ChunkRef, values: RecordValues) -> _Rewrite | None:
+        """Chunk `ref` with `values` added to its records' terms, written under a new name (an
+        empty _Rewrite when none of its records gets values); None when its object was collected
+        (a newer version no longer lists it)."""
+        data = self.client.get(f"{self.prefix}/{ref.name}")
+        if data is None:
+            if self.refresh().chunk_named(ref.name) is not None:
+                raise CorruptFileError(f"{self.url}/{ref.name}: chunk object listed by the shard version is missing")
+            return None
+        chunk = _HeldChunk(self.client, self.prefix, ref, data)
+        directory = chunk.batches()
+        parts, with_values, added = [], 0, 0
+        for batch in range(len(directory)):  # a batch at a time: decoded rows of a big chunk are large
+            columns, got, count = rewritten_columns(chunk.decode(batch, directory), values)
+            parts.append(columns)
+            with_values, added = with_values + got, added + count
+        if not with_values:
+            return _Rewrite()
+        columns = concat_columns(parts)
+        if len(columns) != ref.info.records:
+            raise CorruptFileError(f"{chunk.path}: chunk holds {len(columns)} records, its shard version says "
+                                   f"{ref.info.records}; shard {self.broker!r} was not backfilled")
+        encoded = encode_chunk(columns)
+        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
+        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        return _Rewrite(name, encoded.info, with_values, added, time.monotonic())
+
+    def _drop_rewrites(self, rewrites: dict[str, _Rewrite], names: Iterable[str]) -> None:
+        """Forget the rewrites of `names`, deleting the chunks written (no version lists them)."""
+        doomed = [f"{self.prefix}/{rewrite.name}" for rewrite in (rewrites.pop(name) for name in names) if rewrite.name]
+        if doomed:
+            try:
+                self.client.delete(doomed)
+            except Exception as error:  # noqa: BLE001 - orphans are collected later
+                logger.warning("%s: could not delete uncommitted backfill chunks (%s); collection will", self.url,
+                               error)
 
     # --- retention and collection ---------------------------------------------------------------
     def apply_retention(self, *, max_age_ms: int | None = None, max_bytes: int | None = None,

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError, UpgradeRequiredError
+from msgindex.storage.backfill import BackfillResult, FieldBackfill
 from msgindex.storage.location import StoreLocation
 from msgindex.storage.manifest import (
     MANIFEST_FILE,
@@ -342,6 +343,14 @@ class ObjectStore:
             report = report.merge(self.writer(broker).apply_retention(
                 max_age_ms=max_age_ms, max_bytes=max_bytes, now_ms=now_ms, dry_run=dry_run))
         return report
+
+    def backfill(self, broker: str, backfill: FieldBackfill, *, lock_timeout_s: float = 120.0) -> BackfillResult:
+        """As ``Store.backfill``: index `backfill`'s fields over the records shard `broker` committed
+        before they existed (``ObjectShardWriter.backfill``: the chunks holding records that get
+        values are rewritten and committed in place in one version). `lock_timeout_s` is unused:
+        an object-store shard has no lock, its versions settle races with other writers."""
+        self._newest_version(broker)  # an unknown or lost shard is an error naming it, before any work
+        return self.writer(broker).backfill(backfill)
 
     def compact(self, *, everything: bool = True) -> dict[str, int]:
         """Merge every shard's chunks (``msgindex compact``: as many as fit in one merged chunk
