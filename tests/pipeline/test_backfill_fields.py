@@ -99,3 +99,30 @@ def test_backfill_fields_without_fields_is_one_line(kafka_bootstrap, tmp_path):
     done, _ = run_cli(job_args(kafka_bootstrap, ["any-topic"], tmp_path / "index", "--available-now",
                                "--backfill-fields"))
     assert_one_line(done, "--backfill-fields", "declare the fields")
+
+
+def test_an_object_store_index_is_backfilled_exactly_once(kafka_bootstrap, kafka_topic, s3, capsys, tmp_path):
+    from msgindex.kafka.loadgen import keyed_records
+    from tests.pipeline.support import ground_truth
+
+    slot = "slot=CAST(offset % 7 AS STRING)"  # a field from a Kafka column: its truth is the offsets
+    options = [arg for name, value in s3.options.items() for arg in ("--storage-option", f"{name}={value}")]
+    topics = [kafka_topic(partitions=3, prefix="backfill-s3")]
+    produce(kafka_bootstrap, keyed_records(topics, 3_000, key_pool=300, seed=24))
+    truth = ground_truth(kafka_bootstrap, topics)
+    url = s3.url("index")
+    checkpoint = str(tmp_path / "checkpoint")
+    run_job_in_process(job_args(kafka_bootstrap, topics, url, "--available-now", "--quiet-spark", "--checkpoint",
+                                checkpoint, "--max-offsets-per-trigger", "1000", *options))
+    capsys.readouterr()
+    run_job_in_process(job_args(kafka_bootstrap, topics, url, "--available-now", "--quiet-spark", "--checkpoint",
+                                checkpoint, "--backfill-fields", "--index-field", slot, *options))
+    assert "values added to" in capsys.readouterr().out
+    with msgindex.open(url, storage_options=s3.options) as store:
+        for value in ("0", "3"):
+            found, warned = _lookup(store, "slot", value)
+            assert found == {where for where in truth.messages if where[2] % 7 == int(value)} and not warned
+        assert sum(b.num_rows for b in store.scan()) == len(truth.messages)
+    run_job_in_process(job_args(kafka_bootstrap, topics, url, "--available-now", "--quiet-spark", "--checkpoint",
+                                checkpoint, "--backfill-fields", "--index-field", slot, *options))
+    assert "every field already covers every offset" in capsys.readouterr().out
