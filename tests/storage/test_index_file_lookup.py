@@ -37,12 +37,15 @@ TUNINGS = {
     "scan-everything": (2, 2, 1, 10**9, 1, 3),
     "scan-after-probe": (3, 1, 2, 4, 2, 5),
     "scalar-only": (10**9, 0, 10**9, 1, 1, 1),
-    "lock-step-only": (1, 10**9, 10**9, 1, 1, 1),
+    "lock-step-only": (1, 10**9, 10**9, 1, 1, 1),  # the compiled walk where it is built
+    "lock-step-numpy": (1, 10**9, 10**9, 1, 1, 1),  # and numpy's, the compiled one's oracle
 }
 
 
 def tune(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     values = TUNINGS[name]
+    if name.endswith("-numpy"):
+        monkeypatch.setattr(index_file_module, "_compiled_walk", None)
     if values is None:
         return
     names = ("_VECTOR_MIN_KEYS", "_VECTOR_STEPS", "_PROBE_HOPS", "_SCAN_DENSITY", "_MIN_SCAN_WINDOW", "_MAX_SCAN_WINDOW")

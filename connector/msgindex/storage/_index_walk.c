@@ -30,6 +30,7 @@
 #define INVALID_INDEX 0 /* a slot or prevIndex meaning "no entry" */
 #define FIRST_INDEX 1   /* indexCount of an empty file */
 #define TIME_DIFF_UNIT_MS 1000
+#define WALK_GROUP 32 /* chains walked side by side by walk_chains */
 
 static int32_t read_i32(const unsigned char *at) {
     return (int32_t)(((uint32_t)at[0] << 24) | ((uint32_t)at[1] << 16) | ((uint32_t)at[2] << 8) | (uint32_t)at[3]);
@@ -144,10 +145,147 @@ static PyObject *select_phy_offsets(PyObject *module, PyObject *const *args, Py_
     return found;
 }
 
+/* Growable int64 column of walk_chains' output. */
+typedef struct {
+    int64_t *data;
+    Py_ssize_t size, room;
+} column_t;
+
+static int push(column_t *column, int64_t value) {
+    if (column->size == column->room) {
+        Py_ssize_t room = column->room ? column->room * 2 : 1024;
+        int64_t *grown = PyMem_Realloc(column->data, (size_t)room * sizeof(int64_t));
+        if (grown == NULL) return 0;
+        column->data = grown;
+        column->room = room;
+    }
+    column->data[column->size++] = value;
+    return 1;
+}
+
+static PyObject *column_bytes(column_t *column) {
+    return PyBytes_FromStringAndSize((const char *)column->data, column->size * (Py_ssize_t)sizeof(int64_t));
+}
+
+/* walk_chains(buffer, hashes, slots_at, entries_at, hash_slot_num, capacity, limit, floor, chunk_shift)
+ *   -> (who, entry, phy_offset, time_diff, touched_chunks) as bytes of native int64s, or None
+ *
+ * The numpy lock-step walk of IndexFile.candidate_arrays for files without hash runs, each chain
+ * walked to its end in one go: from the slot's head, while floor <= cur < capacity and cur is an
+ * entry (> INVALID_INDEX), entry cur is read (its chunk, cur >> chunk_shift, is touched) and is a hit
+ * when cur < limit and its keyHash equals the key's hash; the walk goes on to prevIndex only while it
+ * points backwards, so a corrupt (cyclic) chain ends. `hashes`: native int64s, each >= 0 (RocketMQ's
+ * key hashes); each key's hits come newest first (keys' hits interleave). None when an argument
+ * is outside what C holds or the buffer is shorter than the layout: the numpy walk answers. */
+static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "walk_chains takes 9 arguments");
+        return NULL;
+    }
+    int64_t slots_at, entries_at, slot_num, capacity, limit, floor, shift;
+    if (!as_int64(args[2], &slots_at) || !as_int64(args[3], &entries_at) || !as_int64(args[4], &slot_num) ||
+        !as_int64(args[5], &capacity) || !as_int64(args[6], &limit) || !as_int64(args[7], &floor) ||
+        !as_int64(args[8], &shift) || slot_num <= 0 || slot_num > INT32_MAX || capacity <= 0 ||
+        capacity > INT32_MAX || shift < 0 || shift > 30 || slots_at < 0 || entries_at < 0) {
+        Py_RETURN_NONE;
+    }
+    Py_buffer file_view, hash_view;
+    if (PyObject_GetBuffer(args[0], &file_view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (PyObject_GetBuffer(args[1], &hash_view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&file_view);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL;
+    unsigned char *touched = NULL;
+    column_t who = {0}, entry_of = {0}, phy = {0}, diff = {0}, chunks = {0};
+    const int64_t *hashes = (const int64_t *)hash_view.buf;
+    Py_ssize_t keys = hash_view.len / (Py_ssize_t)sizeof(int64_t);
+    if ((int64_t)file_view.len < entries_at + capacity * ENTRY_SIZE ||
+        (int64_t)file_view.len < slots_at + slot_num * SLOT_SIZE || hash_view.len % sizeof(int64_t)) {
+        PyBuffer_Release(&hash_view);
+        PyBuffer_Release(&file_view);
+        Py_RETURN_NONE;
+    }
+    const unsigned char *file = (const unsigned char *)file_view.buf;
+    int64_t chunk_count = (capacity >> shift) + 1;
+    touched = PyMem_Calloc((size_t)chunk_count, 1);
+    if (touched == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Chains are walked WALK_GROUP keys at a time, one step of each in turn: a step's read of an
+     * entry is a cache (often a TLB) miss in a big file, and the misses of different keys' steps
+     * overlap where one chain's, each depending on the last, cannot (50,000 keys over a 10M-entry
+     * file: 0.35 s walked one chain after another, as slow as numpy's lock-step). */
+    for (Py_ssize_t group = 0; group < keys; group += WALK_GROUP) {
+        Py_ssize_t members = keys - group < WALK_GROUP ? keys - group : WALK_GROUP;
+        int64_t cur[WALK_GROUP];
+        Py_ssize_t alive = 0;
+        for (Py_ssize_t i = 0; i < members; i++) {
+            int64_t key_hash = hashes[group + i];
+            if (key_hash < 0) { /* not a RocketMQ key hash: the numpy walk decides what it means */
+                result = Py_None;
+                Py_INCREF(result);
+                goto done;
+            }
+            cur[i] = read_i32(file + slots_at + (key_hash % slot_num) * SLOT_SIZE);
+            alive++;
+        }
+        while (alive) {
+            alive = 0;
+            for (Py_ssize_t i = 0; i < members; i++) {
+                int64_t at = cur[i];
+                if (!(at >= floor && at > INVALID_INDEX && at < capacity)) continue;
+                const unsigned char *entry = file + entries_at + at * ENTRY_SIZE;
+                touched[at >> shift] = 1;
+                if (at < limit && (int64_t)read_i32(entry) == hashes[group + i]) {
+                    if (!push(&who, group + i) || !push(&entry_of, at) || !push(&phy, read_i64(entry + ENTRY_PHY_AT)) ||
+                        !push(&diff, read_i32(entry + ENTRY_DIFF_AT))) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                }
+                int64_t prev = read_i32(entry + ENTRY_PREV_AT);
+                cur[i] = prev < at ? prev : INVALID_INDEX; /* a chain only points backwards */
+                if (cur[i] >= floor && cur[i] > INVALID_INDEX && cur[i] < capacity) {
+                    __builtin_prefetch(file + entries_at + cur[i] * ENTRY_SIZE);
+                    alive++;
+                }
+            }
+        }
+    }
+    for (int64_t c = 0; c < chunk_count; c++) {
+        if (touched[c] && !push(&chunks, c)) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(NNNNN)", column_bytes(&who), column_bytes(&entry_of), column_bytes(&phy),
+                           column_bytes(&diff), column_bytes(&chunks));
+done:
+    PyMem_Free(touched);
+    PyMem_Free(who.data);
+    PyMem_Free(entry_of.data);
+    PyMem_Free(phy.data);
+    PyMem_Free(diff.data);
+    PyMem_Free(chunks.data);
+    PyBuffer_Release(&hash_view);
+    PyBuffer_Release(&file_view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"select_phy_offsets", (PyCFunction)(void (*)(void))select_phy_offsets, METH_FASTCALL,
      "select_phy_offsets(buffer, key, hash_slot_num, capacity, max_num, begin, end): RocketMQ's "
      "selectPhyOffset over an IndexFile's bytes, or None where the Python walk must answer."},
+    {"walk_chains", (PyCFunction)(void (*)(void))walk_chains, METH_FASTCALL,
+     "walk_chains(buffer, hashes, slots_at, entries_at, hash_slot_num, capacity, limit, floor, chunk_shift): "
+     "IndexFile.candidate_arrays' chain walks of many keys (no hash runs), or None where numpy must walk."},
     {NULL, NULL, 0, NULL},
 };
 

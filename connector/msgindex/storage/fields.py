@@ -42,6 +42,7 @@ evaluated.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -234,6 +235,18 @@ def check_compatible(existing: Iterable[FieldDefinition], declared: Iterable[Fie
             raise InvalidOptionError(
                 f"{definition.describe()}: the {where} indexes field {old.name!r} as {old.describe()} "
                 f"({old.shape}); a field keeps its definition: give the new one another name")
+        if old is not None and old.name != definition.name:
+            # a record's terms hold the name as written and lookups ask the shard's spelling: another
+            # spelling's values would never be found (respelled: ``respelled``)
+            raise InvalidOptionError(f"{definition.describe()}: the {where} indexes this field as {old.name!r}; "
+                                     f"spell its name so")
+
+
+def respelled(definitions: Sequence[FieldDefinition], existing: Iterable[FieldDefinition]) -> tuple[FieldDefinition, ...]:
+    """`definitions` with each name spelled as `existing` spells it (names are case-insensitive
+    to users, as Spark's columns are; the store keeps one spelling)."""
+    spelling = {d.name.lower(): d.name for d in existing}
+    return tuple(dataclasses.replace(d, name=spelling.get(d.name.lower(), d.name)) for d in definitions)
 
 
 def uncovered(name: str, held: SourceRanges, coverage: FieldCoverage, *, topics: Iterable[str] | None = None,

@@ -721,7 +721,7 @@ class IndexFile:
                 head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
                 pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot),
                                                                        touched, floor_entry)]
-        else:
+        elif not self._walk_compiled(hashes, limit, runs, pieces, touched, floor_entry):
             self._walk_lock_step(hashes, limit, runs, pieces, touched, floor_entry)
         self._check_touched(touched, limit)
         return _assemble(pieces, begin_ts)
@@ -744,6 +744,28 @@ class IndexFile:
         if runs.covered_count > count:  # rolled back below them: not this file's entries any more
             runs = _NO_RUNS
         return begin_ts, count if limit_index_count is None else int(limit_index_count), runs
+
+    def _walk_compiled(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list,
+                       touched: entry_sums.Touched, floor: int) -> bool:
+        """``_walk_lock_step``'s walks in one call of the compiled module (``walk_chains``): a
+        bulk lookup's 50,000 keys walked 0.35 s in numpy steps. False where it does not answer
+        (not built, hash runs to hand off to, arguments C does not hold): numpy walks then."""
+        mm = self._mm
+        if _compiled_walk is None or mm is None or runs.runs:
+            return False
+        heads = self._slots[hashes % self.hash_slot_num]
+        if heads.size and int(heads.max()) >= self.capacity:
+            self._cover(int(heads.max()))  # (a chain only points backwards: only its head can be past the mapping)
+        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes, np.int64), self._slots_offset,
+                                            self._entries_offset, self.hash_slot_num, self.capacity, limit, floor,
+                                            entry_sums.CHUNK_SHIFT)
+        if walked is None:
+            return False
+        who, entries, phys, diffs, chunks = (np.frombuffer(column, np.int64) for column in walked)
+        touched.arrays.append(chunks)
+        if len(who):
+            pieces.append((who, entries, phys, diffs))
+        return True
 
     def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list,
                         touched: entry_sums.Touched, floor: int) -> None:

@@ -64,11 +64,13 @@ from msgindex.storage.message import decode_text
 from msgindex.storage.reporting import first_line as _first_line
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
+    BACKFILL_MARKER,
     INDEX_DIR,
     LOCK_FILE,
     LOG_DIR,
     ShardReader,
     checkpoint_path,
+    finish_interrupted_swap,
     has_data,
     open_log,
     read_committed,
@@ -148,6 +150,11 @@ def repair_shard(directory: Path, broker: str, settings: StoreSettings, *, dry_r
         return ShardRepair(broker, f"refused: {directory / LOCK_FILE} is held by a writer (stop the indexing job "
                                    f"first)", refused=True)
     try:
+        if (directory / BACKFILL_MARKER).is_file():
+            if dry_run:
+                return ShardRepair(broker, "would finish swapping in the shard a backfill had rebuilt (it stopped midway)")
+            finish_interrupted_swap(directory)
+            return ShardRepair(broker, "finished swapping in the shard a backfill had rebuilt (it stopped midway)")
         if checkpoint_path(directory).is_dir() and not checkpoint_path(directory).is_symlink():
             return ShardRepair(broker, f"refused: {checkpoint_path(directory)} is a directory where the shard's "
                                        f"checkpoint belongs (not msgindex's: it is left alone); move it elsewhere and "

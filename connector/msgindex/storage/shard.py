@@ -118,6 +118,7 @@ FEW_CANDIDATES = 256 if bf.compiled_blocks is not None else 64
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of
 # attempts turned a healthy shard into a CorruptFileError.
 OPEN_RETRY_S = 10.0
+SWAP_POLL_S = 0.005  # how often a reader that met a backfill's swap looks for its commit
 CHECK_INTERVAL_S = 0.01  # ShardReader.check_unchanged runs at most this often per reader
 # What a writer found when it took the lock (ShardWriter.last_revalidation)
 REVALIDATION_UNCHANGED = "unchanged"  # its view still is the shard: appended at once
@@ -509,7 +510,8 @@ class ShardWriter(_Committed):
     # --- revalidation and recovery --------------------------------------------------------------
     def _revalidate(self) -> None:
         """Bring this writer's view to the shard's committed state (the lock is held)."""
-        if (self.directory / BACKFILL_MARKER).is_file():  # a backfill died swapping in the rebuilt shard
+        if any((self.directory / name).exists() for name in (BACKFILL_MARKER, BACKFILL_NEW_DIR, BACKFILL_OLD_DIR)):
+            # a backfill died: swapping in its rebuilt shard (finished now), or before (its build deleted)
             self._release_files()
             finish_interrupted_swap(self.directory)
         path = checkpoint_path(self.directory)
@@ -803,14 +805,26 @@ class ShardReader(_Committed, VerifiedReads):
                 self._open_files()
                 self._mapped, self._checked_at = self._mapped_files(), time.monotonic()
                 return
-            except CorruptFileError:
+            except CorruptFileError as damaged:
                 self.close()
                 # Retention commits before it deletes, so files of the snapshot just read that
-                # are gone mean a newer checkpoint exists: retry with it. An unchanged checkpoint
-                # means the shard really is damaged.
+                # are gone mean a newer checkpoint exists: retry with it. A backfill swaps its
+                # rebuilt files in first and commits after (its marker stands until then): wait
+                # for its commit. An unchanged checkpoint otherwise means the shard is damaged.
+                # (the marker first: it stands from before the swap's renames until after its commit,
+                # so seen before a read of the old checkpoint it means the swap is not committed yet)
+                marked = (self.directory / BACKFILL_MARKER).is_file()
                 newer = read_committed(self.directory, broker)
-                if newer == checkpoint or time.monotonic() > deadline:
+                swapping = newer == checkpoint and marked
+                if (newer == checkpoint and not swapping) or time.monotonic() > deadline:
+                    if swapping:
+                        raise CorruptFileError(
+                            f"{self.directory / BACKFILL_MARKER}: a backfill of shard {broker!r} stopped while "
+                            f"swapping its rebuilt files in; the shard's next writer (the indexing job, or "
+                            f"`msgindex repair`) finishes it") from damaged
                     raise
+                if swapping:
+                    time.sleep(SWAP_POLL_S)
                 checkpoint = newer
             except BaseException:
                 self.close()
@@ -1254,7 +1268,7 @@ def finish_interrupted_swap(directory: Path) -> bool:
             continue  # swapped in before a crash
         if (directory / name).exists():
             if (old / name).exists():
-                shutil.rmtree(directory / name)  # (cannot happen: a swapped-in directory has no copy in new/)
+                shutil.rmtree(directory / name)  # an empty one a repair or writer made meanwhile
             else:
                 os.rename(directory / name, old / name)
         if name in present:

@@ -60,7 +60,9 @@ class WantedKeys:
         terms = (*keys, *fields)
         pairs = tuple((t, term) for t in topics for term in terms)
         # each text encoded once
-        encoded_keys = pa.array([*(encode_text(k) for k in keys), *(field_term(*f) for f in fields)], bf.TEXT)
+        encoded_keys = _encoded(keys)
+        if fields:
+            encoded_keys = pa.concat_arrays([encoded_keys, pa.array([field_term(*f) for f in fields], bf.TEXT)])
         strings = [text for t in topics for text in
                    (*index_keys(t, keys), *(field_hash_string(t, name, value) for name, value in fields))]
         return cls(_hashes(strings), pairs, tuple(encode_text(t) for t in topics), len(terms),
@@ -77,6 +79,15 @@ class WantedKeys:
 
 
 SCALAR_HASH_MAX_KEYS = 16
+
+
+def _encoded(keys: Sequence[str]) -> pa.Array:
+    """``encode_text`` of each key as bf.TEXT: Arrow's UTF-8 where every key is valid UTF-8 (the
+    same bytes, without a Python call per key: a bulk lookup asks 50,000 at once)."""
+    try:
+        return pa.array(keys, pa.large_string()).cast(bf.TEXT)
+    except (pa.ArrowException, UnicodeError):  # a lone surrogate: encode_text passes it through
+        return pa.array([encode_text(k) for k in keys], bf.TEXT)
 
 
 def _hashes(keys: list[str]) -> np.ndarray:

@@ -289,12 +289,14 @@ def declare_fields(spark, options: IndexJobOptions, store) -> tuple:
     if not options.fields:
         return ()
     from msgindex.spark.pipeline.field_values import analysed_definitions
-    from msgindex.storage.fields import check_compatible
+    from msgindex.storage.fields import check_compatible, respelled
 
     definitions = analysed_definitions(kafka_stream(spark, options), options.fields)
     for broker in store.brokers():
         with store.reader(broker) as reader:
-            check_compatible(reader.field_coverage.definitions(), definitions, f"index {options.path} (shard {broker})")
+            existing = reader.field_coverage.definitions()
+            definitions = respelled(definitions, existing)  # NAME and name are one field: the index's spelling
+            check_compatible(existing, definitions, f"index {options.path} (shard {broker})")
     say("fields: " + ", ".join(f"{d.name} ({d.shape}) = {d.describe().split('=', 1)[1]}" for d in definitions))
     return definitions
 
