@@ -233,6 +233,7 @@ class EntryGuard:
         self._loaded = False
         self._unusable: str | None = None  # why the sidecar cannot be used (None: it can, or is not needed)
         self._warned = False
+        self._opened_as = _identity(index_file.path)  # the file this reader reads: its inode (see _sidecar)
         self._whole = _whole_chunks(index_file)  # chunk -> all its entries checked
         self._partial: dict[int, int] = {}  # chunk -> entries below this end are checked
 
@@ -285,8 +286,12 @@ class EntryGuard:
         if not self._loaded:
             self._loaded = True
             self._sums, why = EntrySums.load(self.index_file)
+            # another file has this name now (a backfill rebuilt the shard, or retention removed it):
+            # its sidecar is that file's and says nothing about the one read here, nor is it damage
+            now = _identity(self.index_file.path)
+            replaced = self._sums is None and (now is None or self._opened_as is None or now[:2] != self._opened_as[:2])
             # a new file's first commit may be read before its writer wrote the sidecar: no warning
-            if self._sums is None and (why != "missing" or self.index_file.index_count > CHUNK_ENTRIES):
+            if self._sums is None and not replaced and (why != "missing" or self.index_file.index_count > CHUNK_ENTRIES):
                 self._unusable = why
         return self._sums
 
@@ -295,14 +300,21 @@ _CHECKED_FILES = 256  # index files whose checked chunks a process remembers
 _checked_by_file: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
 
 
+def _identity(path: os.PathLike | str) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime) of the file at `path` now (None: there is none)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
 def _whole_chunks(index_file: IndexFile) -> np.ndarray:
     """The process-wide flags of the chunks of `index_file` found intact, for its identity now."""
     chunks = -(-index_file.index_num // CHUNK_ENTRIES)
-    try:
-        info = os.stat(index_file.path)
-    except OSError:
+    identity = _identity(index_file.path)
+    if identity is None:
         return np.zeros(chunks, dtype=bool)
-    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     flags = _checked_by_file.pop(identity, None)
     if flags is None:
         flags = np.zeros(chunks, dtype=bool)
