@@ -67,7 +67,8 @@ def main() -> None:
                       .tolist()], pair)
     records = table.select([f.name for f in APPEND_SCHEMA])
     values = pa.table({"topic": table.column("topic"), "partition": table.column("partition"),
-                       "offset": table.column("offset"), "fields": field}).cast(VALUES_SCHEMA)
+                       "offset": table.column("offset"), "timestamp_ms": table.column("timestamp_ms"),
+                       "fields": field}).cast(VALUES_SCHEMA)
     held = SourceRows.of(table.column("topic"), table.column("partition"), table.column("offset")).ranges()
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)

@@ -115,6 +115,12 @@ class CommitConflictError(MsgIndexError):
     writer retries (each loss re-reads what won and tries the next version)."""
 
 
+class SourceMismatchError(MsgIndexError):
+    """Records re-read from Kafka are not the ones the index holds at their offsets (a topic
+    deleted and created again under its name): a backfill of them would give old records new
+    records' values, so nothing of it is committed."""
+
+
 class FieldCoverageWarning(UserWarning):
     """A field lookup over offsets the field does not cover (indexed before it existed): the
     answer may miss records there (storage/fields.py)."""

@@ -10,13 +10,13 @@ import warnings
 import pyarrow as pa
 import pytest
 
-from msgindex.errors import FieldCoverageWarning, InvalidOptionError
+from msgindex.errors import FieldCoverageWarning, InvalidOptionError, SourceMismatchError
 from msgindex.storage.backfill import VALUES_SCHEMA, FieldBackfill
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.query import Query
 from msgindex.storage.source_ranges import SourceRanges
-from tests.storage.kinds import committed_state, is_object_store
+from tests.storage.kinds import committed_state, is_object_store, shard_contents
 from tests.storage.shard_model import TINY
 
 BASE = 1_700_000_000_000
@@ -39,7 +39,8 @@ def _values(records: list[MessageRecord], rng: random.Random) -> tuple[pa.Table,
         if rng.random() < 0.8:
             pairs.append({"name": "order", "value": f"o-{rng.randrange(20)}"})
         pairs += [{"name": "sku", "value": s} for s in rng.sample(["a", "b", "k1", "o-3"], rng.randrange(3))]
-        rows.append({"topic": r.topic, "partition": r.partition, "offset": r.offset, "fields": pairs or None})
+        rows.append({"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+                     "fields": pairs or None})
         for pair in pairs:
             truth.setdefault((pair["name"], pair["value"]), set()).add((r.topic, r.partition, r.offset))
     return pa.Table.from_pylist(rows, schema=VALUES_SCHEMA), truth
@@ -108,6 +109,8 @@ def test_coverage_grows_only_over_what_the_shard_holds_and_was_evaluated(stores)
         values, truth = _values(records, rng)
         evaluated = _held(records[100:]).union(_held(_records("orders", range(500, 600))))  # Kafka kept 100..; 500.. is not ours
         store.backfill("b0", FieldBackfill(values, (ORDER,), evaluated))
+        with store.reader("b0") as reader:  # offsets the shard does not hold are never covered
+            assert reader.field_coverage.get("order").ranges == _held(records[100:])
         found, warned = _lookup(store, "order", "o-3")
         want = {t for t in truth.get(("order", "o-3"), set()) if t[2] >= 100}
         assert found == want
@@ -123,10 +126,10 @@ def test_a_field_redefined_is_refused_and_nothing_changes(stores):
             writer.append(records)
         values, _ = _values(records, random.Random(7))
         store.backfill("b0", FieldBackfill(values, (ORDER,), _held(records)))
-        before = committed_state(store, "b0")
+        before = shard_contents(store, "b0")
         with pytest.raises(InvalidOptionError, match="order"):
             store.backfill("b0", FieldBackfill(values, (OTHER_ORDER,), _held(records)))
-        assert committed_state(store, "b0") == before
+        assert shard_contents(store, "b0") == before
 
 
 def test_backfill_after_retention_keeps_the_retained_records_sequence_numbers(stores):
@@ -233,3 +236,40 @@ def test_a_swap_interrupted_midway_is_finished_by_the_next_writer(tmp_path, monk
         found, _ = _lookup(store, "order", "o-2")
         assert found == truth.get(("order", "o-2"), set())
         assert sum(b.num_rows for b in store.scan()) == 210
+
+
+def test_records_kafka_holds_otherwise_than_the_index_are_refused_and_nothing_changes(stores):
+    """A topic deleted and created again holds other records at the same offsets: their values
+    must never become old records' terms (a timestamp that differs tells them apart)."""
+    records = _records("orders", range(0, 60))
+    with stores.create(settings=TINY) as store:
+        with store.writer("b0") as writer:
+            writer.append(records)
+        values, _ = _values(records, random.Random(10))
+        stamps = values.column("timestamp_ms").to_numpy().copy()
+        stamps[17] += 1
+        values = values.set_column(values.schema.get_field_index("timestamp_ms"), "timestamp_ms", pa.array(stamps))
+        before = shard_contents(store, "b0")
+        with pytest.raises(SourceMismatchError, match="orders-0 offset 17: Kafka holds a record of"):
+            store.backfill("b0", FieldBackfill(values, (ORDER,), _held(records)))
+        assert shard_contents(store, "b0") == before
+        if not is_object_store(store):
+            assert not (store.root / "broker=b0" / "backfill.new").exists()
+
+
+def test_a_field_no_record_has_grows_its_coverage_without_a_rewrite(stores):
+    records = _records("orders", range(0, 80))
+    with stores.create(settings=TINY) as store:
+        with store.writer("b0") as writer:
+            writer.append(records)
+        before = {name: size for name, size in shard_contents(store, "b0").items() if "checkpoint" not in str(name)
+                  and "versions" not in str(name) and "_shards" not in str(name)}
+        empty = pa.Table.from_pylist([{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                                       "timestamp_ms": r.timestamp_ms, "fields": None} for r in records],
+                                     schema=VALUES_SCHEMA)
+        result = store.backfill("b0", FieldBackfill(empty, (SKU,), _held(records)))
+        assert result.changed and result.records_rewritten == 0
+        after = {name: size for name, size in shard_contents(store, "b0").items() if name in before}
+        assert after == before  # no log, index or chunk rewritten
+        found, warned = _lookup(store, "sku", "a")
+        assert found == set() and not warned  # covered: no record has a value

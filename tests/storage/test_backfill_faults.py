@@ -308,6 +308,7 @@ def test_readers_in_other_processes_during_backfills(tmp_path):
             while time.monotonic() < deadline or backfills < 3:
                 field = FieldDefinition(f"f{backfills}", "expression", f"x{backfills}", "single")
                 values = pa.Table.from_pylist([{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                                                "timestamp_ms": r.timestamp_ms,
                                                 "fields": [{"name": field.name, "value": f"v{r.offset % 5}"}]}
                                                for r in records], schema=VALUES_SCHEMA)
                 assert store.backfill(BROKER, FieldBackfill(values, (field,), _held(records))).changed
@@ -447,7 +448,7 @@ def test_values_of_foreign_records_add_no_terms_when_the_coverage_grows(stores):
 def test_long_and_non_bmp_values_are_found(stores):
     records = _records("orders", range(0, 60))
     odd = ["😀 émoji 𝔘𝔫𝔦", "x" * 20_000, "\u4e2d\u6587-\U0001F680", " leading and trailing "]
-    rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+    rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
              "fields": [{"name": "order", "value": odd[r.offset % len(odd)]}]} for r in records]
     with _filled(stores, records) as store:
         store.backfill(BROKER, FieldBackfill(pa.Table.from_pylist(rows, schema=VALUES_SCHEMA), (ORDER,), _held(records)))
@@ -460,7 +461,7 @@ def test_long_and_non_bmp_values_are_found(stores):
 def test_an_empty_value_is_refused_and_nothing_changes(stores):
     """An append refuses an empty field value; so does a backfill, before anything is committed."""
     records = _records("orders", range(0, 60))
-    rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+    rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
              "fields": [{"name": "order", "value": "" if r.offset == 30 else "o-1"}]} for r in records]
     with _filled(stores, records) as store:
         before = committed_state(store, BROKER), [r["keys"] for b in store.scan() for r in b.to_pylist()]
@@ -485,14 +486,14 @@ def test_a_field_spelled_in_another_case_is_refused_and_nothing_changes(stores):
             writer.append(old)
             writer.append(_with_fields(new, pa.Table.from_pylist([{"fields": [{"name": "order", "value": "o-1"}]}] * 20)),
                           fields=[ORDER])
-        before = committed_state(store, BROKER)
-        rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset,
+        before = shard_contents(store, BROKER)
+        rows = [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
                  "fields": [{"name": "ORDER", "value": "o-1"}]} for r in old]
         with pytest.raises(InvalidOptionError, match="indexes this field as 'order'"):
             store.backfill(BROKER, FieldBackfill(pa.Table.from_pylist(rows, schema=VALUES_SCHEMA), (upper,), _held(old)))
         with pytest.raises(InvalidOptionError, match="indexes this field as 'order'"), store.writer(BROKER) as writer:
             writer.append(_with_fields(_records("orders", range(120, 130)), pa.Table.from_pylist(
                 [{"fields": [{"name": "ORDER", "value": "o-1"}]}] * 10)), fields=[upper])
-        assert committed_state(store, BROKER) == before
+        assert shard_contents(store, BROKER) == before
         table, _ = _field_lookup(store, "order", "o-1")
         assert _found(table) == _coords(new)

@@ -272,3 +272,32 @@ def test_compiled_walk_leaves_what_c_cannot_hold_to_python(tmp_path: Path) -> No
         assert f.select_phy_offsets("a", 1, 0, 2**62) == [3]
         with pytest.raises(InvalidKeyError, match="str"):
             f.select_phy_offsets(b"a", 64, 0, 2**62)
+
+
+def test_a_many_key_walk_racing_a_writer_that_grows_the_file_finds_every_committed_hit(tmp_path: Path, monkeypatch):
+    """A writer may grow the file and link newer heads past a reader's mapping while the reader
+    walks many chains: the walk starts from the heads the reader read (and mapped) first, so the
+    entries committed before it are all found (a head past the mapping is not an empty chain)."""
+    path = tmp_path / "f"
+    keys = [f"k{n}" for n in range(64)]
+    count = index_file_module.GROWTH_ENTRIES - 10
+    with IndexFile.create(path, 97, 4 * index_file_module.GROWTH_ENTRIES) as writer:
+        writer.put_keys([keys[n % 64] for n in range(count)], range(count), [T0 + n for n in range(count)])
+        with IndexFile.open(path, 97, 4 * index_file_module.GROWTH_ENTRIES, read_only=True) as reader:
+            hashes = np.array([index_hash(k) for k in keys], np.int64)
+            limit = reader.index_count
+            expected = [reference_candidates(reader, int(h), limit_index_count=limit) for h in hashes]
+            walk = index_file_module._compiled_walk
+            if walk is None:
+                pytest.skip("msgindex.storage._index_walk was not built (`make setup`): the numpy walk reads heads once")
+            more = 200
+
+            class Racing:
+                def walk_chains(self, *args):
+                    writer.put_keys([keys[n % 64] for n in range(more)], range(count, count + more),
+                                    [T0 + count + n for n in range(more)])  # grows the file, new heads past the mapping
+                    return walk.walk_chains(*args)
+
+            monkeypatch.setattr(index_file_module, "_compiled_walk", Racing())
+            found = per_key(reader.candidate_arrays(hashes, limit_index_count=limit), len(keys))
+            assert found == expected and sum(map(len, found)) == count

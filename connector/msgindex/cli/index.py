@@ -22,6 +22,7 @@ from msgindex.cli import checked_seconds
 from msgindex.cli.retention import parse_size_bytes
 from msgindex.cli.store_args import add_storage_options, storage_options
 from msgindex.errors import InvalidOptionError
+from msgindex.spark.pipeline.backfill import NO_FIELDS_TO_BACKFILL
 from msgindex.spark.pipeline.field_values import declared_fields
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.spark.runtime.session import hadoop_url
@@ -113,7 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sink.add_argument("--backfill-fields", action="store_true",
                       help="before indexing new records, index the declared fields over the records the index "
                            "already holds and a field does not cover yet (re-read from Kafka, as far as it still "
-                           "retains them; exactly once)")
+                           "retains them; exactly once). A local shard is rewritten under its lock (it needs free "
+                           "space about its size); the earliest offsets are read with the Python Kafka client, so "
+                           "not with SASL/SSL --kafka-option settings")
     sink.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
                       help="how long a task waits for a shard lock held by another attempt (default 120)")
     kept = parser.add_argument_group("retention (applied by the shards' writers between appends)")
@@ -208,7 +211,7 @@ def options_from_args(args: argparse.Namespace) -> IndexJobOptions:
     if fields and args.input != "records":
         raise InvalidOptionError("--index-field/--index-header: fields are indexed with --input records only (so far)")
     if args.backfill_fields and not fields:
-        raise InvalidOptionError("--backfill-fields: declare the fields to backfill (--index-field / --index-header)")
+        raise InvalidOptionError(NO_FIELDS_TO_BACKFILL)
     if fields and args.remote is not None:
         raise InvalidOptionError("--index-field/--index-header: fields are not indexed by --remote jobs yet")
     return IndexJobOptions(

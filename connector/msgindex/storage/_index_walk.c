@@ -167,30 +167,32 @@ static PyObject *column_bytes(column_t *column) {
     return PyBytes_FromStringAndSize((const char *)column->data, column->size * (Py_ssize_t)sizeof(int64_t));
 }
 
-/* walk_chains(buffer, hashes, slots_at, entries_at, hash_slot_num, capacity, limit, floor, chunk_shift)
+/* walk_chains(buffer, hashes, heads, entries_at, capacity, limit, floor, chunk_shift)
  *   -> (who, entry, phy_offset, time_diff, touched_chunks) as bytes of native int64s, or None
  *
  * The numpy lock-step walk of IndexFile.candidate_arrays for files without hash runs, each chain
- * walked to its end in one go: from the slot's head, while floor <= cur < capacity and cur is an
+ * walked to its end: from the key's head (`heads`: the slot's newest entry, read by the caller
+ * once, before it mapped the file far enough for all of them: a head read here could be past a
+ * mapping a writer outgrew meanwhile), while floor <= cur < capacity and cur is an
  * entry (> INVALID_INDEX), entry cur is read (its chunk, cur >> chunk_shift, is touched) and is a hit
  * when cur < limit and its keyHash equals the key's hash; the walk goes on to prevIndex only while it
- * points backwards, so a corrupt (cyclic) chain ends. `hashes`: native int64s, each >= 0 (RocketMQ's
- * key hashes); each key's hits come newest first (keys' hits interleave). None when an argument
+ * points backwards, so a corrupt (cyclic) chain ends. `hashes` and `heads`: native int64s, one each
+ * per key, hashes >= 0 (RocketMQ's key hashes); each key's hits come newest first (keys' hits
+ * interleave). None when an argument
  * is outside what C holds or the buffer is shorter than the layout: the numpy walk answers. */
 static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "walk_chains takes 9 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "walk_chains takes 8 arguments");
         return NULL;
     }
-    int64_t slots_at, entries_at, slot_num, capacity, limit, floor, shift;
-    if (!as_int64(args[2], &slots_at) || !as_int64(args[3], &entries_at) || !as_int64(args[4], &slot_num) ||
-        !as_int64(args[5], &capacity) || !as_int64(args[6], &limit) || !as_int64(args[7], &floor) ||
-        !as_int64(args[8], &shift) || slot_num <= 0 || slot_num > INT32_MAX || capacity <= 0 ||
-        capacity > INT32_MAX || shift < 0 || shift > 30 || slots_at < 0 || entries_at < 0) {
+    int64_t entries_at, capacity, limit, floor, shift;
+    if (!as_int64(args[3], &entries_at) || !as_int64(args[4], &capacity) || !as_int64(args[5], &limit) ||
+        !as_int64(args[6], &floor) || !as_int64(args[7], &shift) || capacity <= 0 || capacity > INT32_MAX ||
+        shift < 0 || shift > 30 || entries_at < 0) {
         Py_RETURN_NONE;
     }
-    Py_buffer file_view, hash_view;
+    Py_buffer file_view, hash_view, head_view;
     if (PyObject_GetBuffer(args[0], &file_view, PyBUF_SIMPLE) != 0) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -200,13 +202,22 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&file_view);
         Py_RETURN_NONE;
     }
+    if (PyObject_GetBuffer(args[2], &head_view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&hash_view);
+        PyBuffer_Release(&file_view);
+        Py_RETURN_NONE;
+    }
     PyObject *result = NULL;
     unsigned char *touched = NULL;
     column_t who = {0}, entry_of = {0}, phy = {0}, diff = {0}, chunks = {0};
     const int64_t *hashes = (const int64_t *)hash_view.buf;
+    const int64_t *heads = (const int64_t *)head_view.buf;
     Py_ssize_t keys = hash_view.len / (Py_ssize_t)sizeof(int64_t);
-    if ((int64_t)file_view.len < entries_at + capacity * ENTRY_SIZE ||
-        (int64_t)file_view.len < slots_at + slot_num * SLOT_SIZE || hash_view.len % sizeof(int64_t)) {
+    /* (compared by division: a product of what the caller passes could overflow) */
+    if (entries_at > (int64_t)file_view.len || capacity > ((int64_t)file_view.len - entries_at) / ENTRY_SIZE ||
+        hash_view.len % sizeof(int64_t) || head_view.len != hash_view.len) {
+        PyBuffer_Release(&head_view);
         PyBuffer_Release(&hash_view);
         PyBuffer_Release(&file_view);
         Py_RETURN_NONE;
@@ -233,7 +244,7 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
                 Py_INCREF(result);
                 goto done;
             }
-            cur[i] = read_i32(file + slots_at + (key_hash % slot_num) * SLOT_SIZE);
+            cur[i] = heads[group + i];
             alive++;
         }
         while (alive) {
@@ -274,6 +285,7 @@ done:
     PyMem_Free(phy.data);
     PyMem_Free(diff.data);
     PyMem_Free(chunks.data);
+    PyBuffer_Release(&head_view);
     PyBuffer_Release(&hash_view);
     PyBuffer_Release(&file_view);
     return result;
@@ -284,7 +296,7 @@ static PyMethodDef methods[] = {
      "select_phy_offsets(buffer, key, hash_slot_num, capacity, max_num, begin, end): RocketMQ's "
      "selectPhyOffset over an IndexFile's bytes, or None where the Python walk must answer."},
     {"walk_chains", (PyCFunction)(void (*)(void))walk_chains, METH_FASTCALL,
-     "walk_chains(buffer, hashes, slots_at, entries_at, hash_slot_num, capacity, limit, floor, chunk_shift): "
+     "walk_chains(buffer, hashes, heads, entries_at, capacity, limit, floor, chunk_shift): "
      "IndexFile.candidate_arrays' chain walks of many keys (no hash runs), or None where numpy must walk."},
     {NULL, NULL, 0, NULL},
 };

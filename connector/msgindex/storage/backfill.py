@@ -23,7 +23,8 @@ upgrade.py:
    sequence number: every record keeps its seq (a Spark query's pieces planned before the swap
    read the same records after it), and the hash index files, sparse indexes and hot-key copies
    are what the writer always writes for these records;
-2. check it: the same first and next seq, and every term the backfill added is in it;
+2. check it: the same first and next seq, and as many terms as the old records had plus the values
+   added;
 3. write the marker ``backfill`` holding the new checkpoint;
 4. swap ``log/``, ``index/`` and ``hotkeys/`` for the new ones, write the checkpoint, remove the
    marker, delete the old directories.
@@ -52,7 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError
+from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedError, SourceMismatchError
 from msgindex.storage import fields, verify
 from msgindex.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from msgindex.storage.durable import fsync_directory, versioned_json, write_atomically
@@ -61,7 +62,7 @@ from msgindex.storage.file_lock import unlock, wait_for_lock
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns, with_field_terms
 from msgindex.storage.log.metadata_log import LogPosition
-from msgindex.storage.message import FIELD_PAIR, encode_text
+from msgindex.storage.message import FIELD_PAIR, decode_text, encode_text
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.shard import (
     BACKFILL_MARKER,
@@ -83,6 +84,7 @@ VALUES_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
     pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp_ms", pa.int64(), nullable=False),
     pa.field("fields", pa.list_(pa.field("item", FIELD_PAIR, nullable=False)), nullable=True),
 ])
 
@@ -90,7 +92,9 @@ VALUES_SCHEMA = pa.schema([
 @dataclass(frozen=True)
 class FieldBackfill:
     """Field values re-read for records a shard may hold: `values` (``VALUES_SCHEMA``: a record's
-    source topic, partition and offset, and its (name, value) pairs of `definitions`), and the
+    source topic, partition, offset and timestamp, and its (name, value) pairs of `definitions`:
+    a stored record at those offsets with another timestamp is another record, and the backfill
+    a SourceMismatchError), and the
     source offsets every definition was evaluated over (`evaluated`: a record there without a
     value of a field has none)."""
 
@@ -119,9 +123,11 @@ class BackfillResult:
 
     @property
     def changed(self) -> bool:
+        """Whether a field's coverage grew (else nothing was written)."""
         return any(ranges.ranges for ranges in self.grown.values())
 
     def line(self) -> str:
+        """What the backfill did, in one line for the job's output."""
         if not self.changed:
             return f"shard {self.broker}: the fields already cover every offset it holds that Kafka retains"
         grown = "; ".join(f"{name} now covers {fields.describe_ranges(ranges)} more"
@@ -180,10 +186,13 @@ class RecordValues:
         records, starts = np.unique(owner, return_index=True)
         offsets = np.append(starts, len(owner)).astype(np.int32)
         self._pairs = pa.ListArray.from_arrays(pa.array(offsets), flat) if len(flat) else pa.array([], pairs.type)
+        # every re-read record is found (its timestamp checked against the stored one), values or not
+        self._stamps = values.column("timestamp_ms").to_numpy()
+        self._pair_row = np.full(values.num_rows, -1, dtype=np.int64)
+        self._pair_row[records] = np.arange(len(records))
         self._where: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray]] = {}
-        chosen = rows.take(records)
-        for (topic, partition), at in chosen.groups():
-            offsets_of = chosen.offset[at]
+        for (topic, partition), at in rows.groups():
+            offsets_of = rows.offset[at]
             order = np.argsort(offsets_of, kind="stable")
             self._where[(encode_text(topic), int(partition))] = (offsets_of[order], at[order])
         self.records = len(records)
@@ -192,9 +201,10 @@ class RecordValues:
         return self.values_added > 0
 
     def rows_of(self, topics: Sequence[bytes], topic_ids: np.ndarray, partition: np.ndarray,
-                offset: np.ndarray) -> np.ndarray:
-        """Per record (given as a DecodedRows' topics, topic ids, partitions and offsets) the row
-        of its values, -1 for none."""
+                offset: np.ndarray, timestamp_ms: np.ndarray) -> np.ndarray:
+        """Per record (given as a DecodedRows' topics, topic ids, partitions, offsets and
+        timestamps) the row of its values, -1 for none; SourceMismatchError naming the first
+        record Kafka returned with another timestamp."""
         found = np.full(len(offset), -1, dtype=np.int64)
         if not self._where:
             return found
@@ -208,7 +218,15 @@ class RecordValues:
             i = np.searchsorted(sorted_offsets, offset[at])
             hit = (i < len(sorted_offsets)) & (sorted_offsets[np.minimum(i, len(sorted_offsets) - 1)] == offset[at])
             found[at[hit]] = rows[i[hit]]
-        return found
+        matched = np.flatnonzero(found >= 0)
+        other = matched[self._stamps[found[matched]] != timestamp_ms[matched]]
+        if len(other):
+            n = int(other[0])
+            raise SourceMismatchError(
+                f"{decode_text(topics[int(topic_ids[n])])}-{int(partition[n])} offset {int(offset[n])}: Kafka holds a "
+                f"record of {int(self._stamps[found[n]])} ms there, the index one of {int(timestamp_ms[n])} ms (the "
+                f"topic was deleted and created again?); nothing of the backfill is committed")
+        return np.where(found >= 0, self._pair_row[np.maximum(found, 0)], -1)
 
     def pairs_for(self, rows: np.ndarray) -> pa.Array:
         """The values of `rows` (``rows_of``; -1: a null list) as an append's ``fields`` column."""
@@ -218,7 +236,7 @@ class RecordValues:
 def rewritten_columns(decoded: bf.DecodedRows, values: RecordValues) -> tuple[LogColumns, int, int]:
     """`decoded` as append columns, each record's terms followed by its new values; how many of
     its records got values, and how many values."""
-    rows = values.rows_of(decoded.topics, decoded.topic_ids, decoded.partition, decoded.offset)
+    rows = values.rows_of(decoded.topics, decoded.topic_ids, decoded.partition, decoded.offset, decoded.timestamp_ms)
     keys = decoded.keys
     list_offsets = keys.offsets.to_numpy().astype(np.int64)
     items = keys.values
@@ -267,12 +285,15 @@ def backfill_shard(directory: Path, broker: str, settings: StoreSettings, backfi
             raise missing_checkpoint_error(directory, broker, True)
         held = checkpoint.source_ranges if checkpoint.source_ranges is not None else SourceRanges()
         coverage = fields.coverage_in(checkpoint.extra, source=checkpoint_path(directory))
-        fields.check_compatible(coverage.definitions(), backfill.definitions, f"shard {broker!r}")
+        fields.check_compatible(coverage.definitions(), backfill.definitions, f"shard {broker!r}", spelling=True)
         grown = growth(coverage, held, backfill)
         if not any(ranges.ranges for ranges in grown.values()):
             return BackfillResult(broker, grown)
         values = RecordValues(backfill, grown)
         extra = extra_after(checkpoint.extra, grown, backfill.definitions, source=checkpoint_path(directory))
+        if not values:  # evaluated, and no record there has a value: the coverage grows alone
+            write_checkpoint(checkpoint_path(directory), dataclasses.replace(checkpoint, extra=extra))
+            return BackfillResult(broker, grown)
         rebuilt, with_values, added = _rebuild(directory, broker, settings, checkpoint, values, extra)
         present = [name for name in swapped_in_directories() if (directory / BACKFILL_NEW_DIR / name).exists()]
         write_atomically(directory / BACKFILL_MARKER, versioned_json(BACKFILL_MARKER_FORMAT, 1, {
@@ -309,8 +330,11 @@ def _rebuild(directory: Path, broker: str, settings: StoreSettings, checkpoint: 
         if checkpoint.record_count == start:  # nothing retained: commit the grown coverage alone
             writer.append_rewritten(None, ranges, extra)
         rebuilt = writer.checkpoint
-    finally:
+    except BaseException:
         writer.close()
+        shutil.rmtree(new, ignore_errors=True)  # (a copy of the whole shard: not left for the next writer)
+        raise
+    writer.close()
     if (rebuilt.log_start_seq, rebuilt.record_count) != (start, checkpoint.record_count) \
             or terms != old_terms + added:
         shutil.rmtree(new, ignore_errors=True)

@@ -185,7 +185,7 @@ class FieldCoverage:
         return FieldCoverage(tuple(sorted(by_name.values(), key=lambda f: f.name.lower())))
 
     def _with(self, definitions: Sequence[FieldDefinition]) -> FieldCoverage:
-        check_compatible(self.definitions(), definitions, "shard")
+        check_compatible(self.definitions(), definitions, "shard", spelling=True)
         known = {f.name.lower() for f in self.fields}
         added = [IndexedField(d) for d in definitions if d.name.lower() not in known]
         if not added:
@@ -225,9 +225,11 @@ def store_fields(store: Any) -> tuple[tuple[str, str], ...]:
     return tuple((d.name, d.shape) for d in sorted(seen.values(), key=lambda d: d.name.lower()))
 
 
-def check_compatible(existing: Iterable[FieldDefinition], declared: Iterable[FieldDefinition], where: str) -> None:
+def check_compatible(existing: Iterable[FieldDefinition], declared: Iterable[FieldDefinition], where: str, *,
+                     spelling: bool = False) -> None:
     """InvalidOptionError when a declared field redefines one the `where` (a shard, the store)
-    already indexes: its old values were computed otherwise, so one name would find two things."""
+    already indexes: its old values were computed otherwise, so one name would find two things.
+    With `spelling` (what a shard writes its terms with), also when it spells the name otherwise."""
     have = {d.name.lower(): d for d in existing}
     for definition in declared:
         old = have.get(definition.name.lower())
@@ -235,11 +237,11 @@ def check_compatible(existing: Iterable[FieldDefinition], declared: Iterable[Fie
             raise InvalidOptionError(
                 f"{definition.describe()}: the {where} indexes field {old.name!r} as {old.describe()} "
                 f"({old.shape}); a field keeps its definition: give the new one another name")
-        if old is not None and old.name != definition.name:
+        if spelling and old is not None and old.name != definition.name:
             # a record's terms hold the name as written and lookups ask the shard's spelling: another
-            # spelling's values would never be found (respelled: ``respelled``)
+            # spelling's values would never be found (the job respells declared fields: ``respelled``)
             raise InvalidOptionError(f"{definition.describe()}: the {where} indexes this field as {old.name!r}; "
-                                     f"spell its name so")
+                                     f"use the name {old.name!r}")
 
 
 def respelled(definitions: Sequence[FieldDefinition], existing: Iterable[FieldDefinition]) -> tuple[FieldDefinition, ...]:

@@ -753,12 +753,15 @@ class IndexFile:
         mm = self._mm
         if _compiled_walk is None or mm is None or runs.runs:
             return False
-        heads = self._slots[hashes % self.hash_slot_num]
+        if hashes.size and int(hashes.min()) < 0:
+            return False  # not RocketMQ key hashes: numpy's modulo decides their slots
+        # the heads are read once, here, and the mapping grown to hold them all: a writer may link
+        # newer heads meanwhile, past this mapping, which the walk must not take for empty chains
+        heads = self._slots[hashes % self.hash_slot_num].astype(np.int64)
         if heads.size and int(heads.max()) >= self.capacity:
             self._cover(int(heads.max()))  # (a chain only points backwards: only its head can be past the mapping)
-        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes, np.int64), self._slots_offset,
-                                            self._entries_offset, self.hash_slot_num, self.capacity, limit, floor,
-                                            entry_sums.CHUNK_SHIFT)
+        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes, np.int64), heads,
+                                            self._entries_offset, self.capacity, limit, floor, entry_sums.CHUNK_SHIFT)
         if walked is None:
             return False
         who, entries, phys, diffs, chunks = (np.frombuffer(column, np.int64) for column in walked)

@@ -11,9 +11,11 @@ streaming query starts, the job:
    ranges) and evaluates the fields as the streaming query does (the same projection,
    ``kafka_records.record_columns``, the same lenient evaluation);
 3. sends each shard's rows to one task (a shuffle by shard: a shard is rebuilt by one owner, on an
-   executor like every write), which hands them to the store's backfill (storage/backfill.py):
-   exactly once by offsets, so a job stopped halfway and started again backfills only what is
-   still uncovered.
+   executor like every write), which hands them to the store's backfill (storage/backfill.py)
+   with the offsets the rows vouch for (``received_within``: what retention took meanwhile is
+   not covered): exactly once by offsets, so a job stopped halfway and started again backfills
+   only what is still uncovered. The task holds a shard's values in memory (~60 bytes a record
+   with one value).
 
 The streaming query then starts as usual, and its batches index the fields from there on. Only
 ``--input records`` jobs declare fields (so far), so a record's source offsets are its own.
@@ -21,9 +23,10 @@ The streaming query then starts as usual, and its batches index the fields from 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,15 +35,20 @@ from msgindex.spark.pipeline.kafka_source import KafkaSource, OffsetRange
 from msgindex.spark.pipeline.task_writer import BROKER, SinkConfig
 from msgindex.storage import fields
 from msgindex.storage.fields import FieldDefinition
-from msgindex.storage.source_ranges import SourceRanges
+from msgindex.storage.source_ranges import SourceRanges, SourceRows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from msgindex.storage.message import MessageRecord
+    from msgindex.storage.objects.store import ObjectStore
+    from msgindex.storage.store import Store
+
 RESULT_DDL = "broker string, line string, records_with_values long, values_added long"
+NO_FIELDS_TO_BACKFILL = "--backfill-fields: declare the fields to backfill (--index-field / --index-header)"
 
 
-def uncovered_by_shard(store, definitions: Sequence[FieldDefinition]) -> dict[str, SourceRanges]:
+def uncovered_by_shard(store: Store | ObjectStore, definitions: Sequence[FieldDefinition]) -> dict[str, SourceRanges]:
     """Per shard, the offsets it holds that some of `definitions` does not cover (empty ones left out)."""
     missing = {}
     for broker in store.brokers():
@@ -68,8 +76,8 @@ def retained(ranges: SourceRanges, earliest: Mapping[tuple[str, int], int]) -> S
     return SourceRanges(kept)
 
 
-def backfill_fields(spark: SparkSession, source: KafkaSource, store, config: SinkConfig,
-                    say=print) -> list[str]:
+def backfill_fields(spark: SparkSession, source: KafkaSource, store: Store | ObjectStore, config: SinkConfig,
+                    say: Callable[[str], None] = print) -> list[str]:
     """Steps 1-3 of the module docstring for the job's fields (`config.fields`); the lines said."""
     from msgindex.kafka.admin import earliest_offsets, needs_java_client
     from msgindex.spark.pipeline.kafka_records import record_columns
@@ -78,7 +86,7 @@ def backfill_fields(spark: SparkSession, source: KafkaSource, store, config: Sin
 
     definitions = config.fields
     if not definitions:
-        raise InvalidOptionError("--backfill-fields: declare the fields to backfill (--index-field / --index-header)")
+        raise InvalidOptionError(NO_FIELDS_TO_BACKFILL)
     missing = uncovered_by_shard(store, definitions)
     lines = []
     if not missing:
@@ -127,7 +135,7 @@ def _merged(ranges: Iterable[OffsetRange]) -> list[OffsetRange]:
     return merged
 
 
-def backfill_task(config: SinkConfig, evaluated: Mapping[str, SourceRanges]):
+def backfill_task(config: SinkConfig, evaluated: Mapping[str, SourceRanges]) -> Callable:
     """The ``mapInArrow`` function: each shard's rows (all of them reach one task) handed to its
     backfill. Without annotations: pyspark infers UDF kinds from type hints."""
 
@@ -144,21 +152,24 @@ def _backfill_shards(config: SinkConfig, evaluated: Mapping[str, SourceRanges],
     from msgindex.storage.backfill import VALUES_SCHEMA, FieldBackfill
     from msgindex.storage.store import open_store
 
-    by_shard: dict[str, list[pa.RecordBatch]] = {}
+    by_shard: dict[str, list[pa.Table]] = {}
     for batch in batches:
         if not batch.num_rows:
             continue
         table = pa.Table.from_batches([batch])
-        table = table.filter(pc.is_null(table.column(REASON)))  # set aside by the job: never in a shard
         for broker in pc.unique(table.column(BROKER)).to_pylist():
             if broker in evaluated:
                 by_shard.setdefault(broker, []).append(table.filter(pc.equal(table.column(BROKER), broker)))
     out = []
     with open_store(config.root, storage_options=config.options) as store:
         for broker, parts in sorted(by_shard.items()):
-            appended, _, _ = records_to_append(pa.concat_tables(parts), config.fields)
+            rows = pa.concat_tables(parts)
+            read = received_within(evaluated[broker], SourceRows.of(rows.column("topic"), rows.column("partition"),
+                                                                    rows.column("offset")))
+            rows = rows.filter(pc.is_null(rows.column(REASON)))  # set aside by the job: never in a shard
+            appended, _, _ = records_to_append(rows, config.fields)
             values = _values_table(appended, VALUES_SCHEMA)
-            result = store.backfill(broker, FieldBackfill(values, tuple(config.fields), evaluated[broker]),
+            result = store.backfill(broker, FieldBackfill(values, tuple(config.fields), read),
                                     lock_timeout_s=config.lock_timeout_s)
             out.append({"broker": broker, "line": result.line(), "records_with_values": result.records_with_values,
                         "values_added": result.values_added})
@@ -168,7 +179,29 @@ def _backfill_shards(config: SinkConfig, evaluated: Mapping[str, SourceRanges],
             ("values_added", pa.int64())]))
 
 
-def _values_table(appended, schema: pa.Schema) -> pa.Table:
+def received_within(requested: SourceRanges, rows: SourceRows) -> SourceRanges:
+    """The offsets of `requested` the rows Kafka returned vouch for: each interval from the first
+    offset returned in it on (Kafka's retention may have deleted the front since the earliest
+    offsets were read: with failOnDataLoss off, Spark skips it silently), intervals nothing was
+    returned of left out. Gaps after the first offset are Kafka's own (transaction markers,
+    compaction): there is no record there to give a value."""
+    kept: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+    for source, where in rows.groups():
+        intervals = requested.ranges.get(source)
+        if not intervals:
+            continue
+        offsets = np.sort(rows.offset[where])
+        vouched = []
+        for start, end in intervals:
+            first = int(np.searchsorted(offsets, start))
+            if first < len(offsets) and offsets[first] < end:
+                vouched.append((int(offsets[first]), end))
+        if vouched:
+            kept[source] = tuple(vouched)
+    return SourceRanges(kept)
+
+
+def _values_table(appended: pa.Table | list[MessageRecord], schema: pa.Schema) -> pa.Table:
     """The append's records (an Arrow table, or MessageRecords when a key is not UTF-8) as
     backfill values: their coordinates and field pairs."""
     if isinstance(appended, pa.Table):
@@ -176,5 +209,5 @@ def _values_table(appended, schema: pa.Schema) -> pa.Table:
             return schema.empty_table()
         return appended.select([f.name for f in schema]).cast(schema)
     return pa.Table.from_pylist([
-        {"topic": r.topic, "partition": r.partition, "offset": r.offset,
+        {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
          "fields": [{"name": n, "value": v} for n, v in r.fields] or None} for r in appended], schema=schema)

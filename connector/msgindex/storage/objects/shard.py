@@ -851,7 +851,8 @@ class ObjectShardWriter:
                 if attempt:
                     state = self._know(self.versions.latest(state))
                 coverage = fields.coverage_in(state.extra, source=self.url)
-                fields.check_compatible(coverage.definitions(), backfill.definitions, f"shard {self.broker!r}")
+                fields.check_compatible(coverage.definitions(), backfill.definitions, f"shard {self.broker!r}",
+                                        spelling=True)
                 grown = growth(coverage, state.source_ranges, backfill)
                 if not any(ranges.ranges for ranges in grown.values()):
                     return BackfillResult(self.broker, grown)
@@ -864,7 +865,11 @@ class ObjectShardWriter:
                 self._drop_rewrites(rewrites, [name for name, rewrite in rewrites.items() if name not in listed or (
                     rewrite.name and self._may_be_collected(rewrite.put_at))])
                 for ref in state.chunks:
-                    if ref.name not in rewrites and (rewrite := self._rewrite_chunk(ref, values)) is not None:
+                    if ref.name in rewrites:
+                        continue
+                    # no record gets a value (evaluated, none there): the coverage grows alone, no chunk read
+                    rewrite = self._rewrite_chunk(ref, values) if values else _Rewrite()
+                    if rewrite is not None:
                         rewrites[ref.name] = rewrite
                 if len(rewrites) < len(state.chunks) or any(r.name and self._may_be_collected(r.put_at)
                                                             for r in rewrites.values()):
