@@ -190,11 +190,23 @@ class RecordValues:
         self._stamps = values.column("timestamp_ms").to_numpy()
         self._pair_row = np.full(values.num_rows, -1, dtype=np.int64)
         self._pair_row[records] = np.arange(len(records))
-        self._where: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray]] = {}
+        # one sorted array of every row's place: its offset moved into its partition's own span
+        # (partition g's offsets [low, high] become base[g] + offset - low), so that a batch of
+        # records is found with one searchsorted, whichever partitions it mixes
+        self._spans: dict[tuple[bytes, int], tuple[int, int, int]] = {}  # (topic, partition) -> (low, high, base)
+        places, owners, base = [], [], 0
         for (topic, partition), at in rows.groups():
             offsets_of = rows.offset[at]
-            order = np.argsort(offsets_of, kind="stable")
-            self._where[(encode_text(topic), int(partition))] = (offsets_of[order], at[order])
+            low, high = int(offsets_of.min()), int(offsets_of.max())
+            self._spans[(encode_text(topic), int(partition))] = (low, high, base)
+            places.append(offsets_of - low + base)
+            owners.append(at)
+            base += high - low + 1
+        if base >= 1 << 62:
+            raise InvalidAppendError(f"backfill values span {base:,} offsets: more than an int64 place can hold")
+        place = np.concatenate(places) if places else np.zeros(0, np.int64)
+        order = np.argsort(place, kind="stable")
+        self._places, self._rows = place[order], (np.concatenate(owners) if owners else place)[order]
         self.records = len(records)
 
     def __bool__(self) -> bool:
@@ -206,18 +218,23 @@ class RecordValues:
         timestamps) the row of its values, -1 for none; SourceMismatchError naming the first
         record Kafka returned with another timestamp."""
         found = np.full(len(offset), -1, dtype=np.int64)
-        if not self._where:
+        if not self._spans or not len(offset):
             return found
+        low = np.full(len(offset), 1, dtype=np.int64)  # (low > high: no values in that partition)
+        high = np.zeros(len(offset), dtype=np.int64)
+        base = np.zeros(len(offset), dtype=np.int64)
         keys = topic_ids.astype(np.int64) * (1 << 32) + partition.astype(np.int64)
-        for key in np.unique(keys):
-            place = self._where.get((topics[int(key >> 32)], int(key & 0xFFFFFFFF)))
-            if place is None:
-                continue
-            sorted_offsets, rows = place
-            at = np.flatnonzero(keys == key)
-            i = np.searchsorted(sorted_offsets, offset[at])
-            hit = (i < len(sorted_offsets)) & (sorted_offsets[np.minimum(i, len(sorted_offsets) - 1)] == offset[at])
-            found[at[hit]] = rows[i[hit]]
+        distinct, which = np.unique(keys, return_inverse=True)
+        for n, key in enumerate(distinct.tolist()):  # a batch's partitions: a few
+            span = self._spans.get((topics[key >> 32], key & 0xFFFFFFFF))
+            if span is not None:
+                at = which == n
+                low[at], high[at], base[at] = span
+        inside = (offset >= low) & (offset <= high)
+        place = np.where(inside, offset - low + base, -1)
+        i = np.minimum(np.searchsorted(self._places, place), len(self._places) - 1)
+        hit = inside & (self._places[i] == place)
+        found[hit] = self._rows[i[hit]]
         matched = np.flatnonzero(found >= 0)
         other = matched[self._stamps[found[matched]] != timestamp_ms[matched]]
         if len(other):
