@@ -667,10 +667,15 @@ class ObjectShardWriter:
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         encoded = encode_chunk(columns)
-        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
-        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        name = self._put_chunk(encoded.data())
         return _WrittenChunk(name, rows, encoded.info, frozenset(AppendColumns.from_log_columns(columns).topics()),
                              time.monotonic())
+
+    def _put_chunk(self, data: bytes) -> str:
+        """Put a new chunk object (unlisted until a version names it); its name, time-ordered and unique."""
+        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
+        self.client.put(f"{self.prefix}/{name}", data)
+        return name
 
     def _discard(self, written: _WrittenChunk) -> None:
         """Delete a chunk no version lists (best effort: collection finds it otherwise)."""
@@ -806,8 +811,7 @@ class ObjectShardWriter:
         if any(d is None for d in datas):
             return None  # collected: a newer version no longer lists it
         encoded = merge_chunks([(data, chunk.footer()) for data, chunk in zip(datas, chunks)])
-        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
-        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        name = self._put_chunk(encoded.data())
         put_at = time.monotonic()
         names = [ref.name for ref in group]
         state = self.state
@@ -920,8 +924,7 @@ class ObjectShardWriter:
             raise CorruptFileError(f"{chunk.path}: chunk holds {len(columns)} records, its shard version says "
                                    f"{ref.info.records}; shard {self.broker!r} was not backfilled")
         encoded = encode_chunk(columns)
-        name = f"{CHUNKS_DIR}/{self._now_ms():013d}-{uuid.uuid4().hex[:16]}{CHUNK_SUFFIX}"
-        self.client.put(f"{self.prefix}/{name}", encoded.data())
+        name = self._put_chunk(encoded.data())
         return _Rewrite(name, encoded.info, with_values, added, time.monotonic())
 
     def _drop_rewrites(self, rewrites: dict[str, _Rewrite], names: Iterable[str]) -> None:
