@@ -338,6 +338,17 @@ def test_compiled_blocks_are_built_where_a_compiler_is() -> None:
     assert bf.compiled_blocks is not None, "msgindex.storage.log._blocks was not built: `make setup`"
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=70_000), st.integers(0, 64))
+def test_the_compiled_checksum_is_zlibs_crc32(data, skip):
+    """Blocks are checked with zlib's CRC-32 whichever library computes it (libdeflate's where the
+    system has it): any length, any alignment of the buffer."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): zlib checks blocks")
+    view = memoryview(data)[min(skip, len(data)):]
+    assert bf.compiled_blocks.checksum(view) == zlib.crc32(view), bf.compiled_blocks.CHECKSUM_LIBRARY
+
+
 def _blocks_and_raws(batch: bytes) -> tuple[list[bytes], list[bytes], bf.BatchHead]:
     """One encoded batch's blocks: compressed, and decompressed."""
     head = bf.check_head(batch, 0, len(batch))

@@ -452,6 +452,24 @@ def test_refused_connections_are_retried_or_one_line(s3, proxy, retries):
     assert _rows(_store(url, options)) == _offsets((0, 30))
 
 
+@pytest.mark.parametrize(("action", "count"), [("refuse", 2), ("cut", 2), ("truncate", 1)])
+def test_reads_dropped_more_often_than_the_client_retries_are_read_once_more(s3, proxy, action, count):
+    """object_store gives up on some dropped connections at once, or after its retries: a read is
+    idempotent, so the client reads once more (client.READ_RETRY_PAUSE_S); with no retries
+    allowed, it does not."""
+    url = s3.url()
+    _store(url, s3.options).writer(BROKER).append(batch(0, 10))
+    store = _store(url, {**s3.options, "endpoint": proxy.endpoint, "max_retries": "1"})
+    # one more than object_store retries (it never retries a truncated answer)
+    proxy.fail(action, method="GET", count=count)
+    assert _rows(store) == _offsets((0, 10))
+    proxy.clear()
+    store = _store(url, {**s3.options, "endpoint": proxy.endpoint, "max_retries": "0"})
+    proxy.fail(action, method="GET", count=1)
+    with pytest.raises(ObjectStoreError):
+        _rows(store)
+
+
 def test_a_request_slower_than_the_timeout_is_one_line(s3, proxy):
     store = _store(s3.url(), {**s3.options, "endpoint": proxy.endpoint, "timeout": "1s", "max_retries": "0"})
     store.writer(BROKER).append(batch(0, 10))

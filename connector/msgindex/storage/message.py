@@ -218,6 +218,8 @@ def arrow_text(text: str) -> str:
     """`text` as results show it (see above): valid UTF-8, one to one; ``text_of_shown`` inverts it."""
     if "\\" in text:
         text = _ESCAPE_LOOKALIKE.sub(r"\\x5c", text)
+    if text.isascii():  # (most texts: nothing to try encoding)
+        return text
     try:
         text.encode("utf-8")
         return text

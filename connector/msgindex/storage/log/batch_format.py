@@ -955,11 +955,15 @@ def read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarr
             check_read(read, int(blocks.lengths[block]), int(blocks.positions[block]))
         raise CorruptFileError(f"{name}: invalid batch at byte {int(blocks.origins[block])}: {_RECORD_PROBLEMS[reason]}")
     ends = np.cumsum(np.frombuffer(text_lengths, dtype=np.int64)).tolist()
+    # An ASCII heap (most are) decodes once: byte offsets are str offsets, and it holds no field
+    # term (FIELD_TERM_MARKER is not ASCII), so its slices are the records' keys as they are.
+    keys_as_str = heap.isascii()
+    heap_text = heap.decode("ascii") if keys_as_str else heap
     texts, text, start = [], 0, 0
     for count in text_counts.tolist():
-        texts.append([heap[start : (start := stop)] for stop in ends[text : text + count]])
+        texts.append([heap_text[start : (start := stop)] for stop in ends[text : text + count]])
         text += count
-    return messages(ints.tolist(), texts, _per_record(blocks, firsts))
+    return messages(ints.tolist(), texts, _per_record(blocks, firsts), decoded=keys_as_str)
 
 
 def _per_record(blocks: BlockLocations, firsts: np.ndarray) -> list[tuple[bytes, ...]]:
@@ -994,22 +998,27 @@ _RECORD_PROBLEMS = {
 }
 
 
-def messages(ints: list[tuple[int, ...]], texts: list[list[bytes]], topic_tables: list[tuple[bytes, ...]],
-             ) -> list[MessageRecord]:
+def messages(ints: list[tuple[int, ...]], texts: list[list[bytes]] | list[list[str]],
+             topic_tables: list[tuple[bytes, ...]], *, decoded: bool = False) -> list[MessageRecord]:
     """MessageRecords of decoded records: each one's RECORD_INT_FIELDS columns, texts' bytes and
-    batch topic table (a text no writer stores, bytes that are not encode_text's, fails here)."""
+    batch topic table (a text no writer stores, bytes that are not encode_text's, fails here).
+    `decoded`: the texts are keys already (str: no field term among them)."""
     topics: dict[tuple[bytes, ...], list[str]] = {}  # by content: batches repeat the same topics
     found = []
+    no_fields: tuple[tuple[str, str], ...] = ()
     for (flags, topic, partition, offset, timestamp, commit_log_offset, size), raw, table in zip(ints, texts,
                                                                                                    topic_tables):
         shown = topics.get(table)
         if shown is None:
             shown = topics[table] = [decode_text(t) for t in table]
-        decoded, fields = split_terms(raw)
+        if decoded:
+            decoded_keys, fields = tuple(raw), no_fields
+        else:
+            decoded_keys, fields = split_terms(raw)
         has_key = flags & FLAG_KEY
-        found.append(MessageRecord(shown[topic], partition, offset, timestamp, decoded[0] if has_key else None,
-                                   decoded if flags & FLAG_LEAD else decoded[has_key:], commit_log_offset, size,
-                                   fields))
+        found.append(MessageRecord(shown[topic], partition, offset, timestamp, decoded_keys[0] if has_key else None,
+                                   decoded_keys if flags & FLAG_LEAD else decoded_keys[has_key:], commit_log_offset,
+                                   size, fields))
     return found
 
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import numpy as np
 
@@ -50,6 +52,17 @@ DEFAULT_GAP_BYTES = 256 * 1024
 # serves one stream at a fraction of its bandwidth; a many-key lookup reads most of a log).
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
 LIST_CHUNK = 1000
+T = TypeVar("T")
+# object_store retries the transport failures it classifies as safe to retry; others end the call
+# at once, retries left or not: an answer cut short (tests/storage/test_object_faults.py), and
+# once in CI, under load, 2 connections closed on accept failed a LIST given 3 retries. A read is
+# idempotent, so the client reads once more after this pause when the store allows retries at all.
+READ_RETRY_PAUSE_S = 0.5
+# How the HTTP client words a connection the far side dropped (retried once more by reads) ...
+DROPPED_MARKS = ("error sending request", "connection closed", "Connection reset", "IncompleteMessage", "body error")
+# ... and the transport failures that say the endpoint is away (one "does not answer" line).
+UNANSWERED_MARKS = ("error sending request", "connection closed", "Connection reset", "Connection refused",
+                    "dns error", "connect error", "timed out", "tcp connect error")
 
 
 class ObjectMissingError(ObjectStoreError):
@@ -97,16 +110,15 @@ class ObjectClient:
         self.gap_bytes = gap_bytes
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
-        self._store = _open_store(location)
+        self._store, self._max_retries = _open_store(location)
 
     # --- reads ----------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         """The whole object, or None when there is none."""
         import obstore
 
-        self._count("GET")
         try:
-            return bytes(obstore.get(self._store, key).bytes())
+            return bytes(self._read("GET", lambda: obstore.get(self._store, key).bytes()))
         except FileNotFoundError as error:
             self._raise_if_store_missing(error)
             return None
@@ -128,10 +140,10 @@ class ObjectClient:
             return []
         order = np.argsort(starts_arr, kind="stable")
         request_starts, request_ends, request_of = coalesce_ranges(starts_arr[order], ends_arr[order], self.gap_bytes)
-        self._count("GET", len(request_starts))
         try:
-            fetched = obstore.get_ranges(self._store, key, starts=request_starts.tolist(),
-                                         ends=request_ends.tolist(), coalesce=0)
+            fetched = self._read("GET", lambda: obstore.get_ranges(
+                self._store, key, starts=request_starts.tolist(), ends=request_ends.tolist(), coalesce=0),
+                len(request_starts))
         except FileNotFoundError as error:
             self._raise_if_store_missing(error)
             raise ObjectMissingError(f"{self._where(key)}: object is missing") from None
@@ -154,10 +166,9 @@ class ObjectClient:
         order; `after`: only keys greater than it (one request per 1,000 keys)."""
         import obstore
 
-        found: list[ObjectInfo] = []
-        try:
+        def pages() -> list[ObjectInfo]:
+            found: list[ObjectInfo] = []
             stream = obstore.list(self._store, prefix=prefix.rstrip("/") or None, offset=after, chunk_size=LIST_CHUNK)
-            self._count("LIST")
             for page in stream:
                 for meta in page:
                     path = meta["path"]
@@ -166,6 +177,11 @@ class ObjectClient:
                                                 int(meta["last_modified"].timestamp() * 1000)))
                 if len(page) >= LIST_CHUNK:
                     self._count("LIST")
+            return found
+
+        found: list[ObjectInfo] = []
+        try:
+            found = self._read("LIST", pages)
         except FileNotFoundError as error:
             self._raise_if_store_missing(error)
         except Exception as error:
@@ -177,9 +193,9 @@ class ObjectClient:
         """The names of the "directories" directly under `prefix` (keys' next path segment)."""
         import obstore
 
-        self._count("LIST")
         try:
-            result = obstore.list_with_delimiter(self._store, prefix=prefix.rstrip("/") or None)
+            result = self._read("LIST", lambda: obstore.list_with_delimiter(self._store,
+                                                                            prefix=prefix.rstrip("/") or None))
         except FileNotFoundError as error:
             self._raise_if_store_missing(error)
             return []
@@ -229,6 +245,20 @@ class ObjectClient:
                 raise self._error(error, f"deleting {keys[start]}") from None
 
     # --- accounting and errors ------------------------------------------------------------------
+    def _read(self, kind: str, read: Callable[[], T], requests: int = 1) -> T:
+        """`read()`, counted; once more after READ_RETRY_PAUSE_S when the endpoint dropped it."""
+        self._count(kind, requests)
+        try:
+            return read()
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            if not self._max_retries or not _dropped(error):
+                raise
+        time.sleep(READ_RETRY_PAUSE_S)
+        self._count(kind, requests)
+        return read()
+
     def _count(self, kind: str, n: int = 1) -> None:
         with self._count_lock:
             self.requests[kind] += n
@@ -271,8 +301,7 @@ def explain(error: BaseException, location: StoreLocation) -> str:
     if any(mark in text for mark in ("AccessDenied", "403 Forbidden", "401 Unauthorized", "AuthorizationFailure")):
         return (f"access denied{by}: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the storage "
                 f"options) and that they may use this bucket")
-    if any(mark in text for mark in ("error sending request", "Connection refused", "dns error", "connect error",
-                                     "operation timed out", "timed out", "tcp connect error")):
+    if any(mark in text for mark in UNANSWERED_MARKS):
         return (f"the endpoint {endpoint or '(default)'} does not answer: check AWS_ENDPOINT_URL / the 'endpoint' "
                 f"storage option and that the server is up")
     if "credential" in text.lower():
@@ -280,6 +309,10 @@ def explain(error: BaseException, location: StoreLocation) -> str:
                 "or run where the cloud's default credential chain provides them)")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return first[:300]
+
+
+def _dropped(error: BaseException) -> bool:
+    return any(mark in str(error) for mark in DROPPED_MARKS)
 
 
 def _configured_key_id(location: StoreLocation) -> str:
@@ -336,7 +369,8 @@ def _open_store(location: StoreLocation):
                                 "base": 2.0}}
     url = f"{location.url.split('://', 1)[0]}://{location.url.split('://', 1)[1]}"
     try:
-        return from_url(url, config=config or None, client_options=client, retry_config=retry_config)
+        return (from_url(url, config=config or None, client_options=client, retry_config=retry_config),
+                int(retry["max_retries"]))
     except Exception as error:
         raise ObjectStoreError(f"{location.url}: cannot configure the object store client: "
                                f"{explain(error, location)}") from None
