@@ -2,7 +2,7 @@
 compiler (or without zlib's header) still works, and msgindex then runs the Python code each one
 mirrors, as Spark executors (which get msgindex as a zip) always do.
 
-* storage/_index_walk.c: RocketMQ's selectPhyOffset (index_file.py).
+* storage/hash_index/_index_walk.c: RocketMQ's selectPhyOffset (index_file.py).
 * storage/log/_blocks.c: the metadata log's blocks checked and decompressed with the GIL released
   (batch_format.py); it opens the system's LZ4 library when imported (and is not used without one).
 """
@@ -10,7 +10,8 @@ mirrors, as Spark executors (which get msgindex as a zip) always do.
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("msgindex.storage._index_walk", ["connector/msgindex/storage/_index_walk.c"], optional=True),
+    Extension("msgindex.storage.hash_index._index_walk", ["connector/msgindex/storage/hash_index/_index_walk.c"],
+              optional=True),
     Extension("msgindex.storage.log._blocks", ["connector/msgindex/storage/log/_blocks.c"], libraries=["z"],
               optional=True),
 ])

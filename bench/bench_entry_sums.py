@@ -1,4 +1,4 @@
-"""What the entry checksums (storage/entry_sums.py) cost a lookup: the same store read by two
+"""What the entry checksums (storage/hash_index/entry_sums.py) cost a lookup: the same store read by two
 handles in one process, one whose hash index files check the chunks of entries lookups touch
 (what every reader does) and one that does not (the code before), queried in alternating
 blocks so that both see the same machine load.
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow.compute as pc
 from bench_vs_parquet import generate, write_store  # the script's folder is on sys.path
 
-from msgindex.storage import entry_sums
-from msgindex.storage.index_file import IndexFile
+from msgindex.storage.hash_index import entry_sums
+from msgindex.storage.hash_index.index_file import IndexFile
 from msgindex.storage.store import open_store
 
 BLOCK = 25

@@ -39,15 +39,15 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.interop
 
 from msgindex import IndexFile  # noqa: E402
-from msgindex.storage import hash_run  # noqa: E402
-from msgindex.storage import index_file as index_file_module  # noqa: E402
-from msgindex.storage.index_file import (  # noqa: E402
+from msgindex.storage.hash_index import hash_run  # noqa: E402
+from msgindex.storage.hash_index import index_file as index_file_module  # noqa: E402
+from msgindex.storage.hash_index.index_file import (  # noqa: E402
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     index_file_name,
     reference_candidates,
 )
-from msgindex.storage.java_hash import index_hash, index_hashes  # noqa: E402
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes  # noqa: E402
 from tests.interop.rocketmq_harness import BENCH_BASE_TS, Script  # noqa: E402
 
 MAX_NUM = 64  # RocketMQ's maxMsgsNumBatch

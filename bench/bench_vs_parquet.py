@@ -58,9 +58,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from msgindex.storage import hash_run
-from msgindex.storage.disk_usage import disk_usage
 from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.hash_index import hash_run
+from msgindex.storage.maintenance.disk_usage import disk_usage
 from msgindex.storage.message import FIELD_PAIR, FIELDS_COLUMN
 from msgindex.storage.store import StoreSettings, open_store
 

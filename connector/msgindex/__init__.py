@@ -19,7 +19,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "IndexFile": "msgindex.storage.index_file",
+    "IndexFile": "msgindex.storage.hash_index.index_file",
     "MessageRecord": "msgindex.storage.message",
     "Store": "msgindex.storage.store",
     "open": "msgindex.storage.store",

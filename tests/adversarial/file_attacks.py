@@ -38,8 +38,9 @@ from pathlib import Path
 import msgindex
 from msgindex.cli import main
 from msgindex.errors import MsgIndexError
-from msgindex.storage import entry_sums, hash_run, hot_keys
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage import hot_keys
+from msgindex.storage.hash_index import entry_sums, hash_run
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.partition_brokers import FILE_NAME as PARTITION_BROKERS_FILE
 from msgindex.storage.partition_brokers import encode_partition_brokers
 from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402

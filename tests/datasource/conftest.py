@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from msgindex.storage.fields import FieldDefinition
-from msgindex.storage.index_file import IndexFile, index_file_name
+from msgindex.storage.hash_index.index_file import IndexFile, index_file_name
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import StoreSettings, open_store
 

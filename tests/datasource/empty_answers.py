@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.message import index_key
 
 _FIRST = ord("A")  # the colliding key is written in 'A'..'_' (31 letters: one per base-31 digit)

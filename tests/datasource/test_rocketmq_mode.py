@@ -10,7 +10,7 @@ import json
 import pytest
 
 from msgindex.spark.read.datasource import PUSHDOWN_CONF
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.message import index_key
 from tests.datasource.conftest import INDEX_DIR_ENTRIES as ENTRIES
 from tests.datasource.conftest import INDEX_DIR_SLOTS as SLOTS

@@ -22,9 +22,9 @@ import pytest
 
 from msgindex import IndexFile
 from msgindex.errors import ToolMissingError
-from msgindex.storage import hash_run, index_file
-from msgindex.storage.index_file import index_file_name, reference_candidates
-from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.hash_index import hash_run, index_file
+from msgindex.storage.hash_index.index_file import index_file_name, reference_candidates
+from msgindex.storage.hash_index.java_hash import index_hashes
 from msgindex.storage.message import field_hash_string
 from tests.interop.rocketmq_harness import Script, harness_classpath, parse_query
 

@@ -16,7 +16,7 @@ import pytest
 
 import msgindex
 from msgindex.errors import InvalidArgumentError, InvalidOptionError
-from msgindex.storage.index_file import IndexFile
+from msgindex.storage.hash_index.index_file import IndexFile
 from tests.rocketmq.dataset import (
     AAT,
     BBT,

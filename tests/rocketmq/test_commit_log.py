@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError
-from msgindex.storage.index_file import FIRST_INDEX
+from msgindex.storage.hash_index.index_file import FIRST_INDEX
 from msgindex.storage.rocketmq import commit_log as cl
 from msgindex.storage.rocketmq.broker_store import open_rocketmq
 from msgindex.storage.rocketmq.commit_log import CommitLog, RecordKind, parse_properties

@@ -10,8 +10,8 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.errors import CorruptFileError, StoreNotFoundError
-from msgindex.storage import entry_sums
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.hash_index import entry_sums
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.store import open_store
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows

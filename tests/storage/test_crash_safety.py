@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from msgindex.storage.index_file import IndexFile
+from msgindex.storage.hash_index.index_file import IndexFile
 from msgindex.storage.shard import ShardWriter
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import (

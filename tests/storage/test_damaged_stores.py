@@ -10,7 +10,7 @@ import pytest
 from msgindex.cli import main
 from msgindex.errors import CorruptFileError
 from msgindex.storage.checkpoint import read_checkpoint
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import open_store
 from tests.storage import damage

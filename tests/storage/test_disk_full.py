@@ -27,7 +27,7 @@ WRITER = textwrap.dedent("""
     import sys
     from msgindex.errors import MsgIndexError
     from msgindex.storage.message import MessageRecord
-    from msgindex.storage import index_file
+    from msgindex.storage.hash_index import index_file
     from msgindex.storage.store import open_store
 
     root, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -130,7 +130,7 @@ def test_a_hash_index_file_that_grows_into_a_full_disk_is_a_clear_error_and_lose
     """Growing a hash index file (index_file: allocated ahead of its writer in steps) on a disk that
     fills up: StorageFullError naming a file of the store, never a signal; the file keeps a length
     of whole entries; once space is back the shard resumes exactly where its checkpoint says."""
-    from msgindex.storage.index_file import IndexFile
+    from msgindex.storage.hash_index.index_file import IndexFile
     from msgindex.storage.settings import StoreSettings
 
     root = small_disk / "index"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from msgindex.storage import index_file as index_file_module
-from msgindex.storage.disk_usage import KINDS, disk_usage, kind_of
-from msgindex.storage.index_file import ENTRY_SIZE, GROWTH_ENTRIES, HEADER_SIZE, SLOT_SIZE, IndexFile
+from msgindex.storage.hash_index import index_file as index_file_module
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, GROWTH_ENTRIES, HEADER_SIZE, SLOT_SIZE, IndexFile
+from msgindex.storage.maintenance.disk_usage import KINDS, disk_usage, kind_of
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.store import open_store

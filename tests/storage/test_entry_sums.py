@@ -15,10 +15,10 @@ import pytest
 
 import msgindex
 from msgindex.errors import CorruptFileError
-from msgindex.storage import entry_sums
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.hash_index import entry_sums
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.maintenance.repair import repair_store
 from msgindex.storage.message import MessageRecord
-from msgindex.storage.repair import repair_store
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.store import open_store
 
@@ -113,7 +113,7 @@ def test_without_usable_checksums_a_healthy_file_reads_right(store, sidecar, cap
         sums.write_bytes(bytes(raw))
     else:
         shutil.copy(entry_sums.sums_path(active), sums)
-    with caplog.at_level(logging.WARNING, logger="msgindex.storage.entry_sums"):
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage.hash_index.entry_sums"):
         assert lookup_every_key(store) == (KEYS, 0, [])
     assert any(str(sums) in record.getMessage() for record in caplog.records)
 
@@ -183,7 +183,7 @@ def test_a_writer_never_vouches_for_damaged_entries(store, caplog):
     _, active = index_files(store)
     entry_sums.sums_path(active).unlink()
     scribble_entries(active, 1000, entries=3)
-    with caplog.at_level(logging.WARNING, logger="msgindex.storage.entry_sums"):
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage.hash_index.entry_sums"):
         append_one(store)
     assert not entry_sums.sums_path(active).exists()
     assert any("not extended" in record.getMessage() for record in caplog.records)

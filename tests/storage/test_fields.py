@@ -13,7 +13,7 @@ import pytest
 from msgindex.cli import main
 from msgindex.errors import FieldCoverageWarning, InvalidAppendError, InvalidOptionError
 from msgindex.storage.fields import FieldDefinition
-from msgindex.storage.inspect import inspect_path
+from msgindex.storage.maintenance.inspect import inspect_path
 from msgindex.storage.message import APPEND_SCHEMA, FIELDS_COLUMN, MessageRecord, decode_key_bytes
 from msgindex.storage.query import Query
 from tests.storage.kinds import patch_few_candidates

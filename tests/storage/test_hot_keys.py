@@ -12,11 +12,12 @@ import pyarrow as pa
 import pytest
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage import entry_sums, hot_keys
+from msgindex.storage import hot_keys
 from msgindex.storage import shard as shard_module
-from msgindex.storage.inspect import inspect_path
+from msgindex.storage.hash_index import entry_sums
+from msgindex.storage.maintenance.inspect import inspect_path
+from msgindex.storage.maintenance.repair import repair_store
 from msgindex.storage.message import MessageRecord, encode_text
-from msgindex.storage.repair import repair_store
 from msgindex.storage.store import StoreSettings, open_store
 from msgindex.storage.verified_reads import WantedKeys
 from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record, model_lookup, table_rows
@@ -205,7 +206,7 @@ def test_the_hot_keys_of_a_stretch_are_counted_exactly(tmp_path, monkeypatch, bu
 def test_walks_end_where_the_copies_end(tmp_path, monkeypatch):
     """A lookup whose keys the copies hold walks each hash chain only down to the first entry past
     the copies (ShardReader._floor_entry): the chains below are never read, the answers stay the log's."""
-    from msgindex.storage.index_file import FIRST_INDEX, IndexFile
+    from msgindex.storage.hash_index.index_file import FIRST_INDEX, IndexFile
 
     root = tmp_path / "store"
     model = write_store(root, batches=24)
@@ -226,8 +227,8 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
     """An entry past the copies' end whose phyOffset was rewritten to a record before it misleads
     the binary search for where walks may end (to just past that entry); the entry is checked
     against its record, found wrong, and the lookup walks every entry, as it would without copies."""
-    from msgindex.storage.index_file import ENTRY_SIZE, FIRST_INDEX, HEADER_SIZE, SLOT_SIZE, IndexFile
-    from msgindex.storage.java_hash import index_hash
+    from msgindex.storage.hash_index.index_file import ENTRY_SIZE, FIRST_INDEX, HEADER_SIZE, SLOT_SIZE, IndexFile
+    from msgindex.storage.hash_index.java_hash import index_hash
     from msgindex.storage.message import index_key
 
     root = tmp_path / "store"

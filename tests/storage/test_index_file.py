@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from msgindex import IndexFile
 from msgindex.errors import InvalidOptionError, MsgIndexError
-from msgindex.storage.index_file import (
+from msgindex.storage.hash_index.index_file import (
     ENTRY_SIZE,
     HEADER_SIZE,
     HEADER_STRUCT,
@@ -25,7 +25,7 @@ from msgindex.storage.index_file import (
     index_file_name,
     parse_index_file_name,
 )
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index.java_hash import index_hash
 
 T0 = 1_700_000_000_000
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,8 +10,8 @@ import pytest
 
 from msgindex import IndexFile
 from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.storage.index_file import HEADER_SIZE, INT32_MAX, time_diff_seconds
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index.index_file import HEADER_SIZE, INT32_MAX, time_diff_seconds
+from msgindex.storage.hash_index.java_hash import index_hash
 
 T0 = 1_700_000_000_000
 SLOTS, NUM = 8, 16

@@ -15,9 +15,9 @@ import pytest
 
 from msgindex import IndexFile
 from msgindex.errors import StorageFullError
-from msgindex.storage import index_file as index_file_module
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
-from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.hash_index import index_file as index_file_module
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
+from msgindex.storage.hash_index.java_hash import index_hashes
 
 T0 = 1_700_000_000_000
 SLOTS, NUM, STEP = 7, 300, 16

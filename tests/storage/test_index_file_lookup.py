@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from msgindex import IndexFile
-from msgindex.storage import hash_run
-from msgindex.storage import index_file as index_file_module
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index import hash_run
+from msgindex.storage.hash_index import index_file as index_file_module
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
+from msgindex.storage.hash_index.java_hash import index_hash
 
 T0 = 1_700_000_000_000
 SETTINGS = settings(max_examples=80, deadline=None,
@@ -247,7 +247,7 @@ def test_the_compiled_walk_is_built_where_a_compiler_is() -> None:
     Python walk (twice the JVM's time per call) with no test noticing."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: msgindex installs without its compiled walk")
-    assert index_file_module._compiled_walk is not None, "msgindex.storage._index_walk was not built: `make setup`"
+    assert index_file_module._compiled_walk is not None, "msgindex.storage.hash_index._index_walk was not built: `make setup`"
 
 
 def test_compiled_walk_hashes_every_string_as_java_does(tmp_path: Path) -> None:
@@ -289,7 +289,8 @@ def test_a_many_key_walk_racing_a_writer_that_grows_the_file_finds_every_committ
             expected = [reference_candidates(reader, int(h), limit_index_count=limit) for h in hashes]
             walk = index_file_module._compiled_walk
             if walk is None:
-                pytest.skip("msgindex.storage._index_walk was not built (`make setup`): the numpy walk reads heads once")
+                pytest.skip("msgindex.storage.hash_index._index_walk was not built (`make setup`): "
+                            "the numpy walk reads heads once")
             more = 200
 
             class Racing:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from msgindex import IndexFile
-from msgindex.storage import hash_run
 from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
-from msgindex.storage.hash_run import HEADER_SIZE, HashRun, run_path
-from msgindex.storage.index_file import reference_candidates
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index import hash_run
+from msgindex.storage.hash_index.hash_run import HEADER_SIZE, HashRun, run_path
+from msgindex.storage.hash_index.index_file import reference_candidates
+from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.shard import index_entries
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import KEY_POOL, TINY, TOPICS, make_batch

@@ -8,8 +8,8 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.errors import CorruptFileError, InvalidOptionError
-from msgindex.storage.index_file import IndexFile, index_file_name
-from msgindex.storage.inspect import format_report, inspect_path
+from msgindex.storage.hash_index.index_file import IndexFile, index_file_name
+from msgindex.storage.maintenance.inspect import format_report, inspect_path
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import open_store
 from tests.storage.shard_model import TINY

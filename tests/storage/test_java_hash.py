@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msgindex.storage import java_hash
-from msgindex.storage.java_hash import (
+from msgindex.storage.hash_index import java_hash
+from msgindex.storage.hash_index.java_hash import (
     INT32_MIN,
     index_hash,
     index_hashes,

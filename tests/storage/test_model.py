@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from msgindex.storage.index_file import HEADER_SIZE
+from msgindex.storage.hash_index.index_file import HEADER_SIZE
 from msgindex.storage.objects.shard import ObjectTuning
 from msgindex.storage.shard import index_entries
 from tests.storage.kinds import committed_state, shard_bytes

@@ -7,8 +7,8 @@ import pytest
 from msgindex.cli import main
 from msgindex.errors import CorruptFileError
 from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.maintenance.repair import repair_store
 from msgindex.storage.message import MessageRecord
-from msgindex.storage.repair import repair_store
 from msgindex.storage.store import open_store
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows

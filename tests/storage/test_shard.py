@@ -16,7 +16,7 @@ from msgindex.errors import CorruptFileError, InvalidAppendError, ShardLockedErr
 from msgindex.storage import shard as shard_module
 from msgindex.storage.append_columns import MAX_LAG_PASSES
 from msgindex.storage.checkpoint import CHECKPOINT_FILE, read_checkpoint
-from msgindex.storage.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, index_key
 from msgindex.storage.shard import index_entries
 from msgindex.storage.source_ranges import SourceRanges
@@ -488,7 +488,7 @@ def test_default_settings_file_sizes(tmp_path):
 
 @pytest.mark.parametrize("lag_header", [False, True])
 def test_rollback_undoes_uncommitted_entries_even_past_the_header(tmp_path, lag_header):
-    from msgindex.storage.index_file import HEADER_STRUCT
+    from msgindex.storage.hash_index.index_file import HEADER_STRUCT
 
     keys = [f"t#{k}" for k in ["Aa", "BB", "x", "Aa", "AaAa", "BBBB", "y", "Aa", "BB", "z"] * 3]
     clean, dirty = tmp_path / "clean", tmp_path / "dirty"

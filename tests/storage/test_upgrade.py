@@ -16,9 +16,9 @@ import pytest
 
 from msgindex.cli import main
 from msgindex.errors import UpgradeRequiredError
-from msgindex.storage import upgrade as upgrade_module
 from msgindex.storage.checkpoint import read_checkpoint
 from msgindex.storage.durable import versioned_json, write_atomically
+from msgindex.storage.maintenance import upgrade as upgrade_module
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import MANIFEST_FILE, STORE_FORMAT, StoreSettings, open_store
 from tests.storage.v1_writer import oracle_log_files

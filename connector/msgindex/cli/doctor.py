@@ -161,7 +161,7 @@ def _kafka(bootstrap: str, args: argparse.Namespace) -> list[Check]:
 
 
 def _index(args: argparse.Namespace) -> Check:
-    from msgindex.storage.inspect import inspect_path, inspect_store, problems_of
+    from msgindex.storage.maintenance.inspect import inspect_path, inspect_store, problems_of
     from msgindex.times import format_window
 
     path = args.path

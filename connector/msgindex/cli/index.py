@@ -26,8 +26,8 @@ from msgindex.spark.pipeline.backfill import NO_FIELDS_TO_BACKFILL
 from msgindex.spark.pipeline.field_values import declared_fields
 from msgindex.spark.pipeline.job import DEFAULT_QUERY_NAME, KAFKA_OPTION_PREFIX, KEEP_FOREVER_MS, IndexJobOptions
 from msgindex.spark.runtime.session import hadoop_url
+from msgindex.storage.hash_index.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 from msgindex.storage.location import StoreLocation, parse_location
-from msgindex.storage.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 from msgindex.times import parse_duration_ms
 
 STARTING_OFFSETS_WORDS = ("earliest", "latest")

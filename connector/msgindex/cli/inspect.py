@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from msgindex.cli.store_args import add_storage_options, storage_options
-from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.storage.hash_index.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the summary; with problems, print them instead (one line each on stderr) and exit 2."""
-    from msgindex.storage.inspect import format_json, format_report, inspect_path, problems_of
+    from msgindex.storage.maintenance.inspect import format_json, format_report, inspect_path, problems_of
 
     report = inspect_path(args.path, hash_slot_num=args.hash_slots, index_num=args.index_num, verify=not args.quick,
                           storage_options=storage_options(args))

@@ -46,7 +46,7 @@ import pyarrow as pa
 from msgindex.cli.store_args import add_storage_options, open_store_of
 from msgindex.errors import FieldCoverageWarning, InvalidOptionError
 from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES
-from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
+from msgindex.storage.hash_index.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.query import Query
 from msgindex.times import current_ms, format_ms, format_window, read_time
 

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise InvalidOptionError(f"--{given[0].replace('_', '-')} is for stores on object storage (s3://, gs://, "
                                      f"az://); {args.path} is a local store")
-        from msgindex.storage.repair import repair_store
+        from msgindex.storage.maintenance.repair import repair_store
 
         local = parse_location(args.path, storage_options(args))  # an unknown scheme, options for a local path
         report = repair_store(local.local_path, brokers=args.broker, forget_missing=args.forget_missing,

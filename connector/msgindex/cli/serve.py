@@ -129,7 +129,7 @@ class SearchApp:
 
     # --- the API ----------------------------------------------------------------------------------
     def info(self, _params: dict[str, str]) -> dict[str, Any]:
-        from msgindex.storage.inspect import inspect_store
+        from msgindex.storage.maintenance.inspect import inspect_store
 
         with self._store_lock:
             report = inspect_store(self.store.root, verify=False)

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from msgindex.storage.location import is_object_store_url, parse_location
-    from msgindex.storage.upgrade import upgrade_store
+    from msgindex.storage.maintenance.upgrade import upgrade_store
 
     if is_object_store_url(args.path):
         with open_store_of(args) as store:  # a missing store or bucket is an error naming it

@@ -29,7 +29,7 @@ from typing import Any
 
 from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import FORMAT_FIELD, VERSION_FIELD, parse_versioned_json, write_atomically
-from msgindex.storage.index_file import IndexHeader
+from msgindex.storage.hash_index.index_file import IndexHeader
 from msgindex.storage.log.metadata_log import LogPosition
 from msgindex.storage.source_ranges import SourceRanges
 

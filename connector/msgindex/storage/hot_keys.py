@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError
 from msgindex.storage.durable import is_temporary, write_atomically
-from msgindex.storage.java_hash import byte_string_hashes
+from msgindex.storage.hash_index.java_hash import byte_string_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import ranges_owner
 from msgindex.storage.log.metadata_log import MetadataLog, in_order

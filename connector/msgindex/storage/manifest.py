@@ -37,7 +37,7 @@ MANIFEST_FILE = "msgindex.json"
 MANIFEST_LOCK = "manifest.lock"  # held while a writer adds its shard to the manifest
 STORE_FORMAT = "msgindex-store"
 STORE_FORMAT_VERSION = 2
-LEGACY_STORE_VERSIONS = (1,)  # read only by `msgindex upgrade` (storage/upgrade.py)
+LEGACY_STORE_VERSIONS = (1,)  # read only by `msgindex upgrade` (storage/maintenance/upgrade.py)
 SHARD_DIR_PREFIX = "broker="
 REGISTER_TIMEOUT_S = 60.0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msgindex.errors import InvalidOptionError
-from msgindex.storage import entry_sums, hash_run
+from msgindex.storage.hash_index import entry_sums, hash_run
 
 if TYPE_CHECKING:
     from msgindex.storage.shard import ShardWriter

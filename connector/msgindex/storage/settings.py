@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from msgindex.errors import CorruptFileError, InvalidOptionError
+from msgindex.storage.hash_index.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 from msgindex.storage.int_limits import INT32_MAX
-from msgindex.storage.rocketmq_sizing import DEFAULT_INDEX_NUM, STORE_HASH_SLOT_NUM
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from msgindex.errors import (
     LegacyCheckpointError,
     ShardLockedError,
 )
-from msgindex.storage import entry_sums, fields, hash_run, hot_keys, verify
+from msgindex.storage import fields, hot_keys, verify
 from msgindex.storage.append_columns import AppendColumns, IndexEntries, IndexKeys
 from msgindex.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -61,11 +61,12 @@ from msgindex.storage.durable import fsync_directory, is_temporary, parse_versio
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
-from msgindex.storage.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
-from msgindex.storage.index_file import FIRST_INDEX, IndexFile, index_file_name, parse_index_file_name
-from msgindex.storage.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
-from msgindex.storage.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
-from msgindex.storage.java_hash import index_hash
+from msgindex.storage.hash_index import entry_sums, hash_run
+from msgindex.storage.hash_index.index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
+from msgindex.storage.hash_index.index_file import FIRST_INDEX, IndexFile, index_file_name, parse_index_file_name
+from msgindex.storage.hash_index.index_file import HEADER_SIZE as INDEX_HEADER_SIZE
+from msgindex.storage.hash_index.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
+from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog

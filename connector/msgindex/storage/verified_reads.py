@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError
 from msgindex.storage.fields import FieldCoverage
-from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import LogReads
 from msgindex.storage.message import (

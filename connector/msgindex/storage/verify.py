@@ -42,11 +42,12 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage import entry_sums, hash_run, hot_keys
+from msgindex.storage import hot_keys
 from msgindex.storage.append_columns import RAW_TEXT, TEXT, AppendColumns
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState
-from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, time_diffs_seconds
-from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.hash_index import entry_sums, hash_run
+from msgindex.storage.hash_index.index_file import FIRST_INDEX, IndexFile, IndexHeader, time_diffs_seconds
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import MetadataLog
 from msgindex.storage.log.segment import LOG_SUFFIX, segment_name

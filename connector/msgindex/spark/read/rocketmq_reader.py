@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from msgindex.spark.read import pushdown
 from msgindex.spark.read.options import ReadOptions, session_zone
 from msgindex.spark.read.pushdown import task_query
-from msgindex.storage.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
+from msgindex.storage.hash_index.index_file import FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
 from msgindex.storage.message import index_key
 from msgindex.storage.rocketmq.broker_store import RocketMQBrokerStore, open_rocketmq, row_schema
 from msgindex.storage.rocketmq.index_files import IndexFileSet

@@ -1,5 +1,5 @@
 """Format 1 of the metadata log (before record batches): one message's metadata per record,
-length-prefixed and checksummed. Kept read-only, for `msgindex upgrade` (storage/upgrade.py) to
+length-prefixed and checksummed. Kept read-only, for `msgindex upgrade` (storage/maintenance/upgrade.py) to
 convert old stores; nothing writes it any more.
 
 Layout (little-endian, so that numpy reads header fields without byte swapping)::

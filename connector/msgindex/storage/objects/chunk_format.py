@@ -67,7 +67,7 @@ import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.append_columns import AppendColumns
-from msgindex.storage.java_hash import index_hashes
+from msgindex.storage.hash_index.java_hash import index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import DEFAULT_BATCH_RECORDS

@@ -1,10 +1,10 @@
 """What is in a store on an object store, and what is wrong with it: ``msgindex inspect URL`` (the
-local counterpart is ``storage/inspect.py``, which hands URLs here).
+local counterpart is ``storage/maintenance/inspect.py``, which hands URLs here).
 
 ``inspect_url(url)`` recognises what the URL names: the store root (holds ``msgindex.json``), its
 manifest, a shard (``.../broker=<name>``), a shard mark (``.../_shards/<name>``), a shard version
 (``.../_commits/<20 digits>.json``) or a chunk object (``.../chunks/<name>.chunk``). It returns a
-JSON-able dict, rendered by ``storage/inspect.py``'s ``format_report``.
+JSON-able dict, rendered by ``storage/maintenance/inspect.py``'s ``format_report``.
 
 A shard's summary: its newest version and the versions kept, its chunks (records, bytes, hash
 items, time ranges), source offsets, the objects removed and waiting for collection, orphans,

@@ -1,7 +1,7 @@
 """``msgindex repair URL``: what can be repaired in a store on an object store, and what cannot.
 
 An object-store shard has no checkpoint to rebuild and no derived files to clear (the local
-repair's work, ``storage/repair.py``): its versions are its commits, each the whole committed
+repair's work, ``storage/maintenance/repair.py``): its versions are its commits, each the whole committed
 state, and its chunks are immutable data that only a version makes part of the shard. So repair
 first inspects each shard exactly as ``msgindex inspect`` does (reading every version and chunk),
 then:
@@ -36,10 +36,10 @@ from collections.abc import Iterable, Mapping
 
 from msgindex.errors import CorruptFileError
 from msgindex.storage.location import parse_location
+from msgindex.storage.maintenance.repair import RepairReport, ShardRepair, ranges_text
 from msgindex.storage.objects.inspect import ShardInspection, shard_marks, shard_names
 from msgindex.storage.objects.shard import SHARDS_DIR
 from msgindex.storage.objects.store import ObjectStore, open_object_store
-from msgindex.storage.repair import RepairReport, ShardRepair, ranges_text
 
 DEFAULT_MIN_AGE_MS = 10 * 60 * 1000
 

@@ -33,8 +33,14 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidArgumentError, InvalidOptionError, StoreNotFoundError
-from msgindex.storage.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM, FIRST_INDEX, TIME_DIFF_UNIT_MS, IndexFile
-from msgindex.storage.java_hash import index_hash, index_hashes
+from msgindex.storage.hash_index.index_file import (
+    DEFAULT_HASH_SLOT_NUM,
+    DEFAULT_INDEX_NUM,
+    FIRST_INDEX,
+    TIME_DIFF_UNIT_MS,
+    IndexFile,
+)
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 from msgindex.storage.message import index_key
 from msgindex.storage.query import KeysArg, Query, as_query
 from msgindex.storage.rocketmq.commit_log import COMMIT_LOG_DIR, CommitLog, RecordKind, StoredMessage

@@ -1,4 +1,4 @@
-"""A broker's ``index/`` directory: its IndexFiles (``msgindex.storage.index_file``), oldest first.
+"""A broker's ``index/`` directory: its IndexFiles (``msgindex.storage.hash_index.index_file``), oldest first.
 
 The files do not record their sizing; the broker's ``maxHashSlotNum`` / ``maxIndexNum`` must be
 given (RocketMQ's defaults otherwise), and a file of any other size is an error that says which
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
-from msgindex.storage.index_file import (
+from msgindex.storage.hash_index.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     ENTRY_SIZE,

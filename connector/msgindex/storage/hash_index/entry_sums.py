@@ -57,9 +57,9 @@ from pathlib import Path
 import numpy as np
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage import hash_run
 from msgindex.storage.durable import write_atomically
-from msgindex.storage.hash_run import IndexFile
+from msgindex.storage.hash_index import hash_run
+from msgindex.storage.hash_index.hash_run import IndexFile
 
 log = logging.getLogger(__name__)
 

@@ -53,15 +53,15 @@ import numpy as np
 import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import entry_sums, hash_run
-from msgindex.storage.hash_run import HashRun, RunSet
+from msgindex.storage.hash_index import entry_sums, hash_run
+from msgindex.storage.hash_index.hash_run import HashRun, RunSet
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
+from msgindex.storage.hash_index.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
-from msgindex.storage.java_hash import index_hash, index_hashes
 from msgindex.storage.mapped_file import grow_mapping, map_file, preallocate
-from msgindex.storage.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 
 try:  # optional (setup.py): absent without a C compiler at install, and where msgindex arrives as a zip
-    from msgindex.storage import _index_walk as _compiled_walk
+    from msgindex.storage.hash_index import _index_walk as _compiled_walk
 except ImportError:
     _compiled_walk = None
 

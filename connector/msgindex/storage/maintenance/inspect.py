@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
-from msgindex.storage import entry_sums, fields, hash_run, hot_keys
+from msgindex.storage import fields, hot_keys
 from msgindex.storage.checkpoint import CHECKPOINT_FILE
-from msgindex.storage.disk_usage import DiskUsage, disk_usage
 from msgindex.storage.durable import is_temporary
-from msgindex.storage.index_file import (
+from msgindex.storage.hash_index import entry_sums, hash_run
+from msgindex.storage.hash_index.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     FIRST_INDEX,
@@ -47,6 +47,7 @@ from msgindex.storage.log.batch_format import BATCH_VERSION
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
+from msgindex.storage.maintenance.disk_usage import DiskUsage, disk_usage
 from msgindex.storage.manifest import MANIFEST_LOCK, load_manifest, shard_directories
 from msgindex.storage.message import arrow_text, decode_text
 from msgindex.storage.objects.inspect import inspect_url

@@ -46,11 +46,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from msgindex.errors import CorruptFileError, ForeignCheckpointError, MsgIndexError, StoreNotFoundError
-from msgindex.storage import entry_sums, verify
+from msgindex.storage import verify
 from msgindex.storage.checkpoint import Checkpoint, IndexFileState, write_checkpoint
 from msgindex.storage.durable import fsync_directory, temporary_path, write_atomically
 from msgindex.storage.file_lock import try_lock, unlock
-from msgindex.storage.index_file import FIRST_INDEX, IndexFile, IndexHeader, parse_index_file_name
+from msgindex.storage.hash_index import entry_sums
+from msgindex.storage.hash_index.index_file import FIRST_INDEX, IndexFile, IndexHeader, parse_index_file_name
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog
 from msgindex.storage.manifest import (
     MANIFEST_FILE,

@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msgindex.storage import hash_run, hot_keys
-from msgindex.storage.index_file import parse_index_file_name
+from msgindex.storage import hot_keys
+from msgindex.storage.hash_index import hash_run
+from msgindex.storage.hash_index.index_file import parse_index_file_name
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX
 from msgindex.storage.manifest import SHARD_DIR_PREFIX
 
