@@ -60,9 +60,11 @@ T = TypeVar("T")
 READ_RETRY_PAUSE_S = 0.5
 # How the HTTP client words a connection the far side dropped (retried once more by reads) ...
 DROPPED_MARKS = ("error sending request", "connection closed", "Connection reset", "IncompleteMessage", "body error")
-# ... and the transport failures that say the endpoint is away (one "does not answer" line).
-UNANSWERED_MARKS = ("error sending request", "connection closed", "Connection reset", "Connection refused",
-                    "dns error", "connect error", "timed out", "tcp connect error")
+# ... unless it never connected or timed out: object_store has retried those to its limits, and an
+# endpoint that is away must be one line within seconds (DEFAULT_RETRY), not twice as many.
+AWAY_MARKS = ("Connection refused", "dns error", "connect error", "timed out")
+# Either way, one "does not answer" line.
+UNANSWERED_MARKS = ("error sending request", "connection closed", "Connection reset", *AWAY_MARKS)
 
 
 class ObjectMissingError(ObjectStoreError):
@@ -312,7 +314,8 @@ def explain(error: BaseException, location: StoreLocation) -> str:
 
 
 def _dropped(error: BaseException) -> bool:
-    return any(mark in str(error) for mark in DROPPED_MARKS)
+    text = str(error)
+    return any(mark in text for mark in DROPPED_MARKS) and not any(mark in text for mark in AWAY_MARKS)
 
 
 def _configured_key_id(location: StoreLocation) -> str:
