@@ -5,7 +5,7 @@ or Kafka.
 Where things are: ``hash_index/`` (RocketMQ's IndexFile and what readers derive from it), ``log/``
 (the metadata log: batches, segments, sparse indexes), ``objects/`` (the store on S3, GCS and
 Azure), ``rocketmq/`` (a RocketMQ broker's own store, read), ``maintenance/`` (inspect, repair,
-upgrade). Here: the shard (``shard``: its writer and reader; ``checkpoint``, ``verified_reads``,
+upgrade, disk usage). Here: the shard (``shard``: its writer and reader; ``checkpoint``, ``verified_reads``,
 ``hot_keys``, ``fields``; ``verify``, the checks readers, inspect and repair share), the store
 over shards (``store``, ``query``, ``retention``, ``backfill``) and the files they share
 (``durable``, ``file_lock``, ``mapped_file``, ``manifest``)."""

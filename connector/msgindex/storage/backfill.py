@@ -16,7 +16,7 @@ adds nothing twice; values of records the shard does not hold are ignored. Offse
 retains are not evaluated and stay uncovered (lookups keep warning about them).
 
 **Local shards** are rebuilt, under the shard's writer lock; crash-safe and resumable like
-upgrade.py:
+maintenance/upgrade.py:
 
 1. build a complete shard in ``backfill.new/`` by appending the committed records, with their new
    terms, in log order, through a ``ShardWriter`` that starts at the old log's first retained

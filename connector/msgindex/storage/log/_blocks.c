@@ -50,7 +50,7 @@ static const char *const CRC_LIBRARIES[] = {"libdeflate.so.0", "libdeflate.so", 
 static uint32_t block_checksum(const uint8_t *data, size_t length) {
     if (libdeflate_crc32 != NULL) return libdeflate_crc32(0, data, length);
     uLong crc = 0;
-    while (length > 0) { /* zlib takes at most UINT_MAX bytes a call */
+    while (length > 0) { /* zlib takes at most UINT32_MAX bytes a call (uInt) */
         uInt step = length > UINT32_MAX ? UINT32_MAX : (uInt)length;
         crc = crc32(crc, data, step);
         data += step, length -= step;

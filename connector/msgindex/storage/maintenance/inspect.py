@@ -8,7 +8,7 @@ leftovers, its ``log/`` and ``index/`` directories, a metadata-log segment (``.l
 ``.index`` / ``.timeindex`` / ``.summary`` lead to it), a hash index file and its hash runs, and
 the indexing job's own files; any other file outside a store is read as a RocketMQ index file. It
 returns a JSON-able dict; `format_report` renders it for people. An object-store URL (s3://, gs://,
-az://) is inspected by ``objects/inspect.py`` (store, shard, version and chunk objects).
+az://) is inspected by ``storage/objects/inspect.py`` (store, shard, version and chunk objects).
 
 Stores and shards (and files inside them) are verified as deeply as ``verify.verify_shard``
 goes, unless ``verify=False``: every problem found is listed under ``"problems"`` (the CLI prints
@@ -117,7 +117,7 @@ LISTED_ENTRIES = 40  # sparse index entries shown per index of a segment
 def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, index_num: int | None = None,
                  verify: bool = True, storage_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A summary of whatever `path` is (see the module docstring), with its problems; an
-    object-store URL (with its `storage_options`) is inspected by ``objects/inspect.py``."""
+    object-store URL (with its `storage_options`) is inspected by ``storage/objects/inspect.py``."""
     if is_object_store_url(path):
         return inspect_url(str(path), storage_options, verify=verify)
     path = parse_location(path, storage_options).local_path

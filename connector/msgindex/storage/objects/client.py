@@ -62,8 +62,9 @@ READ_RETRY_PAUSE_S = 0.5
 DROPPED_MARKS = ("error sending request", "connection closed", "Connection reset", "IncompleteMessage", "body error")
 # ... unless it never connected or timed out: object_store has retried those to its limits, and an
 # endpoint that is away must be one line within seconds (DEFAULT_RETRY), not twice as many.
-AWAY_MARKS = ("Connection refused", "dns error", "connect error", "timed out")
-# Either way, one "does not answer" line.
+# ("kind: Connect" is object_store's own class for it: TLS failures too.)
+AWAY_MARKS = ("Connection refused", "dns error", "connect error", "timed out", "kind: Connect")
+# Either way, one "does not answer" line (an answer cut short twice keeps its own first line).
 UNANSWERED_MARKS = ("error sending request", "connection closed", "Connection reset", *AWAY_MARKS)
 
 
