@@ -19,6 +19,7 @@ from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns, records_from_table
 from msgindex.storage.log.metadata_log import MetadataLog
 from msgindex.storage.message import APPEND_SCHEMA, ROW_SCHEMA, MessageRecord, arrow_text
+from msgindex.storage.query import rows_from_records
 from tests.storage.record_oracle import index_files, read_batches, read_log
 
 any_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=12)  # lone surrogates too
@@ -425,10 +426,22 @@ def test_compiled_record_reader_answers_as_python(tmp_path_factory, batch, damag
                                np.array(chosen) * 1000, [head.topics] * len(chosen))
     firsts = np.cumsum([0] + [len(rows) for rows in rows_of])
     rows = np.array([row for rows in rows_of for row in rows], dtype=np.int64)
+    seqs = np.arange(len(rows), dtype=np.int64) * 3 + 7
     with open(path, "rb") as f:
         compiled = _read_or_error(bf.read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
         python = _read_or_error(bf.python_read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
+        columns = _read_or_error(bf.read_record_columns, f.fileno(), "file", blocks, firsts, rows, seqs, _short_read)
     if damage == "none":
         base = np.cumsum([0, *counts.tolist()])
         assert compiled == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
     assert compiled == (python.split(" (")[0] if isinstance(python, str) else python)
+    # the same records as columns (bf.RecordColumns), rendered, in any order and any subset of them
+    if isinstance(columns, str) or isinstance(python, str):
+        assert columns == compiled or python == "UnicodeDecodeError"  # (columns keep texts as bytes)
+        return
+    if damage != "none":  # damage no decoder check sees (a partition beyond int32): nothing to render
+        return
+    kept = np.array(sorted(data.draw(st.sets(st.integers(0, len(rows) - 1)))), dtype=np.int64)
+    order = np.array(data.draw(st.permutations(range(len(kept)))), dtype=np.int64)
+    expected = rows_from_records("b", seqs[kept][order].tolist(), [python[i] for i in kept[order].tolist()])
+    assert pa.Table.from_batches([bf.rows(columns.rows(kept, order), "b")], schema=ROW_SCHEMA).equals(expected)

@@ -59,6 +59,7 @@ from msgindex.storage.checkpoint import (
 )
 from msgindex.storage.durable import fsync_directory, is_temporary, parse_versioned_json, write_atomically
 from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.fields import check_carried as check_carried_fields
 from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.file_lock import try_lock, unlock, wait_for_lock
 from msgindex.storage.hash_index import entry_sums, hash_run
@@ -109,11 +110,13 @@ TIME_INDEX_ENTRY_BYTES = 12
 MIN_NAME_MS = 0
 MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
-# Up to this many hash candidates a lookup reads and checks them record by record, against ~1 ms
-# of numpy and Arrow calls plus 10-20 us a scattered record on the vectorized path: ~24 us a record
-# read in Python (the two cross at 70-110 candidates on 1M and 10M stores), ~10 us with the
-# compiled record reader (bf.read_records: they cross at 250-300 on a 5M store; BENCHMARKS.md).
-FEW_CANDIDATES = 256 if bf.compiled_blocks is not None else 64
+# Up to this many hash candidates a lookup reads and checks them record by record, against ~0.5 ms
+# of numpy and Arrow calls on the vectorized path plus what reading costs there: ~24 us a record read
+# in Python (the two cross at 70-110 candidates on 1M and 10M stores). With the compiled reader
+# (bf.read_records) the vectorized path reads a few thousand records as columns too
+# (metadata_log.COMPILED_COLUMNS_RECORDS): CPU a lookup on a 500k long-key store, record by record /
+# columns, 70-110 records 1.32 / 1.62 ms, 110-160 2.26 / 2.24 ms, 160-260 3.45 / 2.51 ms (BENCHMARKS.md).
+FEW_CANDIDATES = 128 if bf.compiled_blocks is not None else 64
 # A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
 # long as the writer keeps committing, up to this long: a writer that appends and applies retention
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of
@@ -374,6 +377,7 @@ class ShardWriter(_Committed):
             )
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
+        check_carried_fields(records, fields, f"shard {self.broker!r}")
         if sources is None:
             sources = own_coordinates(records)
         elif len(sources) != len(records):

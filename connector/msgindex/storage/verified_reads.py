@@ -130,7 +130,7 @@ class VerifiedReads(ABC):
         """The committed index file (or object) holding an entry of `key_hash` that points at
         `seq`, to name in an error."""
 
-    def _check_unmatched(self, records: bf.Selection, rows: np.ndarray, key_numbers: np.ndarray,
+    def _check_unmatched(self, records: bf.SelectedRecords, rows: np.ndarray, key_numbers: np.ndarray,
                          hits: np.ndarray, wanted: WantedKeys) -> None:
         """``_check_entry_target`` for the candidate records in the window (their (row, wanted
         key) pairs: `rows`, `key_numbers`) with fewer matching pairs (`hits`, per row) than pairs:
@@ -256,7 +256,7 @@ class VerifiedReads(ABC):
         bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]
         wanted_partitions = None if partitions is None else np.array(sorted(set(partitions)), dtype=np.int64)
 
-        def verify(first: int, records: bf.Selection) -> Part | None:
+        def verify(first: int, records: bf.SelectedRecords) -> Part | None:
             end = first + len(records)
             row, key_number = record[bounds[first] : bounds[end]] - first, who[bounds[first] : bounds[end]]
             keep = np.ones(len(records), dtype=bool)

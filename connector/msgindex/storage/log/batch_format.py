@@ -76,7 +76,9 @@ header per block and stored ends let any rows of many blocks be decoded together
 operations (``BlockSet``), so a read touching thousands of blocks pays per block only for its
 checksum and its decompression, and per row only for the rows it wants. That per-block loop is
 compiled where a C compiler was at install (``_blocks.c``, ``decompress_all``): it holds no GIL,
-so a large read is decompressed by two threads.
+so a large read is decompressed by two threads. Tens to thousands of records scattered over as
+many blocks are read by one compiled call instead (``read_records``, ``read_record_columns``),
+which keeps only the wanted rows of each block it decompresses.
 
 The checksum is zlib's CRC-32, not Kafka's CRC-32C: CRC-32C at C speed needs a compiled extension,
 and the pipeline's executors must need nothing beyond pyspark's own Arrow dependencies and the
@@ -830,10 +832,7 @@ class Selection:
     def rows(self, kept: np.ndarray | None = None, order: np.ndarray | None = None) -> DecodedRows:
         """The records `kept` (sorted distinct positions in the selection; default: all), in
         `order` (positions in `kept`; default: as they are)."""
-        if kept is None:
-            kept = np.arange(len(self.seqs))
-        if order is None:
-            order = np.arange(len(kept))
+        kept, order = _kept_in_order(len(self.seqs), kept, order)
         if not len(order):
             return empty_rows()
         picked = kept[order]
@@ -850,19 +849,33 @@ class Selection:
             blocks._corrupt(int(block[np.argmax(bad)]), "a record's texts do not match its block")
         # every text of the records at once, in answer order; the keys list and the key are cut from them
         texts = blocks._texts(block, first, end - first, order)
-        has_key, lead, count = has_key[order], lead[order], (end - first)[order]
-        text_of_record = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(count, out=text_of_record[1:])
-        skip = has_key & ~lead  # a key that is not also the first of the keys
-        list_offsets = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(count - skip, out=list_offsets[1:])
-        values = texts.take(pa.array(_ranges(text_of_record[:-1] + skip, count - skip))) if skip.any() else texts
+        key, keys = _key_and_keys(texts, has_key[order], lead[order], (end - first)[order])
         return DecodedRows(
             self.seqs[picked], self.topics, self.topic_ids[picked], self.partition[picked], self.offset[picked],
-            self.timestamp_ms[picked], texts.take(pa.array(text_of_record[:-1], mask=~has_key)),
-            pa.LargeListArray.from_arrays(pa.array(list_offsets), values, type=ITEMS),
-            self.commit_log_offset[picked], self.size[picked],
+            self.timestamp_ms[picked], key, keys, self.commit_log_offset[picked], self.size[picked],
         )
+
+
+def _kept_in_order(count: int, kept: np.ndarray | None, order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A ``rows`` call's `kept` and `order` of `count` records, defaults filled in (every record,
+    as they are)."""
+    kept = np.arange(count) if kept is None else kept
+    return kept, np.arange(len(kept)) if order is None else order
+
+
+def _key_and_keys(texts: pa.Array, has_key: np.ndarray, lead: np.ndarray, count: np.ndarray) -> tuple[pa.Array,
+                                                                                                     pa.LargeListArray]:
+    """The key column and the keys lists of records whose texts are `texts` (large_binary, the
+    records' texts back to back: `count` each), given their FLAG_KEY and FLAG_LEAD bits (checked
+    by whoever decoded them: a FLAG_LEAD implies a key, and a key implies a text)."""
+    text_of_record = np.zeros(len(count) + 1, dtype=np.int64)
+    np.cumsum(count, out=text_of_record[1:])
+    skip = has_key & ~lead  # a key that is not also the first of the keys
+    list_offsets = np.zeros(len(count) + 1, dtype=np.int64)
+    np.cumsum(count - skip, out=list_offsets[1:])
+    values = texts.take(pa.array(_ranges(text_of_record[:-1] + skip, count - skip))) if skip.any() else texts
+    return (texts.take(pa.array(text_of_record[:-1], mask=~has_key)),
+            pa.LargeListArray.from_arrays(pa.array(list_offsets), values, type=ITEMS))
 
 
 class BlockRecords:
@@ -943,6 +956,25 @@ def read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarr
     `check_read(read, wanted, position)`, which raises."""
     if compiled_blocks is None:
         return python_read_records(fd, name, blocks, firsts, rows, check_read)
+    ints, text_counts, heap, text_lengths = _compiled_read(fd, name, blocks, firsts, rows, check_read)
+    ends = np.cumsum(text_lengths).tolist()
+    # An ASCII heap (most are) decodes once: byte offsets are str offsets, and it holds no field
+    # term (FIELD_TERM_MARKER is not ASCII), so its slices are the records' keys as they are.
+    keys_as_str = heap.isascii()
+    heap_text = heap.decode("ascii") if keys_as_str else heap
+    texts, text, start = [], 0, 0
+    for count in text_counts.tolist():
+        texts.append([heap_text[start : (start := stop)] for stop in ends[text : text + count]])
+        text += count
+    return messages(ints.tolist(), texts, _per_record(blocks, firsts), decoded=keys_as_str)
+
+
+def _compiled_read(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
+                   check_read: Callable[[int, int, int], None]) -> tuple[np.ndarray, np.ndarray, bytes, np.ndarray]:
+    """``_blocks.read_records``'s one call (see ``read_records``): each record's RECORD_INT_FIELDS
+    columns (int64, records x fields), its text count, and its texts' bytes back to back (the
+    heap) with their lengths. The call has checked every record against its block (flags, topic
+    number, text bounds): what is returned is well-formed."""
     ints = np.empty((len(rows), RECORD_INT_FIELDS), dtype=np.int64)
     text_counts = np.empty(len(rows), dtype=np.int64)
     problem, heap, text_lengths = compiled_blocks.read_records(
@@ -954,16 +986,70 @@ def read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarr
         if reason == _SHORT_READ:
             check_read(read, int(blocks.lengths[block]), int(blocks.positions[block]))
         raise CorruptFileError(f"{name}: invalid batch at byte {int(blocks.origins[block])}: {_RECORD_PROBLEMS[reason]}")
-    ends = np.cumsum(np.frombuffer(text_lengths, dtype=np.int64)).tolist()
-    # An ASCII heap (most are) decodes once: byte offsets are str offsets, and it holds no field
-    # term (FIELD_TERM_MARKER is not ASCII), so its slices are the records' keys as they are.
-    keys_as_str = heap.isascii()
-    heap_text = heap.decode("ascii") if keys_as_str else heap
-    texts, text, start = [], 0, 0
-    for count in text_counts.tolist():
-        texts.append([heap_text[start : (start := stop)] for stop in ends[text : text + count]])
-        text += count
-    return messages(ints.tolist(), texts, _per_record(blocks, firsts), decoded=keys_as_str)
+    return ints, text_counts, heap, np.frombuffer(text_lengths, dtype=np.int64)
+
+
+def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
+                        seqs: np.ndarray, check_read: Callable[[int, int, int], None]) -> RecordColumns:
+    """``read_records``'s records (at `seqs`) as columns: one compiled call, then a few numpy and
+    Arrow kernels over all of them, none per record. Needs the compiled reader."""
+    ints, text_counts, heap, text_lengths = _compiled_read(fd, name, blocks, firsts, rows, check_read)
+    numbers: dict[tuple[bytes, ...], int] = {}  # batches repeat the same topic tables
+    table_of_block = np.array([numbers.setdefault(table, len(numbers)) for table in blocks.topic_tables], np.int64)
+    topics: dict[bytes, int] = {}
+    flat, starts = [], []
+    for table in numbers:
+        starts.append(len(flat))
+        flat.extend(topics.setdefault(topic, len(topics)) for topic in table)
+    table_start = np.array(starts, dtype=np.int64)[table_of_block]
+    record_block = np.repeat(np.arange(len(table_of_block)), np.diff(firsts))
+    topic_ids = np.array(flat, dtype=np.int64)[table_start[record_block] + ints[:, _INT_AT["topic"]]]
+    return RecordColumns(np.asarray(seqs, dtype=np.int64), tuple(topics), topic_ids, ints, text_counts, heap,
+                         text_lengths)
+
+
+class RecordColumns:
+    """Records read by the compiled reader (``read_record_columns``), as columns: what a
+    ``Selection`` offers (the integers up front, texts for the records a caller picks, in its
+    order), for tens to hundreds of scattered records, where building a BlockSet over their whole
+    blocks costs more than the records, and Python per record (``messages``) more than a few
+    kernels over all of them."""
+
+    def __init__(self, seqs: np.ndarray, topics: tuple[bytes, ...], topic_ids: np.ndarray, ints: np.ndarray,
+                 text_counts: np.ndarray, heap: bytes, text_lengths: np.ndarray) -> None:
+        self.seqs, self.topics, self.topic_ids = seqs, topics, topic_ids
+        self._flags = ints[:, _INT_AT["flags"]]
+        self.partition = ints[:, _INT_AT["partition"]].astype(np.int32)
+        self.offset = np.ascontiguousarray(ints[:, _INT_AT["offset"]])
+        self.timestamp_ms = np.ascontiguousarray(ints[:, _INT_AT["timestamp"]])
+        self.commit_log_offset = np.ascontiguousarray(ints[:, _INT_AT["commit_log_offset"]])
+        self.size = ints[:, _INT_AT["size"]].astype(np.int32)
+        self._text_counts = text_counts
+        self._first_text = np.cumsum(text_counts) - text_counts
+        offsets = np.zeros(len(text_lengths) + 1, dtype=np.int64)
+        np.cumsum(text_lengths, out=offsets[1:])
+        self._texts = pa.Array.from_buffers(TEXT, len(text_lengths), [None, pa.py_buffer(offsets), pa.py_buffer(heap)])
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def rows(self, kept: np.ndarray | None = None, order: np.ndarray | None = None) -> DecodedRows:
+        """As ``Selection.rows``."""
+        kept, order = _kept_in_order(len(self.seqs), kept, order)
+        if not len(order):
+            return empty_rows()
+        picked = kept[order]
+        count = self._text_counts[picked]
+        texts = self._texts.take(pa.array(_ranges(self._first_text[picked], count)))
+        flags = self._flags[picked]
+        key, keys = _key_and_keys(texts, (flags & FLAG_KEY) > 0, (flags & FLAG_LEAD) > 0, count)
+        return DecodedRows(self.seqs[picked], self.topics, self.topic_ids[picked], self.partition[picked],
+                           self.offset[picked], self.timestamp_ms[picked], key, keys, self.commit_log_offset[picked],
+                           self.size[picked])
+
+
+# What a log's ``chunks`` hands its work: records with their integers decoded, texts on demand.
+SelectedRecords = Selection | RecordColumns
 
 
 def _per_record(blocks: BlockLocations, firsts: np.ndarray) -> list[tuple[bytes, ...]]:
@@ -988,6 +1074,7 @@ def python_read_records(fd: int, name: object, blocks: BlockLocations, firsts: n
 # What _blocks.read_records returns a record with (every column but text_end, in COLUMNS order),
 # and the reasons it gives for a damaged block, as BlockRecords words them.
 RECORD_INT_FIELDS = len(COLUMNS) - 1
+_INT_AT = {name: at for at, name in enumerate(COLUMNS[:RECORD_INT_FIELDS])}
 _SHORT_READ = 3
 _RECORD_PROBLEMS = {
     1: "checksum mismatch",

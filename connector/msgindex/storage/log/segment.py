@@ -713,15 +713,24 @@ class LogSegment(BatchReads):
         """The records of sorted unique `seqs` (all in this segment's extent), each block holding
         some read once (``bf.read_records``: no numpy or Arrow per call, what a lookup of tens to
         hundreds of scattered records needs)."""
+        return bf.read_records(self._fd, self.path, *self._blocks_of(seqs), self._check_read)
+
+    def columns_at(self, seqs: np.ndarray) -> bf.RecordColumns:
+        """``records_at`` as columns (``bf.read_record_columns``; needs the compiled reader)."""
+        return bf.read_record_columns(self._fd, self.path, *self._blocks_of(seqs), seqs, self._check_read)
+
+    def _blocks_of(self, seqs: np.ndarray) -> tuple[bf.BlockLocations, np.ndarray, np.ndarray]:
+        """The distinct blocks holding sorted `seqs`, where each one's seqs start among them
+        (one more at the end) and each seq's row in its block: what the compiled reader reads."""
         directory = self.batches()
         blocks = directory.block_of(seqs)
         distinct, firsts = np.unique(blocks, return_index=True)
         batches = directory.block_batches[distinct]
-        return bf.read_records(self._fd, self.path, bf.BlockLocations(
-            *(column[distinct] for column in (directory.block_positions, directory.block_lengths,
-                                              directory.block_raw_lengths, directory.block_crcs)),
-            directory.positions[batches], [directory.topic_tables[batch] for batch in batches.tolist()]),
-            np.append(firsts, len(seqs)), seqs - directory.block_base_seqs[blocks], self._check_read)
+        return (bf.BlockLocations(*(column[distinct] for column in (directory.block_positions, directory.block_lengths,
+                                                                    directory.block_raw_lengths, directory.block_crcs)),
+                                  directory.positions[batches],
+                                  [directory.topic_tables[batch] for batch in batches.tolist()]),
+                np.append(firsts, len(seqs)), seqs - directory.block_base_seqs[blocks])
 
 
     # ---- appending -------------------------------------------------------------------------
