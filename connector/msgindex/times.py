@@ -29,6 +29,7 @@ from typing import Literal
 from msgindex.errors import InvalidOptionError
 
 TimeArg = int | str | datetime | date
+JAVA_LONG_MIN, JAVA_LONG_MAX = -(2**63), 2**63 - 1
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DAY_MS = 86_400_000
 # Every UTC offset a zone has had is within a day of UTC (tzdb: -15:56 to +15:13 in local mean
@@ -112,7 +113,7 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
     if isinstance(value, bool):
         raise _not_a_time(what, value)
     if isinstance(value, Integral):  # numpy's integers too
-        return TimeInput("instant", int(value), str(value))
+        return TimeInput("instant", _java_long_ms(what, int(value), value), str(value))
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             return TimeInput("wall", _ms_of(value.replace(tzinfo=UTC), what, value), str(value))
@@ -123,7 +124,7 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         raise _not_a_time(what, value)
     text = value.strip()
     if _EPOCH_MS.match(text):
-        return TimeInput("instant", int(text), text)
+        return TimeInput("instant", _java_long_ms(what, int(text), value), text)
     offset = _relative_offset_ms(text)
     if offset is not None:
         if not abs(offset) < 2**62:  # (inf for too many digits) no time a Java long holds is that far from now
@@ -183,6 +184,15 @@ def _iso(text: str) -> datetime | None:
     return moment
 
 
+def _java_long_ms(what: str, ms: int, value: object) -> int:
+    """`ms` when a Kafka timestamp (a Java long) can hold it: any such bound is a window's end
+    (Long.MAX_VALUE is a common "no end"), a number beyond none."""
+    if not JAVA_LONG_MIN <= ms <= JAVA_LONG_MAX:
+        raise InvalidOptionError(f"option '{what}' = {str(value)!r} is beyond any time a Kafka timestamp holds "
+                                 f"(epoch ms in a Java long: {JAVA_LONG_MIN} .. {JAVA_LONG_MAX})")
+    return ms
+
+
 def _ms_of(moment: datetime, what: str = "", value: object = None) -> int:
     micros = micros_since_epoch(moment)
     if micros % 1000:
@@ -232,7 +242,10 @@ def format_ms(ms: int | None) -> str:
     what msgindex prints, and what any time option takes back."""
     if ms is None:
         return "-"
-    return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except OverflowError:  # beyond years 1..9999 (a bound such as Long.MAX_VALUE): epoch ms, taken back as is
+        return str(ms)
 
 
 def format_window(begin_ms: int | None, end_ms: int | None) -> str:

@@ -127,3 +127,76 @@ def test_values_are_shown_as_json_text_or_hex():
     assert render_value(b'{"a": 1}', "text") == ("text", '{"a": 1}')
     assert render_value(b"abc", "hex") == ("hex", "61 62 63")
     assert render_value(None)[0] == "missing"
+
+
+# (value as sent, how it must be shown): found by an attack run; json.loads guessed UTF-16/32,
+# and indenting re-serialized repeated members, long numbers and lone surrogate escapes
+SENT_AS_IS = [
+    ((55).to_bytes(4, "big"), ("hex", "00 00 00 37")),  # Kafka's IntegerSerializer: NULs are UTF-8, not text
+    ('{"a": 1}'.encode("utf-32"), ("hex", '{"a": 1}'.encode("utf-32").hex(" "))),
+    (b"\x1b[31mred", ("hex", "1b 5b 33 31 6d 72 65 64")),  # an escape sequence never reaches the terminal
+    (b'{"status":"ok","status":"declined"}', ("json", '{"status":"ok","status":"declined"}')),
+    (b'{"amount": 12345678901234567890.12}', ("json", '{"amount": 12345678901234567890.12}')),
+    (b'{"x": 1e400, "y": -0}', ("json", '{"x": 1e400, "y": -0}')),
+    (b'"\\ud800"', ("json", '"\\ud800"')),
+    (b"NaN", ("text", "NaN")),
+    (b'{"n": Infinity}', ("text", '{"n": Infinity}')),
+    (b"tab\tand\nlines", ("text", "tab\tand\nlines")),
+]
+
+
+@pytest.mark.parametrize("value, shown", SENT_AS_IS)
+def test_values_are_shown_as_sent(value, shown):
+    assert render_value(value) == shown
+
+
+def test_payloads_as_sent_through_the_cli(kafka_bootstrap, kafka_topic, tmp_path):
+    """The values above produced to the real broker, indexed, then shown by `--values`: each as
+    render_value says, the process exits 0 (a lone surrogate escape used to fail it)."""
+    from kafka import KafkaProducer
+
+    topic = kafka_topic(partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    records = []
+    for i, (value, _) in enumerate(SENT_AS_IS):
+        meta = producer.send(topic, key=f"k{i}".encode(), value=value).get(timeout=30)
+        records.append(MessageRecord(topic, meta.partition, meta.offset, meta.timestamp, f"k{i}", (f"k{i}", "all")))
+    producer.close()
+    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
+        writer.append(records)
+    done = msgindex("lookup", str(tmp_path / "store"), "--key", "all", "--values", "--limit", "0",
+                    "--bootstrap-servers", kafka_bootstrap)
+    assert done.returncode == 0, done.stderr
+    for _, (shown, text) in SENT_AS_IS:
+        assert f"value ({shown}):" in done.stdout and text.splitlines()[0] in done.stdout
+    assert "\x1b" not in done.stdout
+
+
+def test_a_topic_given_twice_is_asked_once(tmp_path):
+    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
+        writer.append([MessageRecord("orders", 0, i, 1_700_000_000_000 + i, "k", ("k",)) for i in range(3)])
+    done = msgindex("lookup", str(tmp_path / "store"), "--key", "k", "--topic", "orders", "--topic", "orders",
+                    "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(line)["offset"] for line in done.stdout.splitlines()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bound", ["--end 253402300800000", "--end 9223372036854775807",
+                                   "--begin 0001-01-01T00:00:00+01:00", "--end 9999-12-31T23:59:59.999-01:00"])
+def test_bounds_beyond_the_calendar_are_open_ends(tmp_path, bound):
+    """Long.MAX_VALUE is a common "no end"; a bound past year 9999 (or before year 1 in UTC) is
+    shown as epoch ms, not a crash."""
+    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
+        writer.append([MessageRecord("orders", 0, 0, 1_700_000_000_000, "k", ("k",))])
+    done = msgindex("lookup", str(tmp_path / "store"), "--key", "k", *bound.split())
+    assert done.returncode == 0, done.stderr
+    assert "(1 message)" in done.stdout
+
+
+def test_a_bound_no_kafka_timestamp_holds_is_one_line(tmp_path):
+    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
+        writer.append([MessageRecord("orders", 0, 0, 1_700_000_000_000, "k", ("k",))])
+    done = msgindex("lookup", str(tmp_path / "store"), "--key", "k", "--begin", "99999999999999999999")
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "msgindex lookup: option '--begin' = '99999999999999999999' is beyond any time a Kafka timestamp holds "
+        "(epoch ms in a Java long: -9223372036854775808 .. 9223372036854775807)"]

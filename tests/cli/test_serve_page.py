@@ -191,3 +191,30 @@ def test_the_api_answers_without_a_browser(page, incident_index):
         urllib.request.urlopen(f"{page}api/search?value=x&topic=nope")
     error = json.loads(bad.value.read())
     assert bad.value.code == 400 and error["field"] == "topic" and "the index has no such topic" in error["error"]
+
+
+def test_the_api_looks_up_a_value_exactly_as_given(tmp_path):
+    """Keys that begin or end with spaces are keys (an attack run found ' k1' answered as 'k1',
+    and ' ' as a scan of the whole index); only an empty value scans. Another server, over a
+    store of its own (no broker: no payloads asked)."""
+    from urllib.parse import quote
+
+    from msgindex.storage.message import MessageRecord
+    from msgindex.storage.store import open_store
+
+    keys = ["k1", " k1", "k1 ", " "]
+    with open_store(tmp_path / "store", create=True) as store, store.writer("b0") as writer:
+        writer.append([MessageRecord("t", 0, i, 1_700_000_000_000 + i, key, (key,)) for i, key in enumerate(keys)])
+    server = subprocess.Popen([MSGINDEX, "serve", str(tmp_path / "store"), "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        address = server.stdout.readline().split()[2]
+        for key in keys:
+            with urllib.request.urlopen(f"{address}api/search?value={quote(key)}") as response:
+                body = json.loads(response.read())
+            assert body["mode"] == "lookup" and [row["key"] for row in body["rows"]] == [key], key
+        with urllib.request.urlopen(f"{address}api/search?value=") as response:
+            assert json.loads(response.read())["mode"] == "scan"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -156,6 +156,37 @@ def test_arrow_appends_carry_fields_and_bad_ones_are_refused(stores):
         assert store.scan().__next__().num_rows == 4
 
 
+def test_appends_that_could_never_be_found_as_written_are_refused(stores):
+    """Found by an attack run: a value under another spelling of a declared field (lookups ask
+    for the declared one: never found), two definitions of one field in one append (one replaced
+    the other silently), two values of a single-valued field (its column showed one): each is
+    refused before anything is written, naming the record and the field, from Python records and
+    from Arrow alike."""
+    def record(offset: int, fields: tuple) -> MessageRecord:
+        return MessageRecord("t", 0, offset, BASE + offset, f"k{offset}", (f"k{offset}",), fields=fields)
+
+    header_order = FieldDefinition("ORDER", "header", "order-id", "array")
+    as_arrow = pa.table({**{name: [value] for name, value in zip(
+        ["topic", "partition", "offset", "timestamp_ms", "key", "keys", "commit_log_offset", "size"],
+        ["t", 0, 2, BASE + 2, None, [], -1, -1])}, "fields": [[{"name": "order", "value": "a"},
+                                                               {"name": "order", "value": "b"}]]},
+        schema=pa.schema([*APPEND_SCHEMA, FIELDS_COLUMN]))
+    with stores.create() as store, store.writer("b0") as writer:
+        with pytest.raises(InvalidAppendError, match=r"record 1 \(t-0 offset 1\) carries field 'Order', which the "
+                                                     r"append declares as 'order'"):
+            writer.append([record(0, (("order", "a"),)), record(1, (("Order", "b"),))], fields=[ORDER])
+        with pytest.raises(InvalidOptionError, match="fields 'order' and 'ORDER' differ only in case"):
+            writer.append([record(0, (("order", "a"),))], fields=[ORDER, header_order])
+        with pytest.raises(InvalidAppendError, match=r"record 0 \(t-0 offset 0\) carries two values of field 'order'"):
+            writer.append([record(0, (("order", "a"), ("order", "b")))], fields=[ORDER])
+        with pytest.raises(InvalidAppendError, match=r"record 0 \(t-0 offset 2\) carries two values of field 'order'"):
+            writer.append(as_arrow, fields=[ORDER])
+        writer.append([record(0, (("sku", "a"), ("sku", "b")))], fields=[SKU])  # an array field holds several
+    with stores.open() as store:
+        assert store.lookup(fields={"sku": "b"}).column("offset").to_pylist() == [0]
+        assert store.scan().__next__().num_rows == 1  # nothing of the refused appends
+
+
 def _shown_fields(record: MessageRecord) -> tuple[str | None, list[str] | None]:
     """(order, sku) as rows show a record's fields (the scalar oracle of batch_format.field_columns)."""
     orders = [value for name, value in record.fields if name == "order"]

@@ -35,9 +35,10 @@ import argparse
 import csv
 import difflib
 import json
+import re
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -116,6 +117,8 @@ class Found:
 def run(args: argparse.Namespace) -> int:
     """Print the messages found; exit code 0 (also when none are found)."""
     begin, end = window_of(args)
+    if args.topic:  # a topic given twice is asked once (its rows come once, the header names it once)
+        args.topic = list(dict.fromkeys(args.topic))
     if args.limit < 0:
         raise InvalidOptionError(f"--limit {args.limit}: must be 0 (all) or a positive number")
     limit = args.limit or None
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex index names its shards)")
         with open_store_of(args) as store:
             check_names(store, args.topic, args.broker)
+            check_field_names(store, [name for name, _ in field_values(args.field or ())])
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", FieldCoverageWarning)
                 found = _scan(store, args, begin, end, limit) if args.scan else _lookup(store, args, begin, end, limit)
@@ -187,9 +191,24 @@ def check_names(store, topics: list[str] | None, brokers: list[str] | None) -> N
             raise InvalidOptionError(unknown_name_message(option, unknown[0], have))
 
 
+def check_field_names(store, names: list[str]) -> None:
+    """InvalidOptionError naming a --field no shard of the index indexes, and the fields it
+    has (names compare case-insensitively, as lookups do). A field some shards index and others
+    not, or not over every offset, is a lookup's coverage warning instead."""
+    if not names:
+        return
+    from msgindex.storage.fields import store_fields
+
+    have = [name for name, _ in store_fields(store)]
+    known = {name.lower() for name in have}
+    for name in names:
+        if name.lower() not in known:
+            raise InvalidOptionError(unknown_name_message("--field", name, have))
+
+
 def unknown_name_message(option: str, name: str, have: list[str]) -> str:
     """``--topic demo-ordrs: the index has no such topic (did you mean demo-orders? it has: ...)``"""
-    what = "topic" if "topic" in option else "shard"
+    what = "field" if "field" in option else "topic" if "topic" in option else "shard"
     close = difflib.get_close_matches(name, have, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     listed = ", ".join(have[:20]) + (f", ... ({len(have)} in all)" if len(have) > 20 else "")
@@ -198,16 +217,11 @@ def unknown_name_message(option: str, name: str, have: list[str]) -> str:
 
 def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
     from msgindex.storage.message import text_of_shown
-    from msgindex.storage.query import sort_and_limit
 
     keys = [text_of_shown(key) for key in args.key or ()]
     fields = field_values(args.field or ())
-    tables = [
-        store.lookup(Query.of(keys if args.key else None, fields=fields or None, topic=topic, begin_ms=begin,
-                              end_ms=end, brokers=args.broker, partitions=args.partition))
-        for topic in (args.topic or [None])
-    ]
-    table = sort_and_limit(tables, None)
+    table = store.lookup(Query.of(keys if args.key else None, fields=fields or None, topics=args.topic,
+                                  begin_ms=begin, end_ms=end, brokers=args.broker, partitions=args.partition))
     return _limited(table, limit)
 
 
@@ -302,21 +316,68 @@ def _properties(row: dict[str, Any]) -> list[tuple[str, bytes | None]]:
 
 
 def render_value(value: bytes | None, fmt: str = "auto") -> tuple[str, str]:
-    """(how it is shown: json | text | hex | missing, the text) of a message value."""
+    """(how it is shown: json | text | hex | missing, the text) of a message value. Only UTF-8
+    without control characters (but tabs and line ends) is text: JSON parsers also guess UTF-16
+    and UTF-32, and four bytes of Kafka's IntegerSerializer are valid UTF-8 (NULs), yet neither is
+    text, and control characters would reach the terminal. JSON is shown indented when that keeps
+    every member and number exactly as sent, else as sent."""
     if value is None:
         return "missing", "(no longer in Kafka: retention or compaction removed it)"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "hex", value.hex(" ")
+    if _CONTROL.search(text):
+        return "hex", value.hex(" ")
     if fmt in ("auto", "json"):
-        try:
-            return "json", json.dumps(json.loads(value), indent=2, ensure_ascii=False)
-        except ValueError:
-            if fmt == "json":
-                return "hex", value.hex(" ")
+        shown = _json_shown(text)
+        if shown is not None:
+            return "json", shown
+        if fmt == "json":
+            return "hex", value.hex(" ")
     if fmt in ("auto", "text", "json"):
-        try:
-            return "text", value.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
+        return "text", text
     return "hex", value.hex(" ")
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _json_shown(text: str) -> str | None:
+    """`text` indented when it is strict JSON (no NaN or Infinity) that re-serializes without
+    loss; `text` itself when re-serializing would change it (a repeated member, a number written
+    another way, a lone surrogate escape); None when it is not JSON."""
+    faithful = True
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal faithful
+        faithful &= len({name for name, _ in pairs}) == len(pairs)
+        return dict(pairs)
+
+    def number(kind: type) -> Callable[[str], Any]:
+        def parse(written: str) -> Any:
+            nonlocal faithful
+            parsed = kind(written)
+            faithful &= json.dumps(parsed) == written
+            return parsed
+        return parse
+
+    def not_json(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        parsed = json.loads(text, object_pairs_hook=members, parse_float=number(float), parse_int=number(int),
+                            parse_constant=not_json)
+    except (ValueError, RecursionError):
+        return None
+    if not faithful:
+        return text
+    shown = json.dumps(parsed, indent=2, ensure_ascii=False)
+    try:
+        shown.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape ("\ud800"): shown as sent
+        return text
+    return shown
 
 
 def render_header(value: bytes | None) -> str:

@@ -154,7 +154,7 @@ class SearchApp:
         field = SEARCH_FIELDS.get(params.get("field", "key"))
         if field is None:
             raise BadRequest(f"no field {params.get('field')!r} to search by (fields: {', '.join(SEARCH_FIELDS)})", "field")
-        value = params.get("value", "").strip()
+        value = params.get("value", "")  # exactly as given: a key may begin or end with spaces
         topic = params.get("topic") or None
         now = current_ms()
         begin, end = (_time(name, params.get(name, ""), now) for name in ("begin", "end"))

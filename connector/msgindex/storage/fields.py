@@ -49,7 +49,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msgindex.errors import CorruptFileError, FieldCoverageWarning, InvalidOptionError
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msgindex.errors import CorruptFileError, FieldCoverageWarning, InvalidAppendError, InvalidOptionError
 from msgindex.storage.source_ranges import SourceRanges
 
 MAX_NAME_LENGTH = 64
@@ -276,11 +280,11 @@ def warn_uncovered(where: str, held: SourceRanges, coverage: FieldCoverage, name
         missing = uncovered(name, held, coverage, topics=topics, partitions=partitions)
         if missing.ranges:
             indexed = coverage.get(name)
-            why = "committed before the field was indexed" if indexed is not None else \
-                "the shard does not index that field"
+            why = "committed without the field: before it was indexed, or by an append that did not declare it" \
+                if indexed is not None else "the shard does not index that field"
             warnings.warn(FieldCoverageWarning(
-                f"{where}: field {name!r} does not cover {describe_ranges(missing)} ({why}): records there are not "
-                f"found by this field"), stacklevel=5)
+                f"{where}: field {name!r} does not cover {describe_ranges(missing)} ({why}): records there may not "
+                f"be found by this field"), stacklevel=5)
 
 
 # ---- where a shard keeps its coverage ------------------------------------------------------------
@@ -302,6 +306,52 @@ def cached_coverage(cached: tuple[object, FieldCoverage] | None, state: object, 
     if cached is not None and cached[0] is state:
         return cached
     return state, coverage_in(extra, source=source)
+
+
+def check_carried(records: pa.Table | pa.RecordBatch | Sequence[Any], definitions: Sequence[FieldDefinition],
+                  where: str) -> None:
+    """What an append refuses before it writes anything: two `definitions` of one field
+    (InvalidOptionError), and (InvalidAppendError) a record carrying a value under another
+    spelling of a declared field's name (lookups ask for the declared spelling: it would never
+    be found) or two values of a single-valued field. A value under a name the append does not
+    declare at all is kept and found under that name; no coverage describes it."""
+    check_unique([definition.name for definition in definitions], f"{where}: the append's fields")
+    declared = {definition.name: definition.shape for definition in definitions}
+    if isinstance(records, (pa.Table, pa.RecordBatch)):
+        if "fields" not in records.schema.names:
+            return
+        column = records.column("fields")
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        names = pc.list_flatten(column).field("name")
+        carried = [name for name in pc.unique(names).to_pylist() if name is not None]
+        owners = pc.list_parent_indices(column).to_numpy()
+        record_of = {name: owners[pc.equal(names, name).to_numpy(zero_copy_only=False)] for name in carried}
+    else:
+        record_of = {}
+        for at, record in enumerate(records):
+            for name, _ in getattr(record, "fields", None) or ():
+                record_of.setdefault(name, []).append(at)
+        record_of = {name: np.array(ats, dtype=np.int64) for name, ats in record_of.items()}
+    spellings = {known.lower(): known for known in declared}
+    for name, owners in record_of.items():
+        if name not in declared:
+            spelled = spellings.get(str(name).lower())
+            if spelled is not None:
+                raise InvalidAppendError(f"{where}: {_record_named(records, int(owners[0]))} carries field {name!r}, "
+                                         f"which the append declares as {spelled!r} (lookups ask for that spelling)")
+            continue
+        if declared[name] == SHAPE_SINGLE and len(np.unique(owners)) < len(owners):
+            twice = owners[np.flatnonzero(np.diff(np.sort(owners)) == 0)[0]]
+            raise InvalidAppendError(f"{where}: {_record_named(records, int(twice))} carries two values of field "
+                                     f"{name!r}, which holds one a record (shape {SHAPE_SINGLE!r})")
+
+
+def _record_named(records: pa.Table | pa.RecordBatch | Sequence[Any], at: int) -> str:
+    if isinstance(records, (pa.Table, pa.RecordBatch)):
+        row = records.slice(at, 1).select(["topic", "partition", "offset"]).to_pylist()[0]
+        return f"record {at} ({row['topic']}-{row['partition']} offset {row['offset']})"
+    record = records[at]
+    return f"record {at} ({record.topic}-{record.partition} offset {record.offset})"
 
 
 def extra_after_append(extra: Mapping[str, Any], definitions: Sequence[FieldDefinition], committed: SourceRanges,

@@ -65,6 +65,7 @@ from msgindex.storage.backfill import (
     rewritten_columns,
 )
 from msgindex.storage.fields import FieldDefinition
+from msgindex.storage.fields import check_carried as check_carried_fields
 from msgindex.storage.fields import extra_after_append as fields_extra_after_append
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LogReads
@@ -594,6 +595,7 @@ class ObjectShardWriter:
         when it committed them all)."""
         if not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
+        check_carried_fields(records, fields, f"shard {self.broker!r}")
         if sources is None:
             sources = own_coordinates(records)
         elif len(sources) != len(records):
