@@ -66,6 +66,40 @@ def test_sub_millisecond_digits_are_refused_not_rounded():
         read_time("end", datetime(2026, 11, 25, 10, 0, 0, 1, tzinfo=UTC))
 
 
+def test_finer_digits_of_pandas_numpy_and_durations_are_refused_too():
+    """Found by an attack run: a pandas Timestamp's nanoseconds were dropped, numpy's datetime64
+    was 'not a time', and a duration of 1.0005 s became 1000 ms."""
+    import pandas as pd
+
+    with pytest.raises(InvalidOptionError, match="option 'b' .* sub-millisecond"):
+        read_time("b", pd.Timestamp("2026-11-25T10:00:00.000000001Z"))
+    assert to_epoch_ms("b", pd.Timestamp("2026-11-25T10:00:00.001Z")) == NOW + 1
+    assert to_epoch_ms("b", np.datetime64("2026-11-25T10:00:00.001")) == NOW + 1  # zone-less: UTC by default
+    assert to_epoch_ms("b", np.datetime64("2026-11-25"), zone="+01:00") == NOW - 11 * HOUR
+    with pytest.raises(InvalidOptionError, match="option 'b' .* sub-millisecond"):
+        read_time("b", np.datetime64("2026-11-25T10:00:00.0000001"))
+    with pytest.raises(InvalidOptionError, match="is not a time"):
+        read_time("b", np.datetime64("NaT"))
+    for text in ("1.0005s", "now-0.5ms"):
+        with pytest.raises(InvalidOptionError, match="option 'b' .* sub-millisecond"):
+            read_time("b", text)
+    with pytest.raises(InvalidOptionError, match="--max-age '1.0005s' has sub-millisecond"):
+        parse_duration_ms("--max-age", "1.0005s")
+    assert parse_duration_ms("--max-age", "1.5s") == 1500 and to_epoch_ms("b", "-1.5s", now_ms=NOW) == NOW - 1500
+
+
+@pytest.mark.parametrize("bound", [2**63 - 1, -(2**63), "9223372036854775807"])
+def test_any_java_long_is_a_bound_and_is_shown(bound):
+    assert to_epoch_ms("b", bound) == int(bound)
+    assert format_ms(int(bound)) == str(int(bound))  # past years 1..9999: epoch ms, read back as they are
+
+
+@pytest.mark.parametrize("bound", [2**63, "99999999999999999999", "-9223372036854775809"])
+def test_a_number_beyond_a_java_long_is_refused(bound):
+    with pytest.raises(InvalidOptionError, match="option 'b' .* beyond any time a Kafka timestamp holds"):
+        read_time("b", bound)
+
+
 def test_python_values():
     assert to_epoch_ms("b", NOW) == NOW
     assert to_epoch_ms("b", np.int64(NOW)) == NOW

@@ -23,6 +23,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
+from fractions import Fraction
 from numbers import Integral
 from typing import Literal
 
@@ -62,13 +63,18 @@ def parse_duration_ms(what: str, text: str) -> int:
         raise InvalidOptionError(f"{what} {text!r} is not a duration: use e.g. 7d, 12h, 1h30m, 45s, 500ms")
     if ms >= 2**63:  # past a Java long: the JVM side (and Kafka's retention.ms) could not hold it
         raise InvalidOptionError(f"{what} {text!r} is too large")
+    if isinstance(ms, Fraction):
+        raise InvalidOptionError(f"{what} {text!r} has sub-millisecond digits; the index keeps milliseconds")
     return ms
 
 
-def _duration_ms(text: str) -> int | float:
-    """The duration's milliseconds, or ``inf`` for digits too many for a float (callers bound it)."""
-    total = sum(float(number) * _UNIT_MS[unit.lower()] for number, unit in _DURATION_PART.findall(text))
-    return round(total) if math.isfinite(total) else total
+def _duration_ms(text: str) -> int | Fraction | float:
+    """The duration's milliseconds (exact: a Fraction when they are not whole), or ``inf`` past
+    a Java long (callers bound it)."""
+    total = sum(Fraction(number) * _UNIT_MS[unit.lower()] for number, unit in _DURATION_PART.findall(text))
+    if abs(total) >= 2**63:
+        return math.inf
+    return int(total) if total.denominator == 1 else total  # (a fraction of a ms: callers refuse it)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,11 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         raise _not_a_time(what, value)
     if isinstance(value, Integral):  # numpy's integers too
         return TimeInput("instant", _java_long_ms(what, int(value), value), str(value))
+    if getattr(value, "nanosecond", 0):  # a pandas Timestamp: a datetime with nanoseconds datetime drops
+        raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
+                                 f"milliseconds")
+    if type(value).__name__ == "datetime64":  # numpy's: zone-less, as a datetime without one
+        return read_time(what, _numpy_datetime(what, value))
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             return TimeInput("wall", _ms_of(value.replace(tzinfo=UTC), what, value), str(value))
@@ -129,6 +140,9 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
     if offset is not None:
         if not abs(offset) < 2**62:  # (inf for too many digits) no time a Java long holds is that far from now
             raise InvalidOptionError(f"option '{what}' = {text!r} is too far from now")
+        if isinstance(offset, Fraction):
+            raise InvalidOptionError(f"option '{what}' = {text!r} has sub-millisecond digits; the index keeps "
+                                     f"milliseconds")
         return TimeInput("relative", int(offset), text)
     moment = _iso(text)
     if moment is None:
@@ -147,7 +161,7 @@ def to_epoch_ms(what: str, value: TimeArg | None, *, now_ms: int | None = None,
     return read_time(what, value).resolve(now_ms=now_ms, zone=zone)
 
 
-def _relative_offset_ms(text: str) -> int | None:
+def _relative_offset_ms(text: str) -> int | Fraction | float | None:
     """Offset from now of `now`, `now-1h`, `-15m`, `+5m`, `1h` (ago), `2d ago`; None if not relative."""
     match = _RELATIVE.match(text)
     if match:
@@ -182,6 +196,19 @@ def _iso(text: str) -> datetime | None:
             return None  # two zones
         moment = moment.replace(tzinfo=zone)
     return moment
+
+
+def _numpy_datetime(what: str, value: object) -> datetime:
+    """A numpy datetime64 as a datetime without a zone (refused with finer than millisecond digits)."""
+    import numpy as np
+
+    if np.isnat(value):
+        raise _not_a_time(what, value)
+    ns = int(value.astype("datetime64[ns]").astype(np.int64))
+    if ns % 1_000_000:
+        raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
+                                 f"milliseconds")
+    return datetime(1970, 1, 1) + timedelta(milliseconds=ns // 1_000_000)
 
 
 def _java_long_ms(what: str, ms: int, value: object) -> int:

@@ -67,3 +67,14 @@ def test_several_topics_in_one_lookup_are_the_union_of_each(three_shards):
         together = table_rows(store.lookup(Query.of(["Aa", "BB", "k1"], topics=two)))
         each = sorted(row for topic in two for row in model_lookup(models, ["Aa", "BB", "k1"], topic=topic))
         assert together and sorted(together) == each
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"order": b"o-1"}, "field 'order': the values to look up must be a str or a list of str, got bytes"),
+    ({"order": None}, "got NoneType"),
+    ({"order": 5}, "got int: 5"),
+    ("order=o-1", r"fields must be a mapping of a field name to its values \(such as"),
+])
+def test_field_arguments_that_are_not_values_are_one_line(fields, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        Query.of(fields=fields)

@@ -60,6 +60,9 @@ def normalize_keys(keys: KeysArg) -> list[str]:
 def normalize_fields(fields: FieldsArg) -> tuple[tuple[str, str], ...]:
     """`fields` as duplicate-free (name, value) pairs; a single str value is one value. Names are
     as given (each shard spells them as it indexed them, ``fields.FieldCoverage.spelled``)."""
+    if isinstance(fields, (str, bytes)):
+        raise InvalidOptionError(f"fields must be a mapping of a field name to its values (such as "
+                                 f"{{'order': 'o-42'}}), got {type(fields).__name__} {fields!r}")
     items = fields.items() if isinstance(fields, Mapping) else fields
     pairs: dict[tuple[str, str], None] = {}
     try:
@@ -73,6 +76,9 @@ def normalize_fields(fields: FieldsArg) -> tuple[tuple[str, str], ...]:
         name, values = item
         if not isinstance(name, str) or not name or "\x00" in name:
             raise InvalidOptionError(f"a field name must be a non-empty str, got {name!r}")
+        if not isinstance(values, str) and (isinstance(values, bytes) or not isinstance(values, Iterable)):
+            raise InvalidOptionError(f"field {name!r}: the values to look up must be a str or a list of str, got "
+                                     f"{type(values).__name__}: {values!r}")
         for value in (values,) if isinstance(values, str) else values:
             if not isinstance(value, str):
                 raise InvalidOptionError(f"field {name!r}: a value to look up must be a str, got "
