@@ -457,5 +457,23 @@ def _csv_cell(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    text = "" if value is None else ",".join(value) if isinstance(value, list) else str(value)
+    if value is None:
+        text = ""
+    elif isinstance(value, list):
+        text = ",".join(_unmistakable(item, in_list=True) for item in value)
+    else:
+        text = _unmistakable(value) if isinstance(value, str) else str(value)
     return text if len(text) <= TABLE_COLUMN_MAX else text[: TABLE_COLUMN_MAX - 1] + "…"
+
+
+# what a table cell escapes (as \xNN, which --key reads back: message.text_of_shown): control
+# characters (a line end would break the row, an ANSI escape would reach the terminal), spaces at
+# either end (a key "k1 " would look like "k1", " " like no key) and, in a list, commas
+_TABLE_ESCAPED = re.compile("[\x00-\x1f\x7f]|^ +| +$")
+_LIST_ESCAPED = re.compile("[\x00-\x1f\x7f,]|^ +| +$")
+
+
+def _unmistakable(text: str, *, in_list: bool = False) -> str:
+    """`text` as a table cell shows it so that no other text looks the same."""
+    return (_LIST_ESCAPED if in_list else _TABLE_ESCAPED).sub(
+        lambda found: "".join(f"\\x{ord(c):02x}" for c in found.group()), text)
