@@ -65,6 +65,19 @@ class S3Server:
         """``s3://<a new bucket>/<path>``."""
         return f"s3://{self.bucket()}/{path}"
 
+    def keys(self, url: str) -> list[str]:
+        """Every object key under `url` (``s3://bucket/prefix``), as the bucket names them."""
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        pages = _boto3_client(self.endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+    def truncate(self, url: str, key: str, length: int) -> None:
+        """Replace object `key` of `url`'s bucket with its first `length` bytes (damage by hand)."""
+        client = _boto3_client(self.endpoint)
+        bucket = url.removeprefix("s3://").partition("/")[0]
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        client.put_object(Bucket=bucket, Key=key, Body=data[:length])
+
 
 @functools.cache
 def _boto3_client(endpoint: str):
@@ -245,7 +258,10 @@ class FaultProxy:
     Actions: ``"refuse"`` closes the client's connection before the request reaches the server
     (the request never happened); ``"cut"`` lets the server answer, then closes the connection
     without passing the answer on (the request happened; the client cannot know); ``"truncate"``
-    passes on half the answer, then closes; ``"delay"`` waits ``delay_s`` before forwarding.
+    passes on half the answer, then closes; ``"delay"`` waits ``delay_s`` before forwarding;
+    ``"dribble"`` passes on the answer's head, then its body a byte every ``delay_s`` (a stalled
+    endpoint); ``"unconditional"`` drops the request's If-None-Match and If-Match headers (an
+    S3-compatible server that ignores conditional writes).
     ``refuse_connections(n)`` closes the next n connections as soon as they are accepted."""
 
     def __init__(self, upstream: str) -> None:
@@ -271,7 +287,7 @@ class FaultProxy:
         matches the regular expression `path` (None: any), after letting `skip` of them pass."""
         import re
 
-        if action not in ("refuse", "cut", "truncate", "delay"):
+        if action not in ("refuse", "cut", "truncate", "delay", "dribble", "unconditional"):
             raise ValueError(action)
         rule = _Rule(action, method, re.compile(path) if path else None, count, delay_s, skip)
         with self._lock:
@@ -352,6 +368,9 @@ class FaultProxy:
                     return
                 if action == "delay":
                     time.sleep(rule.delay_s)
+                if action == "unconditional":
+                    head = b"".join(line for line in head.splitlines(keepends=True)
+                                    if not line.lower().startswith((b"if-none-match:", b"if-match:")))
                 upstream.sendall(head + body)
                 response = _read_message(upstream_in, request=False, method=method)
                 if response is None:
@@ -362,6 +381,12 @@ class FaultProxy:
                 if action == "truncate":
                     client.sendall(answer[: max(len(response[0]), len(answer) // 2)])
                     return
+                if action == "dribble":
+                    client.sendall(response[0])
+                    for at in range(len(response[1])):
+                        time.sleep(rule.delay_s)
+                        client.sendall(response[1][at : at + 1])
+                    continue
                 client.sendall(answer)
         except OSError:
             return

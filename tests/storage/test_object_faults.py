@@ -483,6 +483,53 @@ def test_a_request_slower_than_the_timeout_is_one_line(s3, proxy):
     assert "\n" not in str(failed.value) and time.monotonic() - began < 3
 
 
+def test_an_endpoint_that_ignores_conditional_writes_is_refused_before_any_commit(s3, proxy):
+    """Found by an attack run: behind an endpoint that drops If-None-Match, two processes both
+    committed one version and 1,600-1,800 rows each append had reported were gone. The first
+    create of a process on a location checks that a second create of one object is refused."""
+    url = s3.url()
+    proxy.fail("unconditional", method="PUT", count=10**6)
+    with pytest.raises(ObjectStoreError, match=rf"{url}: the endpoint does not refuse to create an object that "
+                                               r"exists \(it ignores If-None-Match: \*\)") as failed:
+        _store(url, {**s3.options, "endpoint": proxy.endpoint})
+    assert "\n" not in str(failed.value)
+    assert not [key for key in s3.keys(url) if "_msgindex_probe" in key]  # the check's object is deleted
+    proxy.clear()
+    store = _store(url, {**s3.options, "endpoint": proxy.endpoint})  # a conditional endpoint: fine
+    store.writer(BROKER).append(batch(0, 10))
+    assert _rows(store) == _offsets((0, 10))
+
+
+def test_a_read_that_stalls_past_a_few_seconds_is_not_read_again(s3, proxy, monkeypatch):
+    """An endpoint that answers a byte a second held a reader for two of the client's timeouts
+    (the client's extra read of a dropped one): a read that failed slowly is not read again."""
+    from msgindex.storage.objects import client as client_module
+
+    monkeypatch.setattr(client_module, "READ_RETRY_MAX_FAILED_S", 0.5)
+    url = s3.url()
+    _store(url, s3.options).writer(BROKER).append(batch(0, 10))
+    store = _store(url, {**s3.options, "endpoint": proxy.endpoint, "timeout": "2s", "max_retries": "1"})
+    proxy.fail("dribble", method="GET", delay_s=0.5, count=10)
+    began = time.monotonic()
+    with pytest.raises(ObjectStoreError) as failed:
+        _rows(store)
+    assert "\n" not in str(failed.value) and url in str(failed.value)
+    assert len(proxy.requests("GET")) <= 2 and time.monotonic() - began < 10  # object_store's own retry at most
+
+
+def test_a_truncated_chunk_is_named_as_the_inspector_names_it(s3):
+    url = s3.url()
+    store = _store(url, s3.options)
+    store.writer(BROKER).append(batch(0, 200))
+    [chunk] = [key for key in s3.keys(url) if key.endswith(".chunk")]
+    s3.truncate(url, chunk, 100)
+    STORE_CACHE.clear()
+    with pytest.raises(CorruptFileError, match=r"\.chunk: the chunk object is shorter than its shard version records "
+                                               r"\([\d,]+ bytes\): it was replaced or truncated") as failed:
+        _rows(_store(url, s3.options))
+    assert "\n" not in str(failed.value)
+
+
 def test_a_missing_bucket_is_one_line_for_readers_and_writers(s3):
     for call in (lambda: msgindex.open("s3://no-such-bucket-x/i", storage_options=s3.options),
                  lambda: msgindex.open("s3://no-such-bucket-x/i", create=True, storage_options=s3.options)):

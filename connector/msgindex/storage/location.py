@@ -93,6 +93,9 @@ def parse_location(root: str | os.PathLike[str], storage_options: Mapping[str, s
         raise InvalidOptionError(f"{root}: unknown scheme {scheme!r} (msgindex takes {ACCEPTED})")
     if not match.group(2):
         raise InvalidOptionError(f"{root}: {scheme}: URLs are written {scheme}://bucket/prefix")
+    if "?" in root or "#" in root:  # a URL's query or fragment: the prefix would silently end before it
+        raise InvalidOptionError(f"{root}: '?' and '#' cannot be part of a store URL (its prefix would end "
+                                 f"before them, and another URL would name the same store)")
     parts = urlsplit(root)
     bucket = parts.netloc.split("@", 1)[0]
     if not bucket:

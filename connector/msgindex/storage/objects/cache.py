@@ -115,6 +115,17 @@ class ObjectStoreCache:
                 self._newest[(identity, shard)] = newest = version
             return newest
 
+    def forget_store(self, identity: str) -> None:
+        """Forget the store's manifest and every version of every shard: a shard's versions were
+        deleted from the top (a roll-back, or the store deleted and made again at its URL, whose
+        new versions reuse the old numbers), so nothing remembered of it can be trusted."""
+        with self._lock:
+            self._manifests.pop(identity, None)
+            for cached in [at for at in self._versions if at[0] == identity]:
+                del self._versions[cached]
+            for cached in [at for at in self._newest if at[0] == identity]:
+                del self._newest[cached]
+
     def clear(self) -> None:
         """Forget everything, footers too (tests that count a fresh process's requests)."""
         with self._lock:

@@ -20,11 +20,13 @@ wrong (no bucket, access denied, the endpoint does not answer); a missing object
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -58,6 +60,9 @@ T = TypeVar("T")
 # once in CI, under load, 2 connections closed on accept failed a LIST given 3 retries. A read is
 # idempotent, so the client reads once more after this pause when the store allows retries at all.
 READ_RETRY_PAUSE_S = 0.5
+# ... unless the failed read took this long: an endpoint that stalls mid-answer (one byte a second)
+# would otherwise hold a reader for two of the client's timeouts
+READ_RETRY_MAX_FAILED_S = 5.0
 # How the HTTP client words a connection the far side dropped (retried once more by reads) ...
 DROPPED_MARKS = ("error sending request", "connection closed", "Connection reset", "IncompleteMessage", "body error")
 # ... unless it never connected or timed out: object_store has retried those to its limits, and an
@@ -68,8 +73,18 @@ AWAY_MARKS = ("Connection refused", "dns error", "connect error", "timed out", "
 UNANSWERED_MARKS = ("error sending request", "connection closed", "Connection reset", *AWAY_MARKS)
 
 
+# Where the check that an endpoint refuses a second create puts its object (deleted at once).
+PROBE_PREFIX = "_msgindex_probe/"
+_CONDITIONAL_PUTS_CHECKED: set[tuple] = set()
+_CONDITIONAL_PUTS_LOCK = threading.Lock()
+
+
 class ObjectMissingError(ObjectStoreError):
     """A ranged read of an object that does not exist (the caller knows what that means)."""
+
+
+class ObjectShorterError(ObjectStoreError):
+    """A ranged read past the end of an object (the caller knows how long it should be)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +166,9 @@ class ObjectClient:
             self._raise_if_store_missing(error)
             raise ObjectMissingError(f"{self._where(key)}: object is missing") from None
         except Exception as error:
+            if "416" in str(error):  # Range Not Satisfiable: a range begins past the object's end
+                raise ObjectShorterError(f"{self._where(key)}: the object ends before byte "
+                                         f"{int(ends_arr.max())} asked for") from None
             raise self._error(error, f"reading {key}") from None
         views = [memoryview(buffer) for buffer in fetched]
         out: list[memoryview] = [memoryview(b"")] * len(starts_arr)
@@ -159,7 +177,7 @@ class ObjectClient:
             offset = int(starts_arr[at] - request_starts[request])
             piece = views[request][offset : offset + int(ends_arr[at] - starts_arr[at])]
             if len(piece) != ends_arr[at] - starts_arr[at]:
-                raise ObjectStoreError(f"{self._where(key)}: {len(piece)} bytes at byte {int(starts_arr[at])} where "
+                raise ObjectShorterError(f"{self._where(key)}: {len(piece)} bytes at byte {int(starts_arr[at])} where "
                                        f"{int(ends_arr[at] - starts_arr[at])} were expected (the object is shorter)")
             out[at] = piece
         return out
@@ -220,7 +238,33 @@ class ObjectClient:
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         """Create object `key` unless it exists (the store decides, atomically): True when this
-        call created it, False when an object was there already."""
+        call created it, False when an object was there already. The first call of a process on
+        a location checks that the endpoint does refuse (``_check_conditional_puts``)."""
+        self._check_conditional_puts()
+        return self._create(key, data)
+
+    def _check_conditional_puts(self) -> None:
+        """ObjectStoreError unless the endpoint refuses a second create of one object: commits
+        without locks rest on that refusal (an S3-compatible server that ignores If-None-Match
+        lets two writers both commit one version, and one's rows are lost without an error).
+        Three requests (create, create again, delete), once per location and process."""
+        checked = (self.location.url, tuple(sorted(self.location.options.items())))  # (the endpoint among them)
+        with _CONDITIONAL_PUTS_LOCK:
+            if checked in _CONDITIONAL_PUTS_CHECKED:
+                return
+            probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+            try:
+                refused = self._create(probe, b"") and not self._create(probe, b"")
+            finally:
+                self.delete([probe])
+            if not refused:
+                raise ObjectStoreError(
+                    f"{self.location.url}: the endpoint does not refuse to create an object that exists (it ignores "
+                    f"If-None-Match: *); msgindex commits without locks by that refusal, so two writers could both "
+                    f"commit one version and lose rows: use an S3 API with conditional writes")
+            _CONDITIONAL_PUTS_CHECKED.add(checked)
+
+    def _create(self, key: str, data: bytes | memoryview) -> bool:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -251,12 +295,13 @@ class ObjectClient:
     def _read(self, kind: str, read: Callable[[], T], requests: int = 1) -> T:
         """`read()`, counted; once more after READ_RETRY_PAUSE_S when the endpoint dropped it."""
         self._count(kind, requests)
+        started = time.monotonic()
         try:
             return read()
         except FileNotFoundError:
             raise
         except Exception as error:
-            if not self._max_retries or not _dropped(error):
+            if not self._max_retries or not _dropped(error) or time.monotonic() - started > READ_RETRY_MAX_FAILED_S:
                 raise
         time.sleep(READ_RETRY_PAUSE_S)
         self._count(kind, requests)
@@ -348,25 +393,26 @@ def _open_store(location: StoreLocation):
     config: dict[str, object] = {}
     client: dict[str, object] = dict(DEFAULT_CLIENT)
     retry: dict[str, object] = dict(DEFAULT_RETRY)
+    import os
+
     for raw_key, value in location.options.items():
         key = _option_name(raw_key, location.kind)
         if key in CLIENT_OPTIONS:
-            client[key] = _boolean(value) if key.startswith(("allow_", "http", "randomize")) else value
+            client[key] = _boolean(raw_key, value) if key.startswith(("allow_", "http", "randomize")) else value
         elif key in RETRY_OPTIONS:
-            try:
-                retry[key] = int(value) if key == "max_retries" else float(str(value).rstrip("s"))
-            except ValueError:
-                raise InvalidOptionError(f"storage option {raw_key}={value!r}: not a number") from None
+            retry[key] = _retry_number(raw_key, key, value)
         else:
             config[key] = value
-    if location.kind == "s3" and "allow_http" not in client:
-        import os
-
-        if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
-            client["allow_http"] = True
-        endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or "")
-        if endpoint.startswith("http://"):  # an http endpoint named explicitly is meant to be used
-            client["allow_http"] = True
+    if location.kind == "s3":
+        endpoint = _checked_endpoint(config)
+        if "allow_http" not in client:
+            if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
+                client["allow_http"] = True
+            if endpoint.startswith("http://"):  # an http endpoint named explicitly is meant to be used
+                client["allow_http"] = True
+        elif endpoint.startswith("http://") and not client["allow_http"]:
+            raise InvalidOptionError(f"storage option allow_http=false, but the endpoint {endpoint!r} is http://: "
+                                     f"allow it, or give an https:// endpoint")
     retry_config = {"max_retries": int(retry["max_retries"]),
                     "retry_timeout": timedelta(seconds=float(retry["retry_timeout"])),
                     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
@@ -396,5 +442,37 @@ def _option_name(key: str, kind: str) -> str:
     return name
 
 
-def _boolean(value: object) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+def _boolean(name: str, value: object) -> bool:
+    word = str(value).strip().lower()
+    if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise InvalidOptionError(f"storage option {name}={value!r}: not a boolean (true or false)")
+    return word in ("1", "true", "yes", "on")
+
+
+def _retry_number(name: str, key: str, value: object) -> int | float:
+    """max_retries (an int >= 0) or retry_timeout (seconds, finite, > 0; a trailing s allowed)."""
+    text = str(value).strip()
+    try:
+        number = int(text) if key == "max_retries" else float(text.removesuffix("s"))
+    except ValueError:
+        number = None
+    if number is None or not math.isfinite(number) or number < 0 or (key != "max_retries" and number == 0):
+        wanted = "a whole number >= 0" if key == "max_retries" else "seconds, a number > 0"
+        raise InvalidOptionError(f"storage option {name}={value!r}: must be {wanted}")
+    return number
+
+
+def _checked_endpoint(config: Mapping[str, object]) -> str:
+    """The S3 endpoint the client will use (the storage option, else the environment): one
+    that is not an http(s) URL is refused here (the client library panics on it, mid-request)."""
+    import os
+
+    given = [("storage option endpoint", config["endpoint"])] if "endpoint" in config else [
+        (name, os.environ[name]) for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT") if name in os.environ]
+    for where, value in given[:1]:
+        endpoint = str(value)
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", endpoint):
+            raise InvalidOptionError(f"{where} = {endpoint!r} is not an endpoint URL: write it http://host:port "
+                                     f"or https://host (or unset it for AWS's own)")
+        return endpoint
+    return ""

@@ -82,7 +82,7 @@ from msgindex.storage.objects.chunk_format import (
     encode_chunk,
     merge_chunks,
 )
-from msgindex.storage.objects.client import ObjectClient, ObjectInfo, ObjectMissingError
+from msgindex.storage.objects.client import ObjectClient, ObjectInfo, ObjectMissingError, ObjectShorterError
 from msgindex.storage.objects.versions import CHUNK_SUFFIX, CHUNKS_DIR, ChunkRef, Removed, ShardVersion, ShardVersions
 from msgindex.storage.query import KeysArg, Query, as_query, empty_rows
 from msgindex.storage.result_order import in_result_order
@@ -220,6 +220,9 @@ class ObjectChunk(BatchReads):
             return self.client.get_ranges(self.key, starts, lengths)
         except ObjectMissingError:
             raise CorruptFileError(f"{self.path}: chunk object listed by the shard version is missing") from None
+        except ObjectShorterError:
+            raise CorruptFileError(f"{self.path}: the chunk object is shorter than its shard version records "
+                                   f"({self.ref.info.size:,} bytes): it was replaced or truncated") from None
 
     def candidates_in_memory(self, key_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """`hash_candidates` when the process holds what answers it (the bloom filter says none,

@@ -59,7 +59,7 @@ from msgindex.storage.manifest import (
     encode_manifest,
 )
 from msgindex.storage.objects.cache import STORE_CACHE, store_identity
-from msgindex.storage.objects.client import ObjectClient, ObjectInfo
+from msgindex.storage.objects.client import PROBE_PREFIX, ObjectClient, ObjectInfo
 from msgindex.storage.objects.shard import (
     MARK_COMMITTED,
     SHARDS_DIR,
@@ -133,7 +133,7 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
         return _opened(location, known, client, tuning, max_staleness_s, pin, from_cache=True)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
-    if raw is None and client.list(""):
+    if raw is None and [info for info in client.list("") if not info.key.startswith(PROBE_PREFIX)]:
         raw = client.get(key)  # another process may have created the store between the GET and the LIST
         if raw is None and not create:
             raise StoreNotFoundError(f"{location.url}: not a msgindex store (objects, but no {MANIFEST_FILE})")
@@ -279,6 +279,10 @@ class ObjectStore:
         version = self._versions(broker).latest(floor)
         if not version.number:
             self._check_present(broker)
+        if floor is not None and version.number < floor.number:  # versions deleted from the top (latest)
+            STORE_CACHE.forget_store(self.identity)
+            with self._lock:
+                self._readers.clear()
         return STORE_CACHE.remember(self.identity, shard, version)
 
     def _pinned_version(self, broker: str, number: int) -> ShardVersion:

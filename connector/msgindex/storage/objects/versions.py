@@ -211,17 +211,22 @@ class ShardVersions:
         when there is none newer): one LIST, plus one GET when there is a newer one.
 
         The LIST starts at `known` itself, so that a `known` remembered from long ago (a
-        process-wide cache: ``cache.py``) is returned only while it is still there: a version
-        is deleted only once newer ones exist, so a `known` that is gone with nothing newer
-        means the shard's versions were deleted (ShardVersion(): no committed state)."""
+        process-wide cache: ``cache.py``) is returned only while it is still there. Collection
+        deletes a version only once newer ones exist, so a `known` that is gone with nothing
+        newer means versions were deleted from the top (``msgindex repair --roll-back``, the
+        store deleted and made again, by hand): a second LIST from the start finds the newest
+        left (ShardVersion() when none is: no committed state). The caller's cache then goes
+        back to it (``ObjectStore._newest_version``)."""
         start = known.number if known is not None and known.number else 0
         present = self.numbers(after=start - 1 if start else None)
         for number in reversed([n for n in present if n > start]):
             version = self.read(number)
             if version is not None:  # (deleted between the LIST and the GET: an older one is newest)
                 return version
-        if known is None or (start and start not in present):
+        if known is None:
             return ShardVersion()
+        if start and start not in present:
+            return self.latest(None)
         return known
 
     def try_commit(self, version: ShardVersion) -> bool:
