@@ -86,6 +86,12 @@ def test_finer_digits_of_pandas_numpy_and_durations_are_refused_too():
     with pytest.raises(InvalidOptionError, match="--max-age '1.0005s' has sub-millisecond"):
         parse_duration_ms("--max-age", "1.0005s")
     assert parse_duration_ms("--max-age", "1.5s") == 1500 and to_epoch_ms("b", "-1.5s", now_ms=NOW) == NOW - 1500
+    # (a review: numpy's nanoseconds wrap around outside 1678-2262; pandas' NaT; 5,000 digits)
+    assert to_epoch_ms("b", np.datetime64("2300-01-01T00:00:00.001")) == 10_413_792_000_001
+    with pytest.raises(InvalidOptionError, match="is not a time"):
+        read_time("b", pd.NaT)
+    with pytest.raises(InvalidOptionError, match="too far from now"):
+        read_time("b", "1" * 5000 + "d")
 
 
 @pytest.mark.parametrize("bound", [2**63 - 1, -(2**63), "9223372036854775807"])

@@ -71,7 +71,10 @@ def parse_duration_ms(what: str, text: str) -> int:
 def _duration_ms(text: str) -> int | Fraction | float:
     """The duration's milliseconds (exact: a Fraction when they are not whole), or ``inf`` past
     a Java long (callers bound it)."""
-    total = sum(Fraction(number) * _UNIT_MS[unit.lower()] for number, unit in _DURATION_PART.findall(text))
+    try:
+        total = sum(Fraction(number) * _UNIT_MS[unit.lower()] for number, unit in _DURATION_PART.findall(text))
+    except ValueError:  # more digits than Python reads as an int (4,300): past any Java long
+        return math.inf
     if abs(total) >= 2**63:
         return math.inf
     return int(total) if total.denominator == 1 else total  # (a fraction of a ms: callers refuse it)
@@ -120,7 +123,10 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         raise _not_a_time(what, value)
     if isinstance(value, Integral):  # numpy's integers too
         return TimeInput("instant", _java_long_ms(what, int(value), value), str(value))
-    if getattr(value, "nanosecond", 0):  # a pandas Timestamp: a datetime with nanoseconds datetime drops
+    if isinstance(value, datetime) and value != value:  # pandas' NaT (a datetime that equals nothing)
+        raise _not_a_time(what, value)
+    nanosecond = getattr(value, "nanosecond", 0)
+    if nanosecond and nanosecond == nanosecond:  # a pandas Timestamp's nanoseconds, which datetime drops (NaT: NaN)
         raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
                                  f"milliseconds")
     if type(value).__name__ == "datetime64":  # numpy's: zone-less, as a datetime without one
@@ -204,11 +210,12 @@ def _numpy_datetime(what: str, value: object) -> datetime:
 
     if np.isnat(value):
         raise _not_a_time(what, value)
-    ns = int(value.astype("datetime64[ns]").astype(np.int64))
-    if ns % 1_000_000:
+    unit, count = np.datetime_data(value.dtype)
+    finer = {"us": 10**3, "ns": 10**6, "ps": 10**9, "fs": 10**12, "as": 10**15}.get(unit)
+    if finer is not None and int(value.astype(np.int64)) * count % finer:  # (in its own unit: no wrap-around)
         raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
                                  f"milliseconds")
-    return datetime(1970, 1, 1) + timedelta(milliseconds=ns // 1_000_000)
+    return datetime(1970, 1, 1) + timedelta(milliseconds=int(value.astype("datetime64[ms]").astype(np.int64)))
 
 
 def _java_long_ms(what: str, ms: int, value: object) -> int:

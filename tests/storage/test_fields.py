@@ -181,6 +181,8 @@ def test_appends_that_could_never_be_found_as_written_are_refused(stores):
             writer.append([record(0, (("order", "a"), ("order", "b")))], fields=[ORDER])
         with pytest.raises(InvalidAppendError, match=r"record 0 \(t-0 offset 2\) carries two values of field 'order'"):
             writer.append(as_arrow, fields=[ORDER])
+        with pytest.raises(InvalidAppendError, match="a fields item must be a \\(name, value\\) pair"):
+            writer.append([record(0, ("order", "a"))], fields=[ORDER])  # (not pairs: the append's own check)
         writer.append([record(0, (("sku", "a"), ("sku", "b")))], fields=[SKU])  # an array field holds several
     with stores.open() as store:
         assert store.lookup(fields={"sku": "b"}).column("offset").to_pylist() == [0]

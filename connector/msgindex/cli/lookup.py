@@ -340,7 +340,7 @@ def render_value(value: bytes | None, fmt: str = "auto") -> tuple[str, str]:
     return "hex", value.hex(" ")
 
 
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
 
 
 def _json_shown(text: str) -> str | None:
@@ -469,8 +469,8 @@ def _cell(value: Any) -> str:
 # what a table cell escapes (as \xNN, which --key reads back: message.text_of_shown): control
 # characters (a line end would break the row, an ANSI escape would reach the terminal), spaces at
 # either end (a key "k1 " would look like "k1", " " like no key) and, in a list, commas
-_TABLE_ESCAPED = re.compile("[\x00-\x1f\x7f]|^ +| +$")
-_LIST_ESCAPED = re.compile("[\x00-\x1f\x7f,]|^ +| +$")
+_TABLE_ESCAPED = re.compile("[\x00-\x1f\x7f-\x9f]|^ +| +$")
+_LIST_ESCAPED = re.compile("[\x00-\x1f\x7f-\x9f,]|^ +| +$")
 
 
 def _unmistakable(text: str, *, in_list: bool = False) -> str:

@@ -322,15 +322,19 @@ def check_carried(records: pa.Table | pa.RecordBatch | Sequence[Any], definition
             return
         column = records.column("fields")
         column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        names = pc.list_flatten(column).field("name")
-        carried = [name for name in pc.unique(names).to_pylist() if name is not None]
-        owners = pc.list_parent_indices(column).to_numpy()
+        try:
+            names = pc.list_flatten(column).field("name")
+            carried = [name for name in pc.unique(names).to_pylist() if name is not None]
+            owners = pc.list_parent_indices(column).to_numpy()
+        except (pa.ArrowException, KeyError, TypeError):
+            return  # not a list of (name, value) structs: the append's validation names it (LogColumns.of)
         record_of = {name: owners[pc.equal(names, name).to_numpy(zero_copy_only=False)] for name in carried}
     else:
         record_of = {}
         for at, record in enumerate(records):
-            for name, _ in getattr(record, "fields", None) or ():
-                record_of.setdefault(name, []).append(at)
+            for pair in getattr(record, "fields", None) or ():
+                if isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str):
+                    record_of.setdefault(pair[0], []).append(at)  # (other shapes: LogColumns.of names them)
         record_of = {name: np.array(ats, dtype=np.int64) for name, ats in record_of.items()}
     spellings = {known.lower(): known for known in declared}
     for name, owners in record_of.items():

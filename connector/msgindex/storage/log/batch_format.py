@@ -1011,9 +1011,9 @@ def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: n
 class RecordColumns:
     """Records read by the compiled reader (``read_record_columns``), as columns: what a
     ``Selection`` offers (the integers up front, texts for the records a caller picks, in its
-    order), for tens to hundreds of scattered records, where building a BlockSet over their whole
-    blocks costs more than the records, and Python per record (``messages``) more than a few
-    kernels over all of them."""
+    order), for a hundred to tens of thousands of scattered records, where building a BlockSet
+    over their whole blocks costs more than the records, and Python per record (``messages``)
+    more than a few kernels over all of them."""
 
     def __init__(self, seqs: np.ndarray, topics: tuple[bytes, ...], topic_ids: np.ndarray, ints: np.ndarray,
                  text_counts: np.ndarray, heap: bytes, text_lengths: np.ndarray) -> None:

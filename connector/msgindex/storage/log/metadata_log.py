@@ -66,6 +66,10 @@ FEW_RECORDS = 64
 # the wall time; peak memory lower. Above it, BlockSets a chunk at a time: a hot key's rows are
 # never all held at once, and two threads decode.
 COMPILED_COLUMNS_RECORDS = 65536
+# ... when they are scattered: spread over at least this many times their count of seqs. Dense
+# runs (a hot-key copy's stretch, a range read) keep BlockSets, whose two threads decode whole
+# blocks of wanted rows; only scattered reads were measured on the compiled reader.
+SCATTERED_SPAN = 4
 MAX_SEGMENT_BYTES = INT32_MAX  # offset-index positions are i32
 MAX_RELATIVE_SEQ = INT32_MAX  # sparse-index entries hold seqs relative to the segment base as i32
 
@@ -663,7 +667,8 @@ class MetadataLog(LogReads):
         are read by one compiled call (``LogSegment.columns_at``: no BlockSet over their whole
         blocks, no thread hand-off), in the caller's thread."""
         seqs = np.asarray(seqs, dtype=np.int64)
-        if bf.compiled_blocks is None or len(seqs) > COMPILED_COLUMNS_RECORDS:
+        scattered = len(seqs) and int(seqs[-1]) - int(seqs[0]) >= SCATTERED_SPAN * len(seqs)
+        if bf.compiled_blocks is None or len(seqs) > COMPILED_COLUMNS_RECORDS or not scattered:
             yield from super().chunks(seqs, work)
             return
         done = 0
@@ -677,7 +682,7 @@ class MetadataLog(LogReads):
         """``LogReads.read_few`` for segments on disk: each segment's records by
         ``LogSegment.records_at`` (one compiled call reads, checks and decodes their blocks with no
         numpy or Arrow per record; ``LogReads.read_few`` is its oracle): cheaper than ``gather`` up
-        to a few hundred scattered records (shard.FEW_CANDIDATES), dearer above."""
+        to ~130 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``' compiled columns)."""
         found: list[MessageRecord] = []
         seqs = list(seqs)
         done = 0
