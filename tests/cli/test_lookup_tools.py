@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from msgindex.cli.lookup import DEFAULT_LIMIT, render_value
+from msgindex.cli.lookup import DEFAULT_LIMIT, render_header, render_value
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.store import open_store
 from msgindex.times import format_ms
@@ -148,6 +148,18 @@ SENT_AS_IS = [
 @pytest.mark.parametrize("value, shown", SENT_AS_IS)
 def test_values_are_shown_as_sent(value, shown):
     assert render_value(value) == shown
+
+
+def test_headers_are_shown_as_keys_are():
+    """The byte ff and the text "0xff" showed alike; now bytes that are not UTF-8 are \\xNN
+    escapes, a text that looks like one is escaped itself, and --key would read each back."""
+    from msgindex.storage.message import text_of_shown
+
+    shown = {value: render_header(value) for value in (b"\xff", b"0xff", b"\\xff", b"a\x1bb", b"ok")}
+    assert shown == {b"\xff": "\\xff", b"0xff": "0xff", b"\\xff": "\\x5cxff", b"a\x1bb": "a\\x1bb", b"ok": "ok"}
+    assert len(set(shown.values())) == len(shown)
+    assert text_of_shown(shown[b"\\xff"]) == "\\xff" and text_of_shown(shown[b"a\x1bb"]) == "a\x1bb"
+    assert render_header(None) == "null"
 
 
 def test_payloads_as_sent_through_the_cli(kafka_bootstrap, kafka_topic, tmp_path):

@@ -381,12 +381,14 @@ def _json_shown(text: str) -> str | None:
 
 
 def render_header(value: bytes | None) -> str:
+    """A header value as keys are shown (``message.arrow_text`` of its bytes read as Kafka key
+    bytes): UTF-8 as it is, other bytes as \\xNN escapes that cannot be mistaken for text (a text
+    "\\xff" shows as "\\x5cxff"), control characters escaped the same way."""
     if value is None:
         return "null"
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + value.hex()
+    from msgindex.storage.message import arrow_text, decode_key_bytes
+
+    return _unmistakable_controls(arrow_text(decode_key_bytes(value)))
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -471,6 +473,12 @@ def _cell(value: Any) -> str:
 # either end (a key "k1 " would look like "k1", " " like no key) and, in a list, commas
 _TABLE_ESCAPED = re.compile("[\x00-\x1f\x7f-\x9f]|^ +| +$")
 _LIST_ESCAPED = re.compile("[\x00-\x1f\x7f-\x9f,]|^ +| +$")
+_CONTROLS_ONLY = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _unmistakable_controls(text: str) -> str:
+    """`text` with its control characters as \\xNN escapes (what --key reads back)."""
+    return _CONTROLS_ONLY.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def _unmistakable(text: str, *, in_list: bool = False) -> str:
