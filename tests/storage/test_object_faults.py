@@ -530,6 +530,37 @@ def test_a_truncated_chunk_is_named_as_the_inspector_names_it(s3):
     assert "\n" not in str(failed.value)
 
 
+@pytest.mark.parametrize("status", [200, 404])
+def test_an_endpoint_that_is_a_web_page_is_named_not_the_store(s3, status):
+    """A console or proxy port answers HTML to everything: that used to read as a store whose
+    manifest is torn (200) or end in the page's HTML (404)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = b"<!DOCTYPE html><html><body><h1>Welcome to nginx!</h1></body></html>"
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(ObjectStoreError, match="answered with a web page") as failed:
+            msgindex.open("s3://bucket/index", storage_options={**s3.options, "endpoint": endpoint, "max_retries": "0"})
+        assert "\n" not in str(failed.value) and "<" not in str(failed.value)
+    finally:
+        server.shutdown()
+
+
 def test_a_missing_bucket_is_one_line_for_readers_and_writers(s3):
     for call in (lambda: msgindex.open("s3://no-such-bucket-x/i", storage_options=s3.options),
                  lambda: msgindex.open("s3://no-such-bucket-x/i", create=True, storage_options=s3.options)):

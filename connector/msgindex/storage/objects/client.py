@@ -357,6 +357,9 @@ def explain(error: BaseException, location: StoreLocation) -> str:
     if any(mark in text for mark in UNANSWERED_MARKS):
         return (f"the endpoint {endpoint or '(default)'} does not answer: check AWS_ENDPOINT_URL / the 'endpoint' "
                 f"storage option and that the server is up")
+    if "<html" in text.lower() or "<!doctype html" in text.lower():
+        return (f"the endpoint {endpoint or '(default)'} answered with a web page, not as an S3 API does: check "
+                f"AWS_ENDPOINT_URL / the 'endpoint' storage option (a console or proxy port?)")
     if "credential" in text.lower():
         return ("no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the storage options, "
                 "or run where the cloud's default credential chain provides them)")

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from msgindex.errors import CorruptFileError, InvalidOptionError, StoreNotFoundError, UpgradeRequiredError
+from msgindex.errors import CorruptFileError, InvalidOptionError, ObjectStoreError, StoreNotFoundError, UpgradeRequiredError
 from msgindex.storage.backfill import BackfillResult, FieldBackfill
 from msgindex.storage.location import StoreLocation
 from msgindex.storage.manifest import (
@@ -133,6 +133,10 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
         return _opened(location, known, client, tuning, max_staleness_s, pin, from_cache=True)
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
+    if raw is not None and raw.lstrip()[:1] == b"<":  # a manifest is JSON: this is an HTML or XML page
+        raise ObjectStoreError(f"{location.url}: reading {MANIFEST_FILE}: the endpoint answered with a web page, not "
+                               f"the object: check AWS_ENDPOINT_URL / the 'endpoint' storage option (a console or "
+                               f"proxy port?)")
     if raw is None and [info for info in client.list("") if not info.key.startswith(PROBE_PREFIX)]:
         raw = client.get(key)  # another process may have created the store between the GET and the LIST
         if raw is None and not create:
