@@ -289,8 +289,10 @@ class ShardInspection:
             age_s = max(0, now_ms - info.last_modified_ms) // 1000
             self.problems.append(
                 f"{_url(self.store, info.key)}: orphan chunk: no version lists it (written {age_s} s ago by a writer "
-                f"that did not commit it) [harmless: no reader reads it; collection deletes it {self.store.tuning.grace_s:g} "
-                f"s after it was written, `msgindex repair {self.store.root} --collect-now` now]")
+                f"that did not commit it, or listed by a version deleted since) [no reader reads it; unless a version "
+                f"object was deleted by hand (then restore it: this chunk holds its records), it is harmless: "
+                f"collection deletes it {self.store.tuning.grace_s:g} s after it was written, `msgindex repair "
+                f"{self.store.root} --collect-now` now]")
         if newest is not None and self.verify:
             self._verify_chunks(newest)
         report["problems"] = self.problems
