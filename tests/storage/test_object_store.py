@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -209,6 +210,31 @@ def test_a_process_that_saw_newer_versions_reads_what_is_left_after_they_are_del
     writer = _reopen(store, s3).writer("b0")  # and a writer commits after what is left
     writer.append(make_batch(random.Random(9), 100, 5))
     assert sum(batch.num_rows for batch in _reopen(store, s3).scan()) == 25
+
+
+def test_a_store_made_again_at_its_url_is_read_as_the_new_one(s3):
+    """A long-lived process saw version 3 of a store; the store is deleted and indexed again at
+    its URL by another process, up to version 3 again: the number is the same, the object is
+    another (a size unlike the one known makes the process read it again)."""
+    store = _store(s3)
+    writer = store.writer("b0")
+    for n in range(3):
+        writer.append(make_batch(random.Random(n), n * 10, 10))
+    assert sum(batch.num_rows for batch in _reopen(store, s3).scan()) == 30
+    bucket = store.root.removeprefix("s3://").partition("/")[0]
+    boto3_client = __import__("tests.object_store", fromlist=["_boto3_client"])._boto3_client(s3.endpoint)
+    for key in s3.keys(store.root):
+        boto3_client.delete_object(Bucket=bucket, Key=key)
+    made_again = textwrap.dedent(f"""
+        import random, msgindex
+        from tests.storage.shard_model import make_batch
+        writer = msgindex.open({store.root!r}, create=True, storage_options={s3.options!r}).writer("b0")
+        for n in range(3):
+            writer.append(make_batch(random.Random(100 + n), 1000 + n * 7, 7))
+    """)
+    subprocess.run([sys.executable, "-c", made_again], check=True, cwd=Path(__file__).resolve().parents[2])
+    assert sorted(offset for batch in _reopen(store, s3).scan() for offset in batch.column("offset").to_pylist()) == \
+        list(range(1000, 1021))
 
 
 def test_creating_a_store_another_process_created_meanwhile_opens_it(s3):

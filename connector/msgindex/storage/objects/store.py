@@ -283,7 +283,8 @@ class ObjectStore:
         version = self._versions(broker).latest(floor)
         if not version.number:
             self._check_present(broker)
-        if floor is not None and version.number < floor.number:  # versions deleted from the top (latest)
+        if floor is not None and (version.number < floor.number or (  # versions deleted from the top, or
+                version.number == floor.number and version.commit_id != floor.commit_id)):  # the store made again
             STORE_CACHE.forget_store(self.identity)
             with self._lock:
                 self._readers.clear()

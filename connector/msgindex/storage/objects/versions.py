@@ -215,18 +215,27 @@ class ShardVersions:
         deletes a version only once newer ones exist, so a `known` that is gone with nothing
         newer means versions were deleted from the top (``msgindex repair --roll-back``, the
         store deleted and made again, by hand): a second LIST from the start finds the newest
-        left (ShardVersion() when none is: no committed state). The caller's cache then goes
-        back to it (``ObjectStore._newest_version``)."""
+        left (ShardVersion() when none is: no committed state). A `known` still listed but in
+        another size is read again: a store made again reuses the numbers. The caller's cache
+        then forgets the store (``ObjectStore._newest_version``)."""
         start = known.number if known is not None and known.number else 0
-        present = self.numbers(after=start - 1 if start else None)
-        for number in reversed([n for n in present if n > start]):
+        listed = self._listed(after=start - 1 if start else None)
+        for number in sorted((n for n in listed if n > start), reverse=True):
             version = self.read(number)
             if version is not None:  # (deleted between the LIST and the GET: an older one is newest)
                 return version
         if known is None:
             return ShardVersion()
-        if start and start not in present:
+        if start and start not in listed:
             return self.latest(None)
+        if start and listed[start].size != len(known.encode()):
+            # Not the bytes `known` was read or committed as: the number holds another version (the
+            # store was deleted and made again at its URL), or an older writer's encoding of it.
+            again = self.read(start)
+            if again is None:
+                return self.latest(None)
+            if again.commit_id != known.commit_id:
+                return again
         return known
 
     def try_commit(self, version: ShardVersion) -> bool:
