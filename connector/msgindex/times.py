@@ -127,8 +127,7 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         raise _not_a_time(what, value)
     nanosecond = getattr(value, "nanosecond", 0)
     if nanosecond and nanosecond == nanosecond:  # a pandas Timestamp's nanoseconds, which datetime drops (NaT: NaN)
-        raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
-                                 f"milliseconds")
+        raise _finer_than_ms(what, value)
     if type(value).__name__ == "datetime64":  # numpy's: zone-less, as a datetime without one
         return read_time(what, _numpy_datetime(what, value))
     if isinstance(value, datetime):
@@ -147,8 +146,7 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         if not abs(offset) < 2**62:  # (inf for too many digits) no time a Java long holds is that far from now
             raise InvalidOptionError(f"option '{what}' = {text!r} is too far from now")
         if isinstance(offset, Fraction):
-            raise InvalidOptionError(f"option '{what}' = {text!r} has sub-millisecond digits; the index keeps "
-                                     f"milliseconds")
+            raise _finer_than_ms(what, text)
         return TimeInput("relative", int(offset), text)
     moment = _iso(text)
     if moment is None:
@@ -213,8 +211,7 @@ def _numpy_datetime(what: str, value: object) -> datetime:
     unit, count = np.datetime_data(value.dtype)
     finer = {"us": 10**3, "ns": 10**6, "ps": 10**9, "fs": 10**12, "as": 10**15}.get(unit)
     if finer is not None and int(value.astype(np.int64)) * count % finer:  # (in its own unit: no wrap-around)
-        raise InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps "
-                                 f"milliseconds")
+        raise _finer_than_ms(what, value)
     return datetime(1970, 1, 1) + timedelta(milliseconds=int(value.astype("datetime64[ms]").astype(np.int64)))
 
 
@@ -230,9 +227,7 @@ def _java_long_ms(what: str, ms: int, value: object) -> int:
 def _ms_of(moment: datetime, what: str = "", value: object = None) -> int:
     micros = micros_since_epoch(moment)
     if micros % 1000:
-        raise InvalidOptionError(
-            f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps milliseconds"
-        )
+        raise _finer_than_ms(what, value)
     return micros // 1000
 
 
@@ -241,6 +236,10 @@ def micros_since_epoch(moment: datetime) -> int:
     loses microseconds far from 1970)."""
     delta = moment - EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _finer_than_ms(what: str, value: object) -> InvalidOptionError:
+    return InvalidOptionError(f"option '{what}' = {str(value)!r} has sub-millisecond digits; the index keeps milliseconds")
 
 
 def _not_a_time(what: str, value: object) -> InvalidOptionError:

@@ -478,10 +478,13 @@ _CONTROLS_ONLY = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 def _unmistakable_controls(text: str) -> str:
     """`text` with its control characters as \\xNN escapes (what --key reads back)."""
-    return _CONTROLS_ONLY.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+    return _CONTROLS_ONLY.sub(_as_escapes, text)
 
 
 def _unmistakable(text: str, *, in_list: bool = False) -> str:
     """`text` as a table cell shows it so that no other text looks the same."""
-    return (_LIST_ESCAPED if in_list else _TABLE_ESCAPED).sub(
-        lambda found: "".join(f"\\x{ord(c):02x}" for c in found.group()), text)
+    return (_LIST_ESCAPED if in_list else _TABLE_ESCAPED).sub(_as_escapes, text)
+
+
+def _as_escapes(found: re.Match[str]) -> str:
+    return "".join(f"\\x{ord(c):02x}" for c in found.group())

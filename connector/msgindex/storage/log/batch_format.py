@@ -687,17 +687,10 @@ class BlockSet:
         self.base_seqs = np.asarray(base_seqs, dtype=np.int64)
         # every table's topics numbered in one flat map: block b's topic i is
         # _topic_map[_topic_map_start[b] + i]
-        self._topics: dict[bytes, int] = {}
-        flat: list[int] = []
-        table_starts, table_sizes = [], []
-        for table in topic_tables:
-            table_starts.append(len(flat))
-            table_sizes.append(len(table))
-            flat.extend(self._topics.setdefault(t, len(self._topics)) for t in table)
+        self._topics, table_starts, self._topic_map = _numbered_topics(topic_tables)
         table_of_block = np.asarray(table_of_block, dtype=np.int64)
-        self._topic_map_start = np.array(table_starts, dtype=np.int64)[table_of_block]
-        self._topic_count = np.array(table_sizes, dtype=np.int64)[table_of_block]
-        self._topic_map = np.array(flat, dtype=np.int64)
+        self._topic_map_start = table_starts[table_of_block]
+        self._topic_count = np.array([len(table) for table in topic_tables], dtype=np.int64)[table_of_block]
         self._present_widths: dict[str, list[int]] = {}
 
     def _corrupt(self, block: int, reason: str) -> None:
@@ -856,6 +849,18 @@ class Selection:
         )
 
 
+def _numbered_topics(topic_tables: Sequence[tuple[bytes, ...]]) -> tuple[dict[bytes, int], np.ndarray, np.ndarray]:
+    """Every topic of `topic_tables` numbered once, in order of appearance, and one flat map of
+    all tables: table t's topic i is number ``topic_map[table_starts[t] + i]``."""
+    topics: dict[bytes, int] = {}
+    flat: list[int] = []
+    starts: list[int] = []
+    for table in topic_tables:
+        starts.append(len(flat))
+        flat.extend(topics.setdefault(topic, len(topics)) for topic in table)
+    return topics, np.array(starts, dtype=np.int64), np.array(flat, dtype=np.int64)
+
+
 def _kept_in_order(count: int, kept: np.ndarray | None, order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """A ``rows`` call's `kept` and `order` of `count` records, defaults filled in (every record,
     as they are)."""
@@ -996,14 +1001,9 @@ def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: n
     ints, text_counts, heap, text_lengths = _compiled_read(fd, name, blocks, firsts, rows, check_read)
     numbers: dict[tuple[bytes, ...], int] = {}  # batches repeat the same topic tables
     table_of_block = np.array([numbers.setdefault(table, len(numbers)) for table in blocks.topic_tables], np.int64)
-    topics: dict[bytes, int] = {}
-    flat, starts = [], []
-    for table in numbers:
-        starts.append(len(flat))
-        flat.extend(topics.setdefault(topic, len(topics)) for topic in table)
-    table_start = np.array(starts, dtype=np.int64)[table_of_block]
+    topics, table_starts, topic_map = _numbered_topics(list(numbers))
     record_block = np.repeat(np.arange(len(table_of_block)), np.diff(firsts))
-    topic_ids = np.array(flat, dtype=np.int64)[table_start[record_block] + ints[:, _INT_AT["topic"]]]
+    topic_ids = topic_map[table_starts[table_of_block][record_block] + ints[:, _INT_AT["topic"]]]
     return RecordColumns(np.asarray(seqs, dtype=np.int64), tuple(topics), topic_ids, ints, text_counts, heap,
                          text_lengths)
 

@@ -358,13 +358,18 @@ def explain(error: BaseException, location: StoreLocation) -> str:
         return (f"the endpoint {endpoint or '(default)'} does not answer: check AWS_ENDPOINT_URL / the 'endpoint' "
                 f"storage option and that the server is up")
     if "<html" in text.lower() or "<!doctype html" in text.lower():
-        return (f"the endpoint {endpoint or '(default)'} answered with a web page, not as an S3 API does: check "
-                f"AWS_ENDPOINT_URL / the 'endpoint' storage option (a console or proxy port?)")
+        return web_page_answer(endpoint)
     if "credential" in text.lower():
         return ("no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the storage options, "
                 "or run where the cloud's default credential chain provides them)")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return first[:300]
+
+
+def web_page_answer(endpoint: str = "") -> str:
+    """What an endpoint that answers HTML (a console or proxy port, not an S3 API) is told."""
+    return (f"the endpoint {endpoint or '(configured)'} answered with a web page, not as an S3 API does: check "
+            f"AWS_ENDPOINT_URL / the 'endpoint' storage option (a console or proxy port?)")
 
 
 def _dropped(error: BaseException) -> bool:

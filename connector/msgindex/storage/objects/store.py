@@ -59,7 +59,7 @@ from msgindex.storage.manifest import (
     encode_manifest,
 )
 from msgindex.storage.objects.cache import STORE_CACHE, store_identity
-from msgindex.storage.objects.client import PROBE_PREFIX, ObjectClient, ObjectInfo
+from msgindex.storage.objects.client import PROBE_PREFIX, ObjectClient, ObjectInfo, web_page_answer
 from msgindex.storage.objects.shard import (
     MARK_COMMITTED,
     SHARDS_DIR,
@@ -134,9 +134,7 @@ def open_object_store(location: StoreLocation, *, create: bool = False, settings
     key = MANIFEST_FILE  # keys are relative to the URL's prefix (the client's store carries it)
     raw = client.get(key)
     if raw is not None and raw.lstrip()[:1] == b"<":  # a manifest is JSON: this is an HTML or XML page
-        raise ObjectStoreError(f"{location.url}: reading {MANIFEST_FILE}: the endpoint answered with a web page, not "
-                               f"the object: check AWS_ENDPOINT_URL / the 'endpoint' storage option (a console or "
-                               f"proxy port?)")
+        raise ObjectStoreError(f"{location.url}: reading {MANIFEST_FILE}: {web_page_answer()}")
     if raw is None and [info for info in client.list("") if not info.key.startswith(PROBE_PREFIX)]:
         raw = client.get(key)  # another process may have created the store between the GET and the LIST
         if raw is None and not create:
