@@ -3,6 +3,7 @@ and a damaged, stale or foreign copy never changes an answer."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import shutil
@@ -25,12 +26,14 @@ from tests.storage.shard_model import KEY_POOL, TOPICS, ShardModel, make_record,
 BASE = 1_700_000_000_000
 SETTINGS = StoreSettings(hash_slot_num=7, index_num=700, segment_bytes=30_000, index_interval_bytes=300)
 STRETCH = 500
+PIECE = 125
 
 
 @pytest.fixture(autouse=True)
 def small_stretches(monkeypatch):
-    """Stretches of 500 records, a key on 5 of them hot: KEY_POOL's keys get copies."""
+    """Stretches of 500 records in pieces of 125, a key on 5 of them hot: KEY_POOL's keys get copies."""
     monkeypatch.setattr(hot_keys, "STRETCH_RECORDS", STRETCH)
+    monkeypatch.setattr(hot_keys, "PIECE_RECORDS", PIECE)
     monkeypatch.setattr(hot_keys, "MIN_ROWS", 5)
     monkeypatch.setattr(shard_module, "FEW_CANDIDATES", 0)  # every lookup may use copies
 
@@ -53,6 +56,18 @@ def copies_of(root):
     return [path for _, _, path in hot_keys.stretches(root / "broker=b" / hot_keys.DIRECTORY)]
 
 
+def covered(copies) -> list[tuple[int, int]]:
+    return [hot_keys.parse_copy_name(path.name) for path in copies]
+
+
+def expected_cover(records: int, start: int = 0) -> list[tuple[int, int]]:
+    """Whole stretches from `start`, then the filled pieces of the stretch being filled."""
+    whole = (records - start) // STRETCH
+    stretches = [(start + n * STRETCH, start + (n + 1) * STRETCH) for n in range(whole)]
+    filling = start + whole * STRETCH
+    return stretches + [(filling + n * PIECE, filling + (n + 1) * PIECE) for n in range((records - filling) // PIECE)]
+
+
 def random_lookups(store, model, seed: int, count: int = 60) -> None:
     rng = random.Random(seed)
     for key in KEY_POOL:
@@ -69,7 +84,7 @@ def test_lookups_from_copies_answer_like_the_log(tmp_path, monkeypatch):
     root = tmp_path / "store"
     model = write_store(root)
     copies = copies_of(root)
-    assert len(copies) == len(model.records) // STRETCH
+    assert covered(copies) == expected_cover(len(model.records))
     groups = [hot_keys.HotKeyCopy.open(path).groups for path in copies]
     assert all(groups) and all(group.rows >= 5 for found in groups for group in found.values())
     used = []
@@ -81,6 +96,46 @@ def test_lookups_from_copies_answer_like_the_log(tmp_path, monkeypatch):
     shutil.rmtree(root / "broker=b" / hot_keys.DIRECTORY)
     with open_store(root) as store:
         random_lookups(store, model, seed=1)
+
+
+def test_the_stretch_being_filled_is_copied_in_pieces_that_its_copy_replaces(tmp_path, caplog):
+    """After every commit the copies cover the log up to less than a piece before its end (the
+    newest records too), whole stretches replacing their pieces; a reader opened before its
+    pieces were replaced, and a piece left inside its stretch's copy, change no answer and warn
+    of nothing."""
+    root = tmp_path / "store"
+    rng = random.Random(11)
+    model = ShardModel("b")
+    early = None
+    with open_store(root, create=True, settings=SETTINGS) as store:
+        for batch_id in range(14):
+            batch = [make_record(rng, len(model.records) + i, base_ms=BASE + 5_000 * batch_id)
+                     for i in range(rng.choice([40, 90, 130, 300]))]
+            with store.writer("b") as writer:
+                writer.append(batch)
+            model.append(batch)
+            assert covered(copies_of(root)) == expected_cover(len(model.records))
+            if early is None and any(end - start == PIECE for start, end in covered(copies_of(root))):
+                early, early_model = store.reader("b"), copy.deepcopy(model)  # lists pieces replaced later
+                early.lookup(KEY_POOL[0])
+    assert any(end - start == STRETCH for start, end in covered(copies_of(root)))
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage"):
+        random_lookups(early, early_model, seed=5)
+        early.close()
+        with open_store(root) as store:
+            random_lookups(store, model, seed=6)
+            # a writer stopped between a stretch's copy and deleting its pieces
+            piece = hot_keys.copy_path(root / "broker=b" / hot_keys.DIRECTORY, 0, PIECE)
+            with store.reader("b") as reader:
+                piece.write_bytes(hot_keys.build(reader.log, 0, PIECE))
+        with open_store(root) as store:
+            random_lookups(store, model, seed=7, count=30)
+    assert not caplog.messages, caplog.messages
+    extra = [make_record(rng, len(model.records), base_ms=BASE)]
+    with open_store(root) as store, store.writer("b") as writer:
+        writer.append(extra)  # the next commit deletes the piece
+    model.append(extra)
+    assert not piece.exists() and covered(copies_of(root)) == expected_cover(len(model.records))
 
 
 @pytest.mark.parametrize("damage", ["scribbled group", "truncated", "scribbled header", "another stretch's copy",

@@ -22,6 +22,14 @@ deletes it once the whole stretch is below the log's start.
 Files live in the shard's ``hotkeys/`` directory, one per stretch, named ``<start>-<end>.hotkeys``
 (20-digit seqs); the stretches of a shard follow one another from the first one built.
 
+The stretch still being filled is copied too, in *pieces* of ``PIECE_RECORDS`` as each fills:
+the records past the last copy are the newest, which an investigator asks for most, and a hot
+key's rows there would otherwise come from the log (up to a stretch of them, nearly half of a
+500k-record store). When its stretch fills, the stretch's copy is written and then its pieces
+are deleted; a reader prefers the longer copy of two that start together and skips any copy
+inside one it uses (``cover``), so a writer stopped between the two steps changes no answer.
+Each record is copied at most twice.
+
 Layout (little-endian: msgindex's own format)::
 
     header     64 B      HEADER_STRUCT: magic, version, group count, start and end seq, the log's
@@ -111,6 +119,9 @@ COMPRESSION = "zstd"  # 10M records, the hot key's 1.79M rows: 12.9 B/row, read 
 # that the log's uncopied tail stays small beside the copies, long enough that a group's fixed
 # cost (~50 us) is nothing beside its rows.
 STRETCH_RECORDS = 1 << 18
+# The uncopied tail stays under this (see the module docstring); a hot key's records on a piece
+# are still >= MIN_ROWS on this many records at MIN_SHARE's rate below 1.6%.
+PIECE_RECORDS = 1 << 16
 MIN_SHARE = 0.01  # a (topic, key) on >= 1% of a stretch's records is hot: reading its blocks is reading them all
 MIN_ROWS = 1024  # ... and on at least this many (fewer are found in a few ms from their blocks)
 MAX_SHARE = 0.5  # copies hold at most this share of a stretch's records (the byte budget), hottest first
@@ -137,7 +148,8 @@ def parse_copy_name(name: str) -> tuple[int, int] | None:
 
 
 def stretches(directory: Path) -> list[tuple[int, int, Path]]:
-    """(start, end, path) of every copy file in `directory`, by start."""
+    """(start, end, path) of every copy file in `directory`, by start, the longest first among
+    copies that start together (a stretch's copy before its first piece's)."""
     if not directory.is_dir():
         return []
     found = []
@@ -145,7 +157,13 @@ def stretches(directory: Path) -> list[tuple[int, int, Path]]:
         bounds = parse_copy_name(path.name)
         if bounds is not None:
             found.append((*bounds, path))
-    return sorted(found)
+    return sorted(found, key=lambda copy: (copy[0], -copy[1]))
+
+
+def inside_another(start: int, end: int, used_start: int, used_end: int) -> bool:
+    """True when the copy [start, end) lies inside [used_start, used_end), a longer copy in use:
+    a piece its stretch's copy replaced (module docstring)."""
+    return used_start <= start and end <= used_end and (start, end) != (used_start, used_end)
 
 
 @dataclass(frozen=True)
@@ -349,7 +367,10 @@ def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[in
         try:
             return copy, [(copy.rows(group), numbers) for group, numbers in groups]
         except CorruptFileError as error:
-            logger.warning("%s: answering from the log", error)
+            if copy.path.exists():
+                logger.warning("%s: answering from the log", error)
+            else:  # a piece replaced by its stretch's copy, or retention's, since this reader opened
+                logger.info("%s: gone since the reader opened; answering from the log", copy.path)
             return None
 
     # decompression runs outside the GIL: the log's reading threads read many copies at once
@@ -393,20 +414,39 @@ def stamps_ms(table: pa.Table) -> np.ndarray:
 # --- writing ------------------------------------------------------------------------------------
 def seal_committed(directory: Path, log: MetadataLog, log_start_seq: int, record_count: int) -> list[Path]:
     """Write the copies the committed records call for and do not have (the writer, after a
-    commit): a stretch for every STRETCH_RECORDS committed past the last copy (from the log's
-    start for the first), and one for each gap between copies (a copy that `msgindex repair`
-    removed as damaged)."""
+    commit): a stretch for every STRETCH_RECORDS committed past the last stretch's copy (from
+    the log's start for the first), then deleting its pieces; a piece for every PIECE_RECORDS
+    committed past that; and a copy for each gap between copies (one that `msgindex repair`
+    removed as damaged). Pieces inside a stretch's copy that a stopped writer left are deleted."""
     made = []
     cursor = log_start_seq
-    for start, end, _path in stretches(directory):
-        if end <= cursor:
+    pieces: list[tuple[int, int, Path]] = []  # of the stretch being filled, after the last whole one
+    used = (log_start_seq, log_start_seq)
+
+    def followed_by(copy: tuple[int, int, Path]) -> list[tuple[int, int, Path]]:
+        return [*pieces, copy] if copy[1] - copy[0] < STRETCH_RECORDS else []
+
+    for start, end, path in stretches(directory):
+        if start < log_start_seq:
+            continue  # (retention's: remove_copies deletes it)
+        if inside_another(start, end, *used):
+            path.unlink(missing_ok=True)
             continue
         if start > cursor:
             made.append(_write(directory, log, cursor, start))
-        cursor = end
-    while record_count - cursor >= STRETCH_RECORDS:
-        made.append(_write(directory, log, cursor, cursor + STRETCH_RECORDS))
-        cursor += STRETCH_RECORDS
+            pieces = followed_by((cursor, start, made[-1]))
+        pieces = followed_by((start, end, path))
+        cursor, used = end, (start, end)
+    stretch_start = pieces[0][0] if pieces else cursor
+    while record_count - stretch_start >= STRETCH_RECORDS:
+        made.append(_write(directory, log, stretch_start, stretch_start + STRETCH_RECORDS))
+        for _start, _end, path in pieces:
+            path.unlink(missing_ok=True)
+        pieces, stretch_start = [], stretch_start + STRETCH_RECORDS
+    cursor = max(stretch_start, pieces[-1][1] if pieces else stretch_start)
+    while record_count - cursor >= PIECE_RECORDS:
+        made.append(_write(directory, log, cursor, cursor + PIECE_RECORDS))
+        cursor += PIECE_RECORDS
     return made
 
 

@@ -1123,7 +1123,9 @@ class ShardReader(_Committed, VerifiedReads):
                 if end > self._checkpoint.record_count or start < self._checkpoint.log_start_seq:
                     continue  # (retention cut into it: its fingerprint cannot match the retained log)
                 if self._copies and start < self._copies[-1].end_seq:
-                    logger.warning("%s: hot-key copy overlaps %s: ignored", path, self._copies[-1].path)
+                    used = self._copies[-1]
+                    if not hot_keys.inside_another(start, end, used.start_seq, used.end_seq):
+                        logger.warning("%s: hot-key copy overlaps %s: ignored", path, used.path)
                     continue
                 try:
                     self._copies.append(hot_keys.HotKeyCopy.open(path))
