@@ -138,6 +138,74 @@ def test_the_stretch_being_filled_is_copied_in_pieces_that_its_copy_replaces(tmp
     assert not piece.exists() and covered(copies_of(root)) == expected_cover(len(model.records))
 
 
+def append_random(root, model: ShardModel, rng: random.Random, sizes) -> None:
+    for size in sizes:
+        batch = [make_record(rng, len(model.records) + i, base_ms=BASE + 5_000 * len(model.records)) for i in range(size)]
+        with open_store(root) as store, store.writer("b") as writer:
+            writer.append(batch)
+        model.append(batch)
+
+
+def test_pieces_after_retention_keep_the_stretch_grid(tmp_path, caplog):
+    """Retention cutting into a copy moves no stretch: the next ones start where the cut copy
+    ends, so a stretch's copy never overlaps a piece of another grid."""
+    root = tmp_path / "store"
+    model = write_store(root, batches=12)
+    with open_store(root) as store:
+        store.apply_retention(max_bytes=1)  # all but the active segment
+        with store.reader("b") as reader:
+            start = reader.checkpoint.log_start_seq
+    model.log_start_seq = start
+    assert start % STRETCH, "retention should cut into a stretch here"
+    append_random(root, model, random.Random(3), [300, 450, 200])
+    assert covered(copies_of(root)) == [c for c in expected_cover(len(model.records)) if c[1] > start]
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage"), open_store(root) as store:
+        random_lookups(store, model, seed=8, count=30)
+        assert inspect_path(root)["problems"] == []
+    assert not caplog.messages, caplog.messages
+
+
+def test_a_directory_where_a_piece_belongs_stops_no_copy(tmp_path, caplog):
+    root = tmp_path / "store"
+    model = ShardModel("b")
+    rng = random.Random(4)
+    with open_store(root, create=True, settings=SETTINGS):
+        pass
+    append_random(root, model, rng, [140, 140])
+    piece = copies_of(root)[1]
+    assert covered([piece]) == [(PIECE, 2 * PIECE)]
+    piece.unlink()
+    piece.mkdir()
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage"):
+        append_random(root, model, rng, [300, 300, 200])
+        with open_store(root) as store:
+            random_lookups(store, model, seed=9, count=30)
+    assert not caplog.messages, caplog.messages
+    assert [c for c in covered(copies_of(root)) if c != (PIECE, 2 * PIECE)] == expected_cover(len(model.records))
+
+
+def test_a_piece_replaced_between_listing_and_reading_is_no_problem(tmp_path, monkeypatch, caplog):
+    """A commit may replace pieces after a reader or ``inspect`` listed them: neither warns."""
+    root = tmp_path / "store"
+    model = ShardModel("b")
+    with open_store(root, create=True, settings=SETTINGS):
+        pass
+    append_random(root, model, random.Random(5), [140, 140])
+    listed = hot_keys.stretches
+
+    def listed_then_replaced(directory):
+        found = listed(directory)
+        for _start, _end, path in found:
+            path.unlink(missing_ok=True)
+        return found
+
+    monkeypatch.setattr(hot_keys, "stretches", listed_then_replaced)
+    with caplog.at_level(logging.WARNING, logger="msgindex.storage"), open_store(root) as store:
+        random_lookups(store, model, seed=10, count=20)
+        assert inspect_path(root)["problems"] == []
+    assert not caplog.messages, caplog.messages
+
+
 @pytest.mark.parametrize("damage", ["scribbled group", "truncated", "scribbled header", "another stretch's copy",
                                     "another log's copy", "a directory", "overlapping name"])
 def test_a_bad_copy_never_changes_an_answer(tmp_path, damage, caplog):

@@ -427,10 +427,11 @@ def seal_committed(directory: Path, log: MetadataLog, log_start_seq: int, record
         return [*pieces, copy] if copy[1] - copy[0] < STRETCH_RECORDS else []
 
     for start, end, path in stretches(directory):
-        if start < log_start_seq:
+        if end <= log_start_seq:
             continue  # (retention's: remove_copies deletes it)
+        # a copy retention cut into still sets the grid: the next stretch starts where it ends
         if inside_another(start, end, *used):
-            path.unlink(missing_ok=True)
+            _remove(path)
             continue
         if start > cursor:
             made.append(_write(directory, log, cursor, start))
@@ -441,13 +442,20 @@ def seal_committed(directory: Path, log: MetadataLog, log_start_seq: int, record
     while record_count - stretch_start >= STRETCH_RECORDS:
         made.append(_write(directory, log, stretch_start, stretch_start + STRETCH_RECORDS))
         for _start, _end, path in pieces:
-            path.unlink(missing_ok=True)
+            _remove(path)
         pieces, stretch_start = [], stretch_start + STRETCH_RECORDS
     cursor = max(stretch_start, pieces[-1][1] if pieces else stretch_start)
     while record_count - cursor >= PIECE_RECORDS:
         made.append(_write(directory, log, cursor, cursor + PIECE_RECORDS))
         cursor += PIECE_RECORDS
     return made
+
+
+def _remove(path: Path) -> None:
+    """Delete a replaced piece; anything else under its name (a directory) is left to `msgindex
+    repair`, and readers skip it inside the copy that replaced it."""
+    if path.is_file():
+        path.unlink(missing_ok=True)
 
 
 def _write(directory: Path, log: MetadataLog, start_seq: int, end_seq: int) -> Path:
@@ -590,8 +598,8 @@ def check_copies(directory: Path, log: MetadataLog, log_start_seq: int, record_c
     other rows than the log gives for its keys (deep: each group is made again from the log)."""
     problems = []
     for start, end, path in stretches(directory):
-        if end <= log_start_seq:
-            continue  # retention's leftover: the next writer deletes it
+        if start < log_start_seq:
+            continue  # retention's leftover, or cut into: readers ignore it, the next writer deletes it once passed
         if end > record_count:
             problems.append((path, f"hot-key copy covers records up to seq {end}, past the {record_count} committed "
                                    f"(lookups ignore it)"))
@@ -609,7 +617,8 @@ def check_copies(directory: Path, log: MetadataLog, log_start_seq: int, record_c
                     problems.append((path, f"hot-key copy group of key {key!r} holds other rows than the log "
                                            f"(lookups would use it while its checksums hold)"))
         except CorruptFileError as error:
-            problems.append((path, f"{error} (lookups ignore it)".removeprefix(f"{path}: ")))
+            if path.exists():  # (a piece a committing writer replaced since the listing is no problem)
+                problems.append((path, f"{error} (lookups ignore it)".removeprefix(f"{path}: ")))
     return problems
 
 
