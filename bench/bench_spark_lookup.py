@@ -167,6 +167,8 @@ def bench_data(args: argparse.Namespace, cardinality: int, prefix: str, kafka: b
             print(f"produce to Kafka (Java producer):                {produce_s:8.1f} s "
                   f"({args.messages / produce_s:,.0f} msg/s)", flush=True)
         store_root = workdir / "store"
+        # a store left in a reused --workdir holds an earlier run's topic under the same keys
+        shutil.rmtree(store_root, ignore_errors=True)
         build_s = build_store(store_root, topic, args.partitions, args.messages, cardinality, args.value_bytes)
         print(f"build msgindex store (store writer):             {build_s:8.1f} s "
               f"({args.messages / build_s:,.0f} msg/s)", flush=True)
