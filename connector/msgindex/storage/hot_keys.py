@@ -27,7 +27,8 @@ the records past the last copy are the newest, which an investigator asks for mo
 key's rows there would otherwise come from the log (up to a stretch of them, nearly half of a
 500k-record store). When its stretch fills, the stretch's copy is written and then its pieces
 are deleted; a reader prefers the longer copy of two that start together and skips any copy
-inside one it uses (``cover``), so a writer stopped between the two steps changes no answer.
+inside one it uses (``inside_another``), so a writer stopped between the two steps changes no
+answer, and a reader that listed a piece since replaced answers from the log (``unreadable``).
 Each record is copied at most twice.
 
 Layout (little-endian: msgindex's own format)::
@@ -119,8 +120,8 @@ COMPRESSION = "zstd"  # 10M records, the hot key's 1.79M rows: 12.9 B/row, read 
 # that the log's uncopied tail stays small beside the copies, long enough that a group's fixed
 # cost (~50 us) is nothing beside its rows.
 STRETCH_RECORDS = 1 << 18
-# The uncopied tail stays under this (see the module docstring); a hot key's records on a piece
-# are still >= MIN_ROWS on this many records at MIN_SHARE's rate below 1.6%.
+# The uncopied tail stays under this (module docstring). On a piece MIN_ROWS is 1.6% of its
+# records: a key between 1% and 1.6% waits for its stretch's copy.
 PIECE_RECORDS = 1 << 16
 MIN_SHARE = 0.01  # a (topic, key) on >= 1% of a stretch's records is hot: reading its blocks is reading them all
 MIN_ROWS = 1024  # ... and on at least this many (fewer are found in a few ms from their blocks)
@@ -367,15 +368,21 @@ def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[in
         try:
             return copy, [(copy.rows(group), numbers) for group, numbers in groups]
         except CorruptFileError as error:
-            if copy.path.exists():
-                logger.warning("%s: answering from the log", error)
-            else:  # a piece replaced by its stretch's copy, or retention's, since this reader opened
-                logger.info("%s: gone since the reader opened; answering from the log", copy.path)
+            unreadable(copy.path, error)
             return None
 
     # decompression runs outside the GIL: the log's reading threads read many copies at once
     usable = [read_copy for read_copy in in_order(read, tasks) if read_copy is not None]
     return CopiedRows(usable, wanted_count, log_start_seq, wanted_keys)
+
+
+def unreadable(path: Path, error: CorruptFileError) -> None:
+    """Tell of a copy a reader listed and cannot read (the log answers for its stretch): a warning,
+    unless it is gone (a piece its stretch's copy replaced, or retention's, since the listing)."""
+    if path.exists():
+        logger.warning("%s: answering from the log", error)
+    else:
+        logger.info("%s: gone since it was listed; answering from the log", path)
 
 
 def part_of(table: pa.Table, broker: str, keep: np.ndarray | None, stamps: np.ndarray) -> Part | None:

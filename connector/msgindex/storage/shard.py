@@ -1130,10 +1130,7 @@ class ShardReader(_Committed, VerifiedReads):
                 try:
                     self._copies.append(hot_keys.HotKeyCopy.open(path))
                 except CorruptFileError as error:
-                    if path.exists():
-                        logger.warning("%s: answering from the log", error)
-                    else:  # a piece replaced by its stretch's copy since the listing
-                        logger.info("%s: gone since it was listed; answering from the log", path)
+                    hot_keys.unreadable(path, error)
         return self._copies
 
     def _copy_fits(self, copy: hot_keys.HotKeyCopy) -> bool:
