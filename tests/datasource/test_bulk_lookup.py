@@ -90,6 +90,29 @@ def test_binary_keys_are_kafka_key_bytes(spark, truth, path):
     assert found(lookup_keys(keys, str(truth.path), **PATHS[path])) == expected(truth, {"Aa", "ключ-ünï"})
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_string_keys_are_keys_as_rows_show_them(spark, tmp_path, path):
+    """A string column holds keys as rows show them, as ``where key = ...`` takes them: the byte
+    0xff is asked as ``\\xff``, the 4-character text as ``\\x5cxff``, and ``lookup_key`` is the
+    asked string, so joining back to the asked rows loses none; ``\\x41``, which no row shows,
+    finds nothing (the row with key ``A`` shows ``A``)."""
+    import msgindex
+    from msgindex.storage.message import MessageRecord, arrow_text, decode_key_bytes
+
+    raw_keys = [b"\xff", b"\\xff", b"caf\xc3", b"C:\\x00", b"A"]
+    keys = [decode_key_bytes(raw) for raw in raw_keys]
+    store_path = tmp_path / "shown"
+    with msgindex.open(str(store_path), create=True) as store, store.writer("b") as writer:
+        writer.append([MessageRecord("t", 0, n, 1_700_000_000_000 + n, key, (key,)) for n, key in enumerate(keys)])
+    asked = [arrow_text(key) for key in keys] + ["\\x41"]
+    assert asked[:2] == ["\\xff", "\\x5cxff"]
+    frame = keys_frame(spark, asked)
+    result = lookup_keys(frame, str(store_path), **PATHS[path])
+    assert {(r.lookup_key, r.offset, r.key) for r in result.collect()} == {
+        (shown, n, shown) for n, shown in enumerate(asked[:-1])}
+    assert frame.join(result, frame.key == result.lookup_key).count() == len(raw_keys)
+
+
 def test_every_key_of_every_shard_with_spark_choosing_the_tasks(spark, truth):
     asked = [*KEY_POOL, EDGE_KEY, "absent", *KEY_POOL[:7]]  # every key of the store, some twice
     rows = found(lookup_keys(keys_frame(spark, asked), str(truth.path)))

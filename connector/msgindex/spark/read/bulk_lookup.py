@@ -25,8 +25,10 @@ Result columns: ``lookup_key`` (string, the asked key), then the data source's c
 (``msgindex.storage.message.ROW_SCHEMA``). One row per (asked key, message): a message indexed
 under two asked keys appears twice, once under each. Keys:
 
-* a ``string`` column, or ``binary`` (raw Kafka key bytes, looked up exactly as the pipeline
-  indexes them; non-UTF-8 bytes show as ``\\xNN`` escapes in ``lookup_key``, as in ``keys``);
+* a ``string`` column of keys as rows show them (``\\xNN`` escapes are a key's bytes that are
+  not UTF-8, ``\\x5c`` a backslash that would read as one: ``message.arrow_text``), as ``where
+  key = ...`` takes them, so ``lookup_key`` is the asked string; or ``binary`` (raw Kafka key
+  bytes, looked up exactly as the pipeline indexes them, ``lookup_key`` showing them as rows do);
 * null keys are skipped (they match nothing, as in a join) and duplicates are looked up once;
 * any other column type is an error naming the column and its type.
 
@@ -50,7 +52,7 @@ import pyarrow.compute as pc
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
 from msgindex.storage.fields import SHAPE_SINGLE, store_fields
-from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes
+from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, text_of_shown
 from msgindex.storage.query import Query
 from msgindex.times import TimeArg, to_epoch_ms
 
@@ -295,11 +297,17 @@ def _distinct_keys(batches: Iterable[pa.RecordBatch]) -> list[str]:
 
 
 def _as_lookup_keys(keys: pa.Array | pa.ChunkedArray) -> list[str]:
-    """Distinct keys (string, or binary Kafka key bytes decoded losslessly) as the store's lookup
-    takes them."""
+    """Distinct keys (string: as rows show them; binary: Kafka key bytes decoded losslessly) as
+    the store's lookup takes them. A string no row shows (``\\x41``: a row shows ``A``) finds
+    nothing, as in a ``where``: the rows found must show the asked key, ``lookup_key``."""
     if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
         return [decode_key_bytes(raw) for raw in keys.to_pylist()]
-    return keys.to_pylist()
+    texts = []
+    for shown in keys.to_pylist():
+        text = text_of_shown(shown)
+        if text == shown or arrow_text(text) == shown:  # (text == shown: no escape in it, shown as itself)
+            texts.append(text)
+    return texts
 
 
 def _key_column(keys_df: DataFrame, key_col: str):
