@@ -5,6 +5,8 @@ Each message names the file, option, offset or record at fault so a user can act
 
 from __future__ import annotations
 
+import difflib
+
 
 class MsgIndexError(Exception):
     """Base class of msgindex's own errors."""
@@ -124,3 +126,12 @@ class SourceMismatchError(MsgIndexError):
 class FieldCoverageWarning(UserWarning):
     """A field lookup over offsets the field does not cover (indexed before it existed): the
     answer may miss records there (storage/fields.py)."""
+
+
+def unknown_name(subject: str, what: str, name: str, have: list[str]) -> str:
+    """``<subject>: the index has no such <what> (did you mean <close>? it has: ...)``: the message
+    for a topic, shard or field name a user gave that the index does not have."""
+    close = difflib.get_close_matches(name, have, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    listed = ", ".join(have[:20]) + (f", ... ({len(have)} in all)" if len(have) > 20 else "")
+    return f"{subject}: the index has no such {what} ({hint}it has: {listed or 'none'})"

@@ -107,7 +107,7 @@ def test_string_keys_are_keys_as_rows_show_them(spark, tmp_path, path):
     asked = [arrow_text(key) for key in keys] + ["\\x41"]
     assert asked[:2] == ["\\xff", "\\x5cxff"]
     frame = keys_frame(spark, asked)
-    result = lookup_keys(frame, str(store_path), **PATHS[path])
+    result = lookup_keys(frame, store_path, **PATHS[path])  # a pathlib.Path, as msgindex.open takes
     assert {(r.lookup_key, r.offset, r.key) for r in result.collect()} == {
         (shown, n, shown) for n, shown in enumerate(asked[:-1])}
     assert frame.join(result, frame.key == result.lookup_key).count() == len(raw_keys)

@@ -56,3 +56,18 @@ def test_lookup_keys_of_a_field(spark, field_store):
     traces = lookup_keys(values, str(path), key_col="v", field="TRACE").collect()
     assert sorted((r.lookup_key, r.broker, r.offset) for r in traces) == sorted(
         ("t-3", b, r.offset) for b, r in written if ("trace", "t-3") in r.fields)
+
+
+def test_a_field_the_index_does_not_have_is_an_error_not_an_empty_answer(spark, field_store):
+    """A misspelt field names itself and the fields there are, where a key lookup would name an
+    unknown broker: at load() for the option, in the task for lookup_keys (whose driver may not
+    see the store: Spark Connect)."""
+    from msgindex.spark.read.bulk_lookup import lookup_keys
+
+    path, _ = field_store
+    with pytest.raises(Exception, match=r"option 'field.ordr': the index has no such field "
+                                                 r"\(did you mean order\? it has: .*order"):
+        spark.read.format("msgindex").option("field.ordr", "o-1").load(str(path))
+    values = spark.createDataFrame([("o-1",)], "v string")
+    with pytest.raises(Exception, match=r"lookup_keys: field = 'ordr': the index has no such field"):
+        lookup_keys(values, str(path), key_col="v", field="ordr").collect()

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import difflib
 import json
 import re
 import sys
@@ -45,7 +44,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from msgindex.cli.store_args import add_storage_options, open_store_of
-from msgindex.errors import FieldCoverageWarning, InvalidOptionError
+from msgindex.errors import FieldCoverageWarning, InvalidOptionError, unknown_name
 from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES
 from msgindex.storage.hash_index.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.query import Query
@@ -193,26 +192,18 @@ def check_names(store, topics: list[str] | None, brokers: list[str] | None) -> N
 
 def check_field_names(store, names: list[str]) -> None:
     """InvalidOptionError naming a --field no shard of the index indexes, and the fields it
-    has (names compare case-insensitively, as lookups do). A field some shards index and others
-    not, or not over every offset, is a lookup's coverage warning instead."""
-    if not names:
-        return
+    has (``fields.check_field_names``)."""
+    from msgindex.storage.fields import check_field_names as check_indexed
     from msgindex.storage.fields import store_fields
 
-    have = [name for name, _ in store_fields(store)]
-    known = {name.lower() for name in have}
-    for name in names:
-        if name.lower() not in known:
-            raise InvalidOptionError(unknown_name_message("--field", name, have))
+    if names:
+        check_indexed(store_fields(store), names, lambda name: f"--field {name}")
 
 
 def unknown_name_message(option: str, name: str, have: list[str]) -> str:
     """``--topic demo-ordrs: the index has no such topic (did you mean demo-orders? it has: ...)``"""
     what = "field" if "field" in option else "topic" if "topic" in option else "shard"
-    close = difflib.get_close_matches(name, have, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    listed = ", ".join(have[:20]) + (f", ... ({len(have)} in all)" if len(have) > 20 else "")
-    return f"{option} {name}: the index has no such {what} ({hint}it has: {listed or 'none'})"
+    return unknown_name(f"{option} {name}", what, name, have)
 
 
 def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:

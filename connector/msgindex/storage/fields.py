@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from msgindex.errors import CorruptFileError, FieldCoverageWarning, InvalidAppendError, InvalidOptionError
+from msgindex.errors import (
+    CorruptFileError,
+    FieldCoverageWarning,
+    InvalidAppendError,
+    InvalidOptionError,
+    unknown_name,
+)
 from msgindex.storage.source_ranges import SourceRanges
 
 MAX_NAME_LENGTH = 64
@@ -367,3 +373,15 @@ def extra_after_append(extra: Mapping[str, Any], definitions: Sequence[FieldDefi
         return dict(extra)
     coverage = coverage_in(extra, source=source).extended(definitions, appended.minus(committed))
     return {**extra, EXTRA_MEMBER: coverage.to_json()}
+
+
+def check_field_names(indexed: Iterable[tuple[str, str]], names: Iterable[str], subject: Callable[[str], str]) -> None:
+    """InvalidOptionError for the first of `names` that no field of `indexed` (``store_fields``)
+    spells, case-insensitively as lookups compare, with the fields there are (`subject`: how the
+    message names what the user gave, e.g. ``--field nope``). A field some shards index and others
+    not, or not over every offset, is a lookup's coverage warning instead: never an error."""
+    have = [name for name, _ in indexed]
+    known = {name.lower() for name in have}
+    for name in names:
+        if name.lower() not in known:
+            raise InvalidOptionError(unknown_name(subject(name), "field", name, have))

@@ -41,6 +41,7 @@ From SQL, register the result as a temporary view (see the README, "Bulk lookups
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,7 +52,7 @@ import pyarrow.compute as pc
 
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
-from msgindex.storage.fields import SHAPE_SINGLE, store_fields
+from msgindex.storage.fields import SHAPE_SINGLE, check_field_names, store_fields
 from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, text_of_shown
 from msgindex.storage.query import Query
 from msgindex.times import TimeArg, to_epoch_ms
@@ -104,16 +105,18 @@ class BulkLookup:
             raise StoreNotFoundError(f"lookup_keys: path {self.path!r}: {missing}") from None
         with store:
             brokers = self._brokers(store)
-            # the field's (name, shape) as the store indexes it; none: nothing carries it (Store.lookup warns)
-            indexed = None if self.field is None else next(
-                (f for f in store_fields(store) if f[0].lower() == self.field.lower()), None)
+            indexed = None  # the field's (name, shape) as the store indexes it
+            if self.field is not None:
+                have = store_fields(store)
+                check_field_names(have, [self.field], lambda name: f"lookup_keys: field = {name!r}")
+                indexed = next(f for f in have if f[0].lower() == self.field.lower())
             for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
                 chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
                 if self.field is not None:
                     query = Query.of(fields={self.field: chunk}, topic=self.topic, begin_ms=self.begin_ms,
-                                     end_ms=self.end_ms, brokers=brokers, field_columns=[indexed] if indexed else ())
+                                     end_ms=self.end_ms, brokers=brokers, field_columns=[indexed])
                     found = store.lookup(query)
-                    if found.num_rows and indexed:
+                    if found.num_rows:
                         name, shape = indexed
                         yield from with_lookup_keys(found, chunk, name, single=shape == SHAPE_SINGLE).to_batches()
                     continue
@@ -331,6 +334,8 @@ def _key_column(keys_df: DataFrame, key_col: str):
 
 
 def _path(path: object) -> str:
+    if isinstance(path, os.PathLike):  # a pathlib.Path, as msgindex.open takes
+        path = os.fspath(path)
     if not isinstance(path, str) or not path.strip():
         raise InvalidOptionError(f"lookup_keys: path = {path!r} is not a path")
     return path

@@ -64,7 +64,7 @@ from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read import pushdown
 from msgindex.spark.read.bulk_lookup import first_asked, shown_keys
 from msgindex.spark.read.kafka_values import VALUE_FIELDS, consumer_for, fetch_values
-from msgindex.spark.read.options import MODE_ROCKETMQ, ReadOptions
+from msgindex.spark.read.options import FIELD_OPTION_PREFIX, MODE_ROCKETMQ, ReadOptions
 from msgindex.spark.read.rocketmq_reader import (
     PushdownVerifiedRocketMQReader,
     RocketMQReader,
@@ -72,7 +72,7 @@ from msgindex.spark.read.rocketmq_reader import (
     check_rocketmq_path,
     rocketmq_arrow_schema,
 )
-from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE, store_fields
+from msgindex.storage.fields import SHAPE_ARRAY, SHAPE_SINGLE, check_field_names, store_fields
 from msgindex.storage.log.batch_format import field_schema
 
 if TYPE_CHECKING:
@@ -129,6 +129,8 @@ class MsgIndexDataSource(DataSource):
         # validated here so that a bad option fails at load(), naming the option and value
         self.parsed = ReadOptions.parse(dict(options))
         self.fields = _check_path(self.parsed)
+        check_field_names(self.fields, (name for name, _ in self.parsed.fields or ()),
+                          lambda name: f"option '{FIELD_OPTION_PREFIX}{name}'")
         if self.parsed.fetch_values and self.parsed.mode != MODE_ROCKETMQ:
             consumer_for(self.parsed.bootstrap_servers)  # Kafka unreachable: said at load(), in seconds
 
