@@ -375,13 +375,18 @@ def extra_after_append(extra: Mapping[str, Any], definitions: Sequence[FieldDefi
     return {**extra, EXTRA_MEMBER: coverage.to_json()}
 
 
-def check_field_names(indexed: Iterable[tuple[str, str]], names: Iterable[str], subject: Callable[[str], str]) -> None:
-    """InvalidOptionError for the first of `names` that no field of `indexed` (``store_fields``)
-    spells, case-insensitively as lookups compare, with the fields there are (`subject`: how the
-    message names what the user gave, e.g. ``--field nope``). A field some shards index and others
-    not, or not over every offset, is a lookup's coverage warning instead: never an error."""
-    have = [name for name, _ in indexed]
-    known = {name.lower() for name in have}
+def check_field_names(indexed: Iterable[tuple[str, str]], names: Iterable[str],
+                      subject: Callable[[str], str]) -> list[tuple[str, str]]:
+    """The field of `indexed` (``store_fields``: (name, shape)) each of `names` spells,
+    case-insensitively as lookups compare; InvalidOptionError for the first that none spells,
+    with the fields there are (`subject`: how the message names what the user gave, e.g.
+    ``--field nope``). A field some shards index and others not, or not over every offset, is a
+    lookup's coverage warning instead: never an error."""
+    indexed = list(indexed)
+    known = {name.lower(): (name, shape) for name, shape in indexed}
+    spelled = []
     for name in names:
         if name.lower() not in known:
-            raise InvalidOptionError(unknown_name(subject(name), "field", name, have))
+            raise InvalidOptionError(unknown_name(subject(name), "field", name, [have for have, _ in indexed]))
+        spelled.append(known[name.lower()])
+    return spelled

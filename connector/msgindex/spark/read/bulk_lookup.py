@@ -107,9 +107,8 @@ class BulkLookup:
             brokers = self._brokers(store)
             indexed = None  # the field's (name, shape) as the store indexes it
             if self.field is not None:
-                have = store_fields(store)
-                check_field_names(have, [self.field], lambda name: f"lookup_keys: field = {name!r}")
-                indexed = next(f for f in have if f[0].lower() == self.field.lower())
+                indexed, = check_field_names(store_fields(store), [self.field],
+                                             lambda name: f"lookup_keys: field = {name!r}")
             for start in range(0, len(keys), KEYS_PER_STORE_LOOKUP):
                 chunk = keys[start : start + KEYS_PER_STORE_LOOKUP]
                 if self.field is not None:
