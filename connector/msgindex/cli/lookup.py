@@ -26,7 +26,10 @@ With --mode rocketmq, PATH is a RocketMQ broker's store root (the directory hold
 and index/): every hit of the broker's index is verified against its commit log (real topic,
 keys and store time in ms), with no 64-message cap.
 
-Output: a table (default), JSON lines (one object per message) or CSV with a header.
+Output: a table (default), JSON lines (one object per message) or CSV with a header. Each
+field the index indexes (msgindex index --index-field/--index-header) is a column too, after the
+message's own: a value, a list of them for an array field, empty where a message carries none (a
+table leaves out a field no message shown carries).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import pyarrow as pa
 from msgindex.cli.store_args import add_storage_options, open_store_of
 from msgindex.errors import FieldCoverageWarning, InvalidOptionError, unknown_name
 from msgindex.spark.read.options import MODE_ROCKETMQ, MODE_STORE, MODES
+from msgindex.storage.fields import store_fields
 from msgindex.storage.hash_index.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.query import Query
 from msgindex.times import current_ms, format_ms, format_window, read_time
@@ -121,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise InvalidOptionError(f"--limit {args.limit}: must be 0 (all) or a positive number")
     limit = args.limit or None
+    shown_fields: tuple[tuple[str, str], ...] = ()
     if args.values and not args.bootstrap_servers:
         raise InvalidOptionError("--values needs --bootstrap-servers HOST:PORT: the Kafka cluster the index "
                                  "was built from (the index keeps metadata, not payloads)")
@@ -133,10 +138,12 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidOptionError("--broker-name is for --mode rocketmq (a msgindex index names its shards)")
         with open_store_of(args) as store:
             check_names(store, args.topic, args.broker)
-            check_field_names(store, [name for name, _ in field_values(args.field or ())])
+            shown_fields = store_fields(store)  # every field the index has is a column of its rows
+            check_field_names(shown_fields, [name for name, _ in field_values(args.field or ())])
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", FieldCoverageWarning)
-                found = _scan(store, args, begin, end, limit) if args.scan else _lookup(store, args, begin, end, limit)
+                found = (_scan(store, args, begin, end, limit, shown_fields) if args.scan
+                         else _lookup(store, args, begin, end, limit, shown_fields))
             for message in dict.fromkeys(str(w.message) for w in caught if w.category is FieldCoverageWarning):
                 sys.stderr.write(f"msgindex lookup: warning: {message}\n")
     values = None
@@ -150,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         what = "every message" if args.scan else "messages under " + ", ".join(args.key or args.field)
         out.write(f"{what}{' in ' + ', '.join(args.topic) if args.topic else ''}, "
                   f"window {format_window(begin, end)} (UTC)\n")
-    write_rows(found.rows, args.format, out, values=values, value_format=args.value_format)
+    write_rows(found.rows, args.format, out, values=values, value_format=args.value_format,
+               fields=[name for name, _ in shown_fields])
     note = more_note(found, limit)
     if note:
         (out if args.format == "table" else sys.stderr).write(note + "\n")
@@ -190,14 +198,13 @@ def check_names(store, topics: list[str] | None, brokers: list[str] | None) -> N
             raise InvalidOptionError(unknown_name_message(option, unknown[0], have))
 
 
-def check_field_names(store, names: list[str]) -> None:
-    """InvalidOptionError naming a --field no shard of the index indexes, and the fields it
-    has (``fields.check_field_names``)."""
+def check_field_names(indexed: tuple[tuple[str, str], ...], names: list[str]) -> None:
+    """InvalidOptionError naming a --field none of the `indexed` fields is, and the fields there
+    are (``fields.check_field_names``)."""
     from msgindex.storage.fields import check_field_names as check_indexed
-    from msgindex.storage.fields import store_fields
 
     if names:
-        check_indexed(store_fields(store), names, lambda name: f"--field {name}")
+        check_indexed(indexed, names, lambda name: f"--field {name}")
 
 
 def unknown_name_message(option: str, name: str, have: list[str]) -> str:
@@ -206,13 +213,15 @@ def unknown_name_message(option: str, name: str, have: list[str]) -> str:
     return unknown_name(f"{option} {name}", what, name, have)
 
 
-def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
+def _lookup(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None,
+            field_columns: tuple[tuple[str, str], ...]) -> Found:
     from msgindex.storage.message import text_of_shown
 
     keys = [text_of_shown(key) for key in args.key or ()]
     fields = field_values(args.field or ())
     table = store.lookup(Query.of(keys if args.key else None, fields=fields or None, topics=args.topic,
-                                  begin_ms=begin, end_ms=end, brokers=args.broker, partitions=args.partition))
+                                  begin_ms=begin, end_ms=end, brokers=args.broker, partitions=args.partition,
+                                  field_columns=field_columns))
     return _limited(table, limit)
 
 
@@ -235,11 +244,13 @@ def _limited(table: pa.Table, limit: int | None) -> Found:
     return Found(table.slice(0, limit), more=table.num_rows - limit)
 
 
-def _scan(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None) -> Found:
-    from msgindex.storage.message import ROW_SCHEMA
+def _scan(store, args: argparse.Namespace, begin: int | None, end: int | None, limit: int | None,
+          field_columns: tuple[tuple[str, str], ...]) -> Found:
+    from msgindex.storage.log.batch_format import field_schema
 
-    return _first_of(store.scan(begin_ms=begin, end_ms=end, brokers=args.broker, topics=args.topic,
-                                partitions=args.partition), ROW_SCHEMA, limit)
+    query = Query.of(begin_ms=begin, end_ms=end, brokers=args.broker, topics=args.topic, partitions=args.partition,
+                     field_columns=field_columns)
+    return _first_of(store.scan(query), field_schema([(name, name, shape) for name, shape in field_columns]), limit)
 
 
 def _first_of(batches: Iterator[pa.RecordBatch], schema: pa.Schema, limit: int | None) -> Found:
@@ -392,9 +403,10 @@ def _records(table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def write_rows(table: pa.Table, fmt: str, out: TextIO, *, values: dict | None = None,
-               value_format: str = "auto") -> None:
+               value_format: str = "auto", fields: Iterable[str] = ()) -> None:
     """Write result rows (ROW_SCHEMA, or RocketMQ's verified rows) to `out` as a table, JSON
-    lines or CSV; with `values` (``fetch_payloads``), each message's value and headers too."""
+    lines or CSV; with `values` (``fetch_payloads``), each message's value and headers too.
+    `fields`: the rows' field columns (a table shows those some row has a value of)."""
     names = [name for name in table.schema.names if name not in ("value", "properties")]
     records = list(_records(table))
     if values is not None:
@@ -418,7 +430,7 @@ def write_rows(table: pa.Table, fmt: str, out: TextIO, *, values: dict | None = 
             writer.writerow([_csv_cell(row[n]) for n in columns])
         return
     shown = [n for n in TABLE_COLUMNS if n in names] + [
-        n for n in OPTIONAL_TABLE_COLUMNS if n in names and any(r[n] is not None for r in records)]
+        n for n in (*fields, *OPTIONAL_TABLE_COLUMNS) if n in names and any(r[n] is not None for r in records)]
     after_row = None if values is None else (lambda row: _write_payload(row, out))
     _write_table(records, shown, out, after_row)
     out.write(f"({len(records)} message{'s' if len(records) != 1 else ''})\n")
