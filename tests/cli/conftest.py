@@ -1,6 +1,6 @@
 """An index the way users get one: the demo's workload (an hour of orders and payments with an
 incident, ``loadgen.incident_records``) produced to the session's real broker and indexed by the
-real pipeline, once per test session."""
+real pipeline with the demo's field (the payloads' ``status``), once per test session."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from msgindex.cli.demo import STATUS_FIELD  # the field make demo indexes
 
 MSGINDEX = str(Path(sys.executable).with_name("msgindex"))  # the console script of this environment
 RECORDS = 3000
@@ -32,6 +34,9 @@ class IncidentIndex:
     def values_of(self, key: str) -> list[dict]:
         return [json.loads(m.value) for m in self.of_key(key)]
 
+    def of_status(self, status: str) -> list:
+        return [m for m in self.messages if json.loads(m.value).get("status") == status]
+
 
 @pytest.fixture(scope="session")
 def incident_index(kafka_bootstrap, kafka_topic, spark, tmp_path_factory) -> IncidentIndex:
@@ -44,6 +49,6 @@ def incident_index(kafka_bootstrap, kafka_topic, spark, tmp_path_factory) -> Inc
     produce(kafka_bootstrap, messages)
     path = tmp_path_factory.mktemp("incident") / "index"
     args = ["--bootstrap-servers", kafka_bootstrap, "--subscribe", f"{orders},{payments}", "--path", str(path),
-            "--available-now", "--quiet-spark"]
+            "--available-now", "--quiet-spark", "--index-field", STATUS_FIELD]
     index_kafka(index.options_from_args(index.build_parser().parse_args(args)))
     return IncidentIndex(path, kafka_bootstrap, orders, payments, messages)

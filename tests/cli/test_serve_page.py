@@ -218,3 +218,41 @@ def test_the_api_looks_up_a_value_exactly_as_given(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_search_by_an_indexed_field_and_see_what_each_message_carries(browser, page, incident_index, shots):
+    """The index's field (the demo's payload ``status``) is a choice of the search box, found by
+    its index, and every row shows the field values its message carries."""
+    from selenium.webdriver.support.ui import Select
+
+    declined = incident_index.of_status("declined")
+    assert declined
+    open_page(browser, page)
+    Select(by_id(browser, "field")).select_by_value("status")
+    search(browser, "declined")
+    assert by_id(browser, "summary").text.startswith(f"{len(declined)} message")
+    assert "under status “declined”" in by_id(browser, "summary").text
+    shown = rows(browser)
+    assert len(shown) == min(len(declined), 50) and {row[7] for row in shown} == {"status=declined"}
+    browser.save_screenshot(str(shots / "6-field.png"))
+    search_key = incident_index.of_key("order-00321")
+    Select(by_id(browser, "field")).select_by_value("key")
+    search(browser, "order-00321")
+    statuses = {json.loads(m.value).get("status") for m in search_key} - {None}
+    assert {row[7] for row in rows(browser)} - {""} == {f"status={s}" for s in statuses}
+
+
+def test_the_api_searches_a_field_and_names_one_it_does_not_have(page, incident_index):
+    with urllib.request.urlopen(f"{page}api/info") as response:
+        assert [f["name"] for f in json.loads(response.read())["fields"]] == ["key", "status"]
+    with urllib.request.urlopen(f"{page}api/search?field=status&value=declined&size=500") as response:
+        body = json.loads(response.read())
+    declined = incident_index.of_status("declined")
+    assert body["total"] == len(declined) and sorted((row["topic"], row["key"]) for row in body["rows"]) == sorted(
+        (m.topic, m.key.decode()) for m in declined)
+    assert body["notice"] is None and all(row["fields"] == {"status": "declined"} for row in body["rows"])
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(f"{page}api/search?field=colour&value=red")
+    error = json.loads(bad.value.read())
+    assert bad.value.code == 400 and error["field"] == "field" and error["error"] == (
+        "no field 'colour' to search by (fields: key, status)")

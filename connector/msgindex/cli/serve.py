@@ -8,8 +8,10 @@ Open the address it prints. Type a key (order-00321), pick a topic and a time wi
 2026-11-25 10:00, epoch ms; times without a zone are UTC) and search: the messages indexed under
 the key come back from the index itself, in time order, as a table with dates, a timeline of the
 hits per topic and partition, and each message's payload on demand (fetched from Kafka by topic,
-partition and offset: give --bootstrap-servers). Results are paginated. Without a key the page
-lists the messages of the time window, and says that it reads them all (a scan).
+partition and offset: give --bootstrap-servers). Results are paginated. An index that indexes
+fields (msgindex index --index-field/--index-header) is searched by any of them too (status =
+declined), and each message shows the values it carries. Without a value the page lists the
+messages of the time window, and says that it reads them all (a scan).
 
 The page and its JSON API (GET /api/info, /api/search, /api/payload) are served by Python's
 standard library, on 127.0.0.1 unless --host says otherwise: it has no login, so expose it only
@@ -23,7 +25,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msgindex.cli.store_args import PATH_HELP, add_storage_options, open_store_of
-from msgindex.errors import InvalidOptionError, MsgIndexError
+from msgindex.errors import FieldCoverageWarning, InvalidOptionError, MsgIndexError
+from msgindex.storage.fields import SHAPE_ARRAY, store_fields
+from msgindex.storage.log.batch_format import field_schema
+from msgindex.storage.query import Query
 from msgindex.times import current_ms, format_ms, format_window, read_time
 
 DEFAULT_PORT = 8080
@@ -44,7 +49,7 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 TIMELINE_POINTS = 500  # above this many hits the timeline shows counts per time bin
 TIMELINE_BINS = 120
-TOPICS_TTL_S = 30.0  # how long the index's topic list is trusted before it is read again
+TOPICS_TTL_S = 30.0  # how long the index's topic (and field) list is trusted before it is read again
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,25 +99,25 @@ class BadRequest(Exception):
 
 @dataclass(frozen=True)
 class SearchField:
-    """What the search box can search by. Today only ``key`` (every key a message is indexed
-    under); named fields (a header's values, a payload field) are searched the same way, each by
-    its own ``find``: the page lists what /api/info returns."""
+    """What the search box can search by: ``key`` (every key a message is indexed under), or a
+    field the index indexes (``msgindex index --index-field``/``--index-header``), whose values are
+    looked up the same way. The page lists what /api/info returns."""
 
     name: str
     label: str
     help: str
-    find: Callable[..., pa.Table]  # (store, value, topic, begin_ms, end_ms) -> rows in result order
 
 
-def _find_by_key(store, value: str, topic: str | None, begin_ms: int | None, end_ms: int | None) -> pa.Table:
-    from msgindex.storage.message import text_of_shown
-
-    return store.lookup(text_of_shown(value), topic=topic, begin_ms=begin_ms, end_ms=end_ms)
+KEY_FIELD = SearchField("key", "key", "the record key, or a token of its KEYS or UNIQ_KEY header")
 
 
-SEARCH_FIELDS = {
-    "key": SearchField("key", "key", "the record key, or a token of its KEYS or UNIQ_KEY header", _find_by_key),
-}
+def _search_fields(indexed: tuple[tuple[str, str], ...]) -> dict[str, SearchField]:
+    """The key, then each indexed field (its (name, shape) as ``fields.store_fields`` gives it)."""
+    fields = {KEY_FIELD.name: KEY_FIELD}
+    for name, shape in indexed:
+        fields[name] = SearchField(name, name, f"a value of the indexed field {name}"
+                                               + (" (one of the values a message carries)" if shape == SHAPE_ARRAY else ""))
+    return fields
 
 
 class SearchApp:
@@ -126,6 +131,7 @@ class SearchApp:
         self._kafka_lock = threading.Lock()  # nor is a Kafka consumer
         self._page = resources.files("msgindex.cli").joinpath("search_page.html").read_bytes()
         self._topics: tuple[float, list[str]] = (0.0, [])  # (when read, the index's topics)
+        self._fields: tuple[float, tuple[tuple[str, str], ...]] = (-TOPICS_TTL_S, ())  # (when read, its fields)
 
     # --- the API ----------------------------------------------------------------------------------
     def info(self, _params: dict[str, str]) -> dict[str, Any]:
@@ -133,6 +139,7 @@ class SearchApp:
 
         with self._store_lock:
             report = inspect_store(self.store.root, verify=False)
+            indexed = self._indexed_fields(fresh=True)
         shards = report["shards"]
         ranges = [segment["time_range"] for shard in shards for segment in shard.get("segments", [])
                   if segment.get("time_range")]
@@ -144,16 +151,20 @@ class SearchApp:
             "shards": [shard["broker"] for shard in shards],
             "topics": sorted({topic for shard in shards for topic in shard.get("topics", [])}),
             "time_range": {"begin": low, "end": high, "text": format_window(low, high) if ranges else "empty"},
-            "fields": [{"name": f.name, "label": f.label, "help": f.help} for f in SEARCH_FIELDS.values()],
+            "fields": [{"name": f.name, "label": f.label, "help": f.help} for f in _search_fields(indexed).values()],
             "payloads": self.bootstrap_servers is not None,
             "now": current_ms(),
         }
 
     def search(self, params: dict[str, str]) -> dict[str, Any]:
         started = time.perf_counter()
-        field = SEARCH_FIELDS.get(params.get("field", "key"))
+        asked = params.get("field", "key")
+        with self._store_lock:
+            indexed = self._indexed_fields(fresh=asked not in _search_fields(self._fields[1]))
+        fields = _search_fields(indexed)
+        field = fields.get(asked)
         if field is None:
-            raise BadRequest(f"no field {params.get('field')!r} to search by (fields: {', '.join(SEARCH_FIELDS)})", "field")
+            raise BadRequest(f"no field {asked!r} to search by (fields: {', '.join(fields)})", "field")
         value = params.get("value", "")  # exactly as given: a key may begin or end with spaces
         topic = params.get("topic") or None
         now = current_ms()
@@ -166,13 +177,16 @@ class SearchApp:
             if topic is not None:
                 self._check_topic(topic)
             if value:
-                found = field.find(self.store, value, topic, begin, end)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", FieldCoverageWarning)
+                    found = self.store.lookup(_query(field, value, topic, begin, end, indexed))
                 total, more = found.num_rows, False
                 rows = found.slice((page - 1) * size, size)
                 timeline = _timeline(found)
-                notice = None
+                uncovered = dict.fromkeys(str(w.message) for w in caught if w.category is FieldCoverageWarning)
+                notice = " ".join(uncovered) or None
             else:
-                rows, more = self._scan(topic, begin, end, (page - 1) * size, size)
+                rows, more = self._scan(topic, begin, end, (page - 1) * size, size, indexed)
                 total = None
                 timeline = _timeline(rows)
                 notice = ("No key: these are the messages of the time window, read one by one, shard by shard in "
@@ -183,7 +197,7 @@ class SearchApp:
             "field": field.name, "value": value, "topic": topic,
             "window": {"begin": begin, "end": end, "text": format_window(begin, end)},
             "page": page, "size": size, "total": total, "more": more or (total is not None and page * size < total),
-            "rows": _rows(rows),
+            "rows": _rows(rows, [name for name, _ in indexed]),
             "timeline": timeline,
             "notice": notice,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
@@ -222,17 +236,26 @@ class SearchApp:
         if topic not in have:
             raise BadRequest(unknown_name_message("topic", topic, have), "topic")
 
-    def _scan(self, topic: str | None, begin: int | None, end: int | None, skip: int, size: int) -> tuple[pa.Table, bool]:
-        """Rows skip..skip+size of the window's scan, and whether more follow (one more is read)."""
-        from msgindex.storage.message import ROW_SCHEMA
+    def _indexed_fields(self, *, fresh: bool) -> tuple[tuple[str, str], ...]:
+        """(name, shape) of the fields the index indexes, read again when `fresh` or stale (a job
+        may declare a field while the page is open). Under the store lock."""
+        read_at, indexed = self._fields
+        if fresh or time.monotonic() - read_at > TOPICS_TTL_S:
+            indexed = store_fields(self.store)
+            self._fields = (time.monotonic(), indexed)
+        return indexed
 
+    def _scan(self, topic: str | None, begin: int | None, end: int | None, skip: int, size: int,
+              indexed: tuple[tuple[str, str], ...]) -> tuple[pa.Table, bool]:
+        """Rows skip..skip+size of the window's scan, and whether more follow (one more is read)."""
         batches, seen, wanted = [], 0, skip + size + 1
-        for batch in self.store.scan(begin_ms=begin, end_ms=end, topics=None if topic is None else [topic]):
+        query = Query.of(begin_ms=begin, end_ms=end, topics=None if topic is None else [topic], field_columns=indexed)
+        for batch in self.store.scan(query):
             batches.append(batch)
             seen += batch.num_rows
             if seen >= wanted:
                 break
-        table = pa.Table.from_batches(batches, schema=ROW_SCHEMA)
+        table = pa.Table.from_batches(batches, schema=field_schema([(name, name, shape) for name, shape in indexed]))
         return table.slice(skip, size), table.num_rows > skip + size
 
     # --- HTTP --------------------------------------------------------------------------------------
@@ -299,12 +322,27 @@ def _positive(name: str, text: str) -> int:
     return number
 
 
-def _rows(table: pa.Table) -> list[dict[str, Any]]:
+def _query(field: SearchField, value: str, topic: str | None, begin: int | None, end: int | None,
+           indexed: tuple[tuple[str, str], ...]) -> Query:
+    """The lookup of `value` (as rows show it: ``message.text_of_shown``) by `field`, its rows
+    showing every `indexed` field."""
+    from msgindex.storage.message import text_of_shown
+
+    text = text_of_shown(value)
+    asked = {"fields": {field.name: [text]}} if field is not KEY_FIELD else {"keys": text}
+    return Query.of(**asked, topic=topic, begin_ms=begin, end_ms=end, field_columns=indexed)
+
+
+def _rows(table: pa.Table, fields: list[str]) -> list[dict[str, Any]]:
+    """The page's rows; ``fields``: each row's values of the indexed `fields` it carries."""
     stamps = table["timestamp"].cast(pa.int64()).to_pylist()
+    carried = table.select(fields).to_pylist() if fields else [{}] * table.num_rows
     rows = []
-    for row, micros in zip(table.select(["topic", "partition", "offset", "key", "keys", "broker"]).to_pylist(), stamps):
+    shown = table.select(["topic", "partition", "offset", "key", "keys", "broker"]).to_pylist()
+    for row, micros, values in zip(shown, stamps, carried):
         row["timestamp"] = micros // 1000
         row["time"] = format_ms(micros // 1000)
+        row["fields"] = {name: value for name, value in values.items() if value is not None}
         rows.append(row)
     return rows
 
