@@ -158,3 +158,21 @@ def test_durations(text, ms):
 def test_bad_durations(text):
     with pytest.raises(InvalidOptionError, match="--max-age .* is not a duration"):
         parse_duration_ms("--max-age", text)
+
+
+@pytest.mark.parametrize("text", ["1764150000", " 1000000000", "9999999999"])
+def test_epoch_seconds_typed_are_refused_naming_both_readings(text):
+    """`date +%s` prints ten digits; as epoch ms they are a day of early 1970, a bound that would
+    silently widen (since) or empty (until) the window."""
+    seconds = int(text)
+    with pytest.raises(InvalidOptionError) as refused:
+        read_time("--since", text)
+    message = str(refused.value)
+    assert message == (f"option '--since' = '{text.strip()}' reads as epoch ms {format_ms(seconds)}; if it is epoch "
+                       f"seconds (`date +%s`), write {seconds * 1000} or {format_ms(seconds * 1000)}")
+    assert to_epoch_ms("b", seconds) == seconds  # an int is epoch ms by type
+
+
+@pytest.mark.parametrize("text", ["999999999", "10000000000", "0", "1764150000000"])
+def test_other_digit_counts_stay_epoch_ms(text):
+    assert to_epoch_ms("b", text) == int(text)

@@ -3,7 +3,8 @@ options, the Python API and the search page all take times through here.
 
 A time is any of:
 
-    epoch milliseconds          1764064800000
+    epoch milliseconds          1764064800000   (ten digits, epoch seconds as `date +%s` prints
+                                them, are refused naming both readings)
     ISO-8601 with a zone        2026-11-25T10:00:00Z   2026-11-25 11:00+01:00   2026-11-25 10:00 UTC
     ISO-8601 without a zone     2026-11-25 10:00   2026-11-25T10:00:00.250   2026-11-25
                                 (a wall-clock time: read in the caller's zone, UTC unless said
@@ -47,6 +48,12 @@ _AGO = re.compile(r"^(?P<offset>.+?)\s+ago$", re.IGNORECASE)
 _EPOCH_MS = re.compile(r"^-?\d+$")
 _ZONE_WORD = re.compile(r"^(?P<time>.+?)\s*(?:UTC|GMT)$", re.IGNORECASE)
 _OFFSET = re.compile(r"^(?:UTC|GMT)?(?P<sign>[+-])(?P<hours>\d{1,2})(?::?(?P<minutes>\d{2}))?$", re.IGNORECASE)
+
+# Ten digits are what `date +%s` prints (epoch seconds, 2001-09-09 .. 2286-11-20); read as epoch ms
+# they are days of January-April 1970, a time no Kafka window means: typed, they are refused with
+# both readings rather than read as a 1970 bound that silently widens or empties the window.
+# (Python ints are not refused: they are epoch ms by type, as begin_ms/end_ms are.)
+EPOCH_SECONDS_LOOKALIKE = (1_000_000_000, 10_000_000_000)
 
 TIME_FORMS = "epoch ms, ISO-8601 (2026-11-25 10:00, with or without a zone), or relative: now, -15m, 1h, 2d ago"
 
@@ -140,7 +147,12 @@ def read_time(what: str, value: TimeArg) -> TimeInput:
         raise _not_a_time(what, value)
     text = value.strip()
     if _EPOCH_MS.match(text):
-        return TimeInput("instant", _java_long_ms(what, int(text), value), text)
+        ms = _java_long_ms(what, int(text), value)
+        if EPOCH_SECONDS_LOOKALIKE[0] <= ms < EPOCH_SECONDS_LOOKALIKE[1]:
+            raise InvalidOptionError(
+                f"option '{what}' = {text!r} reads as epoch ms {format_ms(ms)}; if it is epoch seconds (`date +%s`), "
+                f"write {ms * 1000} or {format_ms(ms * 1000)}")
+        return TimeInput("instant", ms, text)
     offset = _relative_offset_ms(text)
     if offset is not None:
         if not abs(offset) < 2**62:  # (inf for too many digits) no time a Java long holds is that far from now
