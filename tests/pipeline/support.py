@@ -54,30 +54,34 @@ def spec_keys(key: bytes | None, headers, truth: Truth) -> frozenset[str]:
     return frozenset(keys)
 
 
-def consume_all(bootstrap: str, topics: list[str]):
-    """Every record of `topics` from the beginning to the current end offsets (kafka-python)."""
+def consume_all(bootstrap: str, topics: list[str], isolation_level: str = "read_uncommitted"):
+    """Every record of `topics` from the beginning to the current end offsets (kafka-python; with
+    ``read_committed``, those of committed transactions and outside any)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000,
-                             fetch_max_bytes=64 * 1024 * 1024, consumer_timeout_ms=60_000)
+                             fetch_max_bytes=64 * 1024 * 1024, consumer_timeout_ms=60_000,
+                             isolation_level=isolation_level)
     try:
         partitions = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
         ends = consumer.end_offsets(partitions)
         pending = {tp for tp in partitions if ends[tp] > 0}
+        deadline = time.monotonic() + 300
         while pending:
-            for tp, records in consumer.poll(timeout_ms=2000).items():
+            for records in consumer.poll(timeout_ms=2000).values():
                 yield from records
-                if consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
+            # (a partition may end in records read_committed skips: its position still moves on)
+            pending = {tp for tp in pending if consumer.position(tp) < ends[tp]}
+            assert time.monotonic() < deadline, f"reading {sorted(pending)} did not reach their end offsets"
     finally:
         consumer.close()
 
 
-def ground_truth(bootstrap: str, topics: list[str], keep=None) -> Truth:
+def ground_truth(bootstrap: str, topics: list[str], keep=None, isolation_level: str = "read_uncommitted") -> Truth:
     """The index's expected content for the records of `topics`, read straight from Kafka
     (only those `keep(record)` accepts, when given)."""
     truth = Truth()
-    for record in consume_all(bootstrap, topics):
+    for record in consume_all(bootstrap, topics, isolation_level):
         if keep is not None and not keep(record):
             continue
         keys = spec_keys(record.key, record.headers, truth)

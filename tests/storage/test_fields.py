@@ -241,3 +241,26 @@ def test_field_values_beside_keys_that_are_not_utf8(stores):
                       if r.fields[0][1] == value}
             assert found == {(r.topic, r.partition, r.offset) for r in wanted}
         assert sorted(store.lookup(b"k\xff").column("offset").to_pylist()) == [1, 3, 5]
+
+
+def test_settled_offsets_close_gaps_and_fields_cover_only_those_holding_no_record(stores):
+    """``settled`` (the pipeline's completed micro-batches: completed_batches.py) commits offsets
+    no slice of rows holds: a transaction's commit marker at the end of a batch, aborted records.
+    A field declared by the append covers the settled offsets the shard did not hold (no record
+    of it is there), never records committed without the field."""
+    from msgindex.storage.source_ranges import SourceRanges
+
+    def record(offset: int, order: str | None = None) -> MessageRecord:
+        return MessageRecord("orders", 0, offset, BASE + offset, f"k{offset}", (f"k{offset}",),
+                             fields=() if order is None else (("order", order),))
+
+    with stores.create() as store, store.writer("b0") as writer:
+        writer.append([record(0), record(1), record(2)])  # offset 3: a commit marker, in no slice
+        writer.append([record(4, "o-1"), record(5, "o-2")], fields=[ORDER],
+                      settled=SourceRanges({("orders", 0): ((0, 4),)}))
+        # all rows of a replay held, the settled offsets are still committed (an append of no new record)
+        assert writer.append([record(7, "o-1")], fields=[ORDER], settled=SourceRanges({("orders", 0): ((4, 7),)})).appended == 1
+    with stores.open() as store, store.reader("b0") as reader:
+        assert reader.committed_ranges.ranges == {("orders", 0): ((0, 8),)}
+        with pytest.warns(FieldCoverageWarning, match=r"field 'order' does not cover orders-0 offsets \[0, 3\) \(committed"):
+            assert _found(store.lookup(fields={"order": "o-1"})) == {("orders", 0, 4), ("orders", 0, 7)}

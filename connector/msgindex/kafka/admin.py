@@ -27,6 +27,10 @@ from msgindex.storage.message import UNIQ_KEY_PROPERTY as UNIQ_KEY_HEADER
 DEFAULT_TIMEOUT_S = 60.0
 SOURCE_CHECK_TIMEOUT_S = 15.0  # how long a job waits for Kafka before saying it cannot reach it
 CLIENT_ID = "msgindex-admin"
+# The messages an index holds are those consumers see: a transaction's records once it commits,
+# never an aborted one's (Kafka's consumers default to read_uncommitted, which delivers both).
+ISOLATION_LEVEL = "isolation.level"
+READ_COMMITTED = "read_committed"
 RETENTION_MS = "retention.ms"
 # Consumer settings kafka-python cannot take as the Java client does (JAAS, key stores): with any
 # of them, kafka-python here would be refused where Spark's Kafka source is not.
@@ -170,6 +174,24 @@ def partition_leaders(bootstrap: str, topics: Iterable[str] | None = None,
     return leaders
 
 
+NO_TOPIC_ID = "00000000-0000-0000-0000-000000000000"  # what brokers without topic ids (Kafka < 2.8) give
+
+
+def topic_ids(bootstrap: str, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
+    """Kafka's id of each of `topics` (KIP-516: a topic deleted and created again under its name
+    gets a new one); a topic the brokers give no id is left out."""
+    wanted = list(topics)
+    if not wanted:
+        return {}
+    with admin_client(bootstrap, timeout) as admin:
+        try:
+            described = admin.describe_topics(wanted)
+        except KafkaError as error:
+            raise BrokerError(f"describing topics {wanted} on {bootstrap} failed: {error!r}") from error
+    return {topic["name"]: str(topic["topic_id"]) for topic in described
+            if not topic.get("error_code") and topic.get("topic_id") and str(topic["topic_id"]) != NO_TOPIC_ID}
+
+
 def topic_retention_ms(bootstrap: str, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
     """``{topic: retention.ms}`` as the brokers apply it (the topic's own setting, else the
     broker's default); -1 means no deletion by age."""
@@ -245,11 +267,13 @@ class FetchedRecord:
 
 
 def fetch_records(bootstrap: str, topic: str, partition: int, start: int, end: int, *, limit: int,
-                  timeout: float = DEFAULT_TIMEOUT_S) -> list[FetchedRecord]:
+                  timeout: float = DEFAULT_TIMEOUT_S, isolation_level: str = READ_COMMITTED) -> list[FetchedRecord]:
     """The records of `topic`-`partition` from offset `start` up to `end` (exclusive), at most
-    `limit` of them; BrokerError when Kafka stops delivering for `timeout` seconds before that."""
+    `limit` of them, as a consumer of `isolation_level` reads them (the indexing job's); BrokerError
+    when Kafka stops delivering for `timeout` seconds before that."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID, enable_auto_commit=False,
-                             request_timeout_ms=int(timeout * 1000) + 1000, max_poll_records=10_000)
+                             request_timeout_ms=int(timeout * 1000) + 1000, max_poll_records=10_000,
+                             isolation_level=isolation_level)
     where = TopicPartition(topic, partition)
     found: list[FetchedRecord] = []
     try:
@@ -271,10 +295,13 @@ def fetch_records(bootstrap: str, topic: str, partition: int, start: int, end: i
     return found[:limit]
 
 
-def offsets_consumer(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S) -> KafkaConsumer:
-    """A consumer that only reads offsets (no group, no commits), for ``latest_offsets``."""
+def offsets_consumer(bootstrap: str, timeout: float = DEFAULT_TIMEOUT_S, *,
+                     isolation_level: str = READ_COMMITTED) -> KafkaConsumer:
+    """A consumer that only reads offsets (no group, no commits), for ``latest_offsets``: the end
+    a consumer of `isolation_level` reads to (read_committed: the last stable offset)."""
     return KafkaConsumer(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
-                         request_timeout_ms=int(timeout * 1000) + 1000, enable_auto_commit=False)
+                         request_timeout_ms=int(timeout * 1000) + 1000, enable_auto_commit=False,
+                         isolation_level=isolation_level)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from msgindex.kafka.admin import ISOLATION_LEVEL, READ_COMMITTED
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -44,12 +46,18 @@ class KafkaSource:
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
 
+    @property
+    def isolation_level(self) -> str:
+        """What the job reads of transactions: read_committed unless ``--kafka-option
+        isolation.level=...`` says otherwise (the index holds what consumers see: kafka/admin.py)."""
+        return self.consumer_options.get(ISOLATION_LEVEL, READ_COMMITTED)
+
     def _reader(self, reader):
         reader = (reader.format("kafka")
                   .option("kafka.bootstrap.servers", self.bootstrap_servers)
                   .option("failOnDataLoss", self.fail_on_data_loss)
                   .option("includeHeaders", str(self.include_headers).lower()))
-        for key, value in self.consumer_options.items():
+        for key, value in {ISOLATION_LEVEL: self.isolation_level, **self.consumer_options}.items():
             reader = reader.option(KAFKA_OPTION_PREFIX + key, value)
         return reader
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from msgindex.storage.fields import FieldDefinition
     from msgindex.storage.shard import AppendResult, BeforeCommit, ShardWriter
-    from msgindex.storage.source_ranges import SourceRows
+    from msgindex.storage.source_ranges import SourceRanges, SourceRows
     from msgindex.storage.store import Store
 
 DEFAULT_RETENTION_INTERVAL_S = 60.0
@@ -123,7 +123,8 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
                     retention: RetentionPolicy = RetentionPolicy(),
                     storage_options: Mapping[str, str] | None = None,
                     fields: Sequence[FieldDefinition] = (),
-                    before_commit: BeforeCommit | None = None) -> ShardAppend:
+                    before_commit: BeforeCommit | None = None,
+                    settled: SourceRanges | None = None) -> ShardAppend:
     """Append `records` (with their source coordinates) to `broker`'s shard of the index at
     `root` under the shard lock; rows whose source offsets the shard holds are skipped. Then,
     when due, apply `retention` under the same lock.
@@ -131,7 +132,7 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
     `adopt_legacy_offsets`: a version-1 shard (batch-id checkpoint) is upgraded from its log's own
     offsets first; only right when the log's topic/partition/offset are the source's (--input
     records). `fields`: the fields the records' values were evaluated for (storage/fields.py).
-    `before_commit`: as ``ShardWriter.append``'s.
+    `before_commit`, `settled`: as ``ShardWriter.append``'s.
 
     On an object store the writer takes no lock (``locked`` only brings its view up to date:
     commits settle races, ``storage/objects/shard.py``) and compacts the shard by itself after
@@ -143,7 +144,7 @@ def append_to_shard(root: str, broker: str, records: pa.Table | list, sources: S
         with writer.locked(lock_timeout_s):
             if writer.committed_ranges is None and adopt_legacy_offsets:
                 writer.adopt_log_offsets()
-            result = writer.append(records, sources, fields, before_commit)
+            result = writer.append(records, sources, fields, before_commit, settled)
             report = _retention_pass(root, broker, writer, retention)
             return ShardAppend(result, report, client.request_count() - before if client is not None else 0)
     except ShardLockedError as locked:

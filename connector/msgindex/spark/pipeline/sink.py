@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from msgindex.errors import BrokerError, InvalidOptionError, MsgIndexError
 from msgindex.spark.pipeline.attempt_counts import AttemptMarkers, CommittedCounts
 from msgindex.spark.pipeline.commits import COMMIT_DDL, TaskCommit, commit_of_row, with_committed
+from msgindex.spark.pipeline.completed_batches import CompletedBatches
 from msgindex.spark.pipeline.field_values import describe_counts, merged_counts
 from msgindex.spark.pipeline.kafka_records import record_columns
 from msgindex.spark.pipeline.kafka_source import KafkaSource
@@ -48,7 +49,7 @@ from msgindex.spark.pipeline.ownership import IndexClaim, JobIdentity
 from msgindex.spark.pipeline.partition_brokers import PartitionBrokerMap
 from msgindex.spark.pipeline.progress import append_batch_log, say
 from msgindex.spark.pipeline.shard_owner import KEEP_FOREVER_MS, disk_full
-from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets
+from msgindex.spark.pipeline.spark_checkpoint import batch_end_offsets, batch_start_offsets
 from msgindex.spark.pipeline.task_writer import (
     INPUT_KINDS,
     INPUT_METADATA,
@@ -62,6 +63,8 @@ from msgindex.spark.pipeline.unreadable_records import salvage_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+
+    from msgindex.storage.source_ranges import SourceRanges
 
 __all__ = ["BatchStats", "BatchWriter", "GracefulStop", "IndexSink", "KafkaSource", "SinkConfig", "INPUT_RECORDS",
            "INPUT_METADATA"]
@@ -192,13 +195,15 @@ class BatchWriter:
         self.job_id = job_id
         self.claim = claim
         self._partition_brokers: PartitionBrokerMap | None = None  # read where the batches run
+        self._completed = CompletedBatches()  # of the process that runs the batches
         self._claimed: IndexClaim | None = None
         # the batch's columns (kafka_records.record_columns) and the partition map they were built for
         self._projection: tuple[dict[tuple[str, int], str], list[Column]] | None = None
 
     def __getstate__(self) -> dict:
         # what the batches' process opens for itself: never pickled
-        return {**self.__dict__, "_partition_brokers": None, "_claimed": None, "_projection": None}
+        return {**self.__dict__, "_partition_brokers": None, "_claimed": None, "_projection": None,
+                "_completed": CompletedBatches()}
 
     @property
     def partition_brokers(self) -> PartitionBrokerMap:
@@ -211,8 +216,9 @@ class BatchWriter:
         batch_id = int(batch_id)
         try:
             self._hold_index()
+            settled = self._settled(batch_id)
             try:
-                commits = self._run(self.plan(df, batch_id), batch_id)
+                commits = self._run(self.plan(df, batch_id), batch_id, settled)
             except Exception as error:
                 unreadable = overflowing_record(error)
                 if unreadable is None or self.source is None or self.checkpoint is None:
@@ -220,7 +226,8 @@ class BatchWriter:
                 commits = salvage_batch(
                     df.sparkSession, batch_id, unreadable, source=self.source, checkpoint=self.checkpoint,
                     quarantine_dir=self.config.quarantine_dir, input_kind=self.config.input_kind,
-                    lock_timeout_s=self.config.lock_timeout_s, run=lambda frame: self._run(self.plan(frame, batch_id), batch_id))
+                    lock_timeout_s=self.config.lock_timeout_s,
+                    run=lambda frame: self._run(self.plan(frame, batch_id), batch_id, settled))
             stats = BatchStats.from_commits(batch_id, commits, time.perf_counter() - started)
             append_batch_log(self.config.root, {"job_id": self.job_id, **stats.to_json()}, self.config.options)
         except OSError as error:  # driver-side files: the batch log, the partition -> broker map
@@ -230,11 +237,11 @@ class BatchWriter:
             raise
         return stats
 
-    def _run(self, frame: DataFrame, batch_id: int) -> list[TaskCommit]:
+    def _run(self, frame: DataFrame, batch_id: int, settled: dict[str, SourceRanges]) -> list[TaskCommit]:
         """Run the batch's tasks; their commits with what all attempts of each task committed
         (attempt_counts.py: Spark keeps one attempt's result)."""
         markers = AttemptMarkers(self.config.root, f"{batch_id:020d}-{uuid.uuid4().hex[:16]}", self.config.options)
-        rows = frame.mapInArrow(task_function(self.config, batch_id, markers), COMMIT_DDL).collect()
+        rows = frame.mapInArrow(task_function(self.config, batch_id, markers, settled), COMMIT_DDL).collect()
         committed = markers.committed()
         commits = []
         for commit in map(commit_of_row, rows):
@@ -244,6 +251,15 @@ class BatchWriter:
             commits.append(commit)
         markers.clear()
         return commits
+
+    def _settled(self, batch_id: int) -> dict[str, SourceRanges]:
+        """Per shard, the offsets of the micro-batches this process completed before `batch_id`
+        (completed_batches.py), from Spark's offset log; none without a checkpoint the driver reads."""
+        if self.checkpoint is None:
+            return {}
+        starts = batch_start_offsets(self.checkpoint, batch_id, storage_options=self.config.options)
+        shard_of = None if self.config.input_kind == INPUT_METADATA else self.partition_brokers.as_dict()
+        return self._completed.settled(starts, shard_of)
 
     def _hold_index(self) -> None:
         """With `claim`: hold the index (ownership.py) from the first batch until this process
@@ -392,7 +408,8 @@ class IndexSink:
 
     def _lag(self, batch_id: int) -> int | None:
         """Messages behind the latest Kafka offsets after this batch: the batch's end offsets
-        (Spark's offset log in a local checkpoint) against the brokers' log-end offsets."""
+        (Spark's offset log in a local checkpoint) against the offsets the job's consumers read to
+        (read_committed: the last stable offset, before any open transaction)."""
         from msgindex.kafka.admin import latest_offsets, offsets_consumer
 
         source = self.writer.source
@@ -404,7 +421,7 @@ class IndexSink:
             return None
         try:
             if self._offsets is None:
-                self._offsets = offsets_consumer(source.bootstrap_servers)
+                self._offsets = offsets_consumer(source.bootstrap_servers, isolation_level=source.isolation_level)
             latest = latest_offsets(source.bootstrap_servers, sorted({topic for topic, _ in ends}),
                                     consumer=self._offsets)
         except Exception:  # lag is informational (a broker may be restarting): report "?" instead

@@ -96,13 +96,21 @@ def batch_end_offsets(checkpoint: str, batch_id: int, spark: SparkSession | None
     return _source_offsets(_checkpoint_text(spark, checkpoint, f"offsets/{batch_id}", storage_options))
 
 
+def batch_start_offsets(checkpoint: str, batch_id: int, spark: SparkSession | None = None,
+                        storage_options: Mapping[str, str] | None = None) -> dict[tuple[str, int], int]:
+    """Where micro-batch `batch_id` starts in each partition: the previous batch's end offsets
+    (batch 0: the query's initial offsets, ``sources/0/0``); empty when unreadable."""
+    if batch_id > 0:
+        return batch_end_offsets(checkpoint, batch_id - 1, spark, storage_options)
+    return _source_offsets(_checkpoint_text(spark, checkpoint, "sources/0/0", storage_options))
+
+
 def batch_ranges(spark: SparkSession | None, checkpoint: str, batch_id: int) -> dict[tuple[str, int], OffsetRange]:
     """Each partition's [start, end) in micro-batch `batch_id`: ends from its offset-log entry,
     starts from the previous entry (batch 0: the query's initial offsets); a partition in
     neither starts at its earliest offset, as Spark's source starts new partitions."""
     ends = batch_end_offsets(checkpoint, batch_id, spark)
-    previous = (batch_end_offsets(checkpoint, batch_id - 1, spark) if batch_id > 0
-                else _source_offsets(_checkpoint_text(spark, checkpoint, "sources/0/0")))
+    previous = batch_start_offsets(checkpoint, batch_id, spark)
     return {tp: OffsetRange(previous.get(tp), end) for tp, end in ends.items() if previous.get(tp, -1) < end}
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from msgindex.errors import MsgIndexError
 from msgindex.spark.pipeline.attempt_counts import AttemptMarkers
 from msgindex.spark.pipeline.commits import TaskCommit, commits_batch
+from msgindex.spark.pipeline.completed_batches import settled_for
 from msgindex.spark.pipeline.kafka_records import records_to_append
 from msgindex.spark.pipeline.quarantine import (
     RAW_VALUE,
@@ -45,7 +46,7 @@ from msgindex.spark.pipeline.shard_owner import RetentionPolicy, append_to_shard
 from msgindex.storage.fields import FieldDefinition
 from msgindex.storage.message import APPEND_SCHEMA
 from msgindex.storage.shard import BeforeCommit
-from msgindex.storage.source_ranges import SourceRows
+from msgindex.storage.source_ranges import SourceRanges, SourceRows
 
 INPUT_RECORDS = "records"
 INPUT_METADATA = "metadata"
@@ -73,14 +74,15 @@ class SinkConfig:
         return dict(self.storage_options) or None
 
 
-def task_function(config: SinkConfig, batch_id: int, markers: AttemptMarkers | None = None):
+def task_function(config: SinkConfig, batch_id: int, markers: AttemptMarkers | None = None, settled=None):
     """The ``mapInArrow`` function of batch `batch_id` (the id travels in its closure; it only
     labels quarantined events; `markers`: where appends record what they commit, see
-    attempt_counts.py). Deliberately without annotations: pyspark infers UDF kinds from type
-    hints and fails on postponed ones."""
+    attempt_counts.py; `settled`: per shard, the offsets of completed batches its appends commit
+    too, completed_batches.py). Deliberately without annotations: pyspark infers UDF kinds from
+    type hints and fails on postponed ones."""
 
     def write(batches):
-        return write_task(config, batch_id, batches, markers)
+        return write_task(config, batch_id, batches, markers, settled)
 
     return write
 
@@ -92,6 +94,7 @@ class _Chunk:
     task: int
     number: int
     markers: AttemptMarkers | None
+    settled: Mapping[str, SourceRanges]  # per shard (completed_batches.py)
 
     @property
     def marker_requests(self) -> int:
@@ -105,7 +108,8 @@ class _Chunk:
 
 
 def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBatch],
-               markers: AttemptMarkers | None = None) -> Iterator[pa.RecordBatch]:
+               markers: AttemptMarkers | None = None,
+               settled: Mapping[str, SourceRanges] | None = None) -> Iterator[pa.RecordBatch]:
     """Write one task's rows (Arrow batches of the prepared columns) and yield its commits."""
     totals: dict[str | None, TaskCommit] = {}
     order = SliceOrder()
@@ -119,11 +123,11 @@ def write_task(config: SinkConfig, batch_id: int, batches: Iterable[pa.RecordBat
             rows += batch.num_rows
         if rows >= APPEND_ROWS:
             _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order,
-                                        _Chunk(task, chunks, markers)))
+                                        _Chunk(task, chunks, markers, settled or {})))
             pending, rows, chunks = [], 0, chunks + 1
     if pending:
         _merge(totals, _write_chunk(config, batch_id, pa.Table.from_batches(pending), order,
-                                    _Chunk(task, chunks, markers)))
+                                    _Chunk(task, chunks, markers, settled or {})))
     if totals:
         yield commits_batch([replace(commit, attempt=attempt, task=task)
                              for _, commit in sorted(totals.items(), key=lambda i: i[0] or "")])
@@ -189,7 +193,8 @@ def _append(config: SinkConfig, broker: str, part: pa.Table, chunk: _Chunk) -> T
     done = append_to_shard(config.root, broker, records, _source_rows(config, part), fields=config.fields,
                            lock_timeout_s=config.lock_timeout_s,
                            adopt_legacy_offsets=config.input_kind == INPUT_RECORDS, retention=config.retention,
-                           storage_options=config.options, before_commit=chunk.before_commit(broker))
+                           storage_options=config.options, before_commit=chunk.before_commit(broker),
+                           settled=settled_for(chunk.settled, broker))
     result, retention = done.result, done.retention
     return TaskCommit(broker, appended=result.appended, already_committed=result.already_committed,
                       keys_indexed=result.keys_indexed, unkeyed=unkeyed, write_ms=(time.perf_counter() - started) * 1000,

@@ -104,7 +104,7 @@ def salvage_batch(spark: SparkSession, batch_id: int, first: OverflowingRecord, 
         if report.offset in unreadable[tp]:
             raise MsgIndexError(f"batch {batch_id}: {_describe(report)}; the batch still fails on it after leaving it out")
         fetched = fetch_records(source.bootstrap_servers, report.topic, report.partition, report.offset, window.end,
-                                limit=SCAN_RECORDS)
+                                limit=SCAN_RECORDS, isolation_level=source.isolation_level)
         unreadable[tp].update({r.offset: r for r in fetched if overflows_spark(r.timestamp_ms)})
         if report.offset not in unreadable[tp]:
             raise MsgIndexError(f"batch {batch_id}: Spark says {_describe(report)}, but Kafka returns that offset "

@@ -94,7 +94,7 @@ from msgindex.storage.shard import (
     own_coordinates,
     refuse_out_of_range_timestamps,
 )
-from msgindex.storage.source_ranges import SourceRows
+from msgindex.storage.source_ranges import SourceRanges, SourceRows, appended_ranges
 from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 
 # Up to this many hash candidates a lookup reads and checks them record by record (LogReads'
@@ -589,9 +589,10 @@ class ObjectShardWriter:
 
     # --- appending ------------------------------------------------------------------------------
     def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
-               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None) -> AppendResult:
+               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None,
+               settled: SourceRanges | None = None) -> AppendResult:
         """Commit the rows whose source offsets the shard does not hold yet (exactly once, as
-        ``ShardWriter.append``, `fields` too), retrying on lost versions. Returns what was
+        ``ShardWriter.append``, `fields` and `settled` too), retrying on lost versions. Returns what was
         appended by THIS call and what was found committed before. `before_commit` as
         ``ShardWriter.append``'s: called before each version put that adds records (after a lost
         put, again with the rows still new: fewer when the winner committed some, and with none
@@ -611,7 +612,7 @@ class ObjectShardWriter:
             for _attempt in range(MAX_COMMIT_ATTEMPTS):
                 committed = state.source_ranges
                 fresh = first[~committed.covered(sources.take(first))] if len(first) else first
-                appended = sources.ranges()
+                appended = appended_ranges(sources, committed, settled)
                 ranges = committed.union(appended)
                 extra = fields_extra_after_append(state.extra, fields, committed, appended, source=self.url)
                 if written is not None and not np.array_equal(written.rows, fresh):
