@@ -3,6 +3,8 @@ stream and restarted from its checkpoint; the index still equals Kafka's ground 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -56,3 +58,21 @@ def test_sigkill_at_several_points_then_restart(kafka_bootstrap, kafka_topic, sp
     history = run_job_in_process(args)  # the restart runs to the end
     assert history and history[0].batch_id <= int(committed[-1]) + 1
     assert_index_equals(index, truth, topics=topics)
+
+
+def test_sigterm_to_the_whole_process_group_is_a_stop(kafka_bootstrap, kafka_topic, tmp_path):
+    """systemd's default stop and `kill -- -PGID` signal every process of the job: Spark's JVM
+    (which PySpark starts ignoring SIGINT, not SIGTERM) ends with the driver. Found by an attack
+    run: exit 1 and a Py4J traceback; it is a stop: exit 0, and the index exact on restart."""
+    topic = kafka_topic(partitions=2, prefix="term")
+    produce(kafka_bootstrap, keyed_records([topic], 2_000, key_pool=300, seed=3))
+    truth = ground_truth(kafka_bootstrap, [topic])
+    index = tmp_path / "index"
+    job = JobProcess(job_args(kafka_bootstrap, [topic], index, "--trigger-interval", "1 second", "--quiet-spark"),
+                     tmp_path / "run.log")
+    job.wait_for(lambda: job.batches_logged() >= 1, STARTUP_TIMEOUT_S, "a batch")
+    os.killpg(job.process.pid, signal.SIGTERM)
+    assert job.wait(120) == 0, job.text()[-3000:]
+    assert "Traceback" not in job.text() and "Spark's JVM ended on the same signal" in job.text()
+    run_job_in_process(job_args(kafka_bootstrap, [topic], index, "--available-now", "--quiet-spark"))
+    assert_index_equals(index, truth, topics=[topic])

@@ -404,6 +404,10 @@ def test_bad_records_are_rejected_before_anything_is_written(any_store):
             from msgindex.storage.source_ranges import SourceRows
 
             writer.append([rec(0, ["a"])], SourceRows.of(["t", "t"], [0, 0], [1, 2]))
+        # (an attack run: accepted, its interval ended past int64, and every later append of the
+        # partition failed with a bare OverflowError)
+        with pytest.raises(InvalidAppendError, match=r"offset 9223372036854775807 in t-0: the largest Java long"):
+            writer.append([MessageRecord("t", 0, 2**63 - 1, BASE, "a", ("a",))])
         assert writer.committed_ranges == SourceRanges()
         if is_object_store(any_store):
             assert any_store.brokers() == [] and shard_contents(any_store, "b") == {}  # not one object written
@@ -531,3 +535,19 @@ def test_failed_append_is_forgotten(store, tmp_path, monkeypatch):
         assert writer.checkpoint.record_count == len(first)
         writer.append(second)  # the same batch again, on a writer that forgot the failed one
     assert shard_files(store.root / "broker=b") == shard_files(tmp_path / "clean" / "broker=b")
+
+
+def test_source_offsets_beyond_what_a_log_batch_carries_are_refused_saying_why(tmp_path):
+    """Every append carries the shard's committed source offsets in its log batch (a lost
+    checkpoint is rebuilt from them), at most 1 MiB: beyond it the error says what grew and what
+    to do, not only the annotation's size (an attack run: 36,000 topics, or 50,000 gaps)."""
+    from msgindex.storage.source_ranges import SourceRows
+
+    count = 100_000  # every other offset, each its own slice: 100,000 ranges
+    records = [MessageRecord("t", 0, 2 * i, BASE, "k", ("k",)) for i in range(count)]
+    sources = SourceRows.of(["t"] * count, [0] * count, [2 * i for i in range(count)], list(range(count)))
+    with open_store(tmp_path / "s", create=True) as store, store.writer("b") as writer:
+        with pytest.raises(InvalidAppendError, match=r"shard 'b': its committed source offsets \(1 topic-partitions in "
+                                                      r"100,000 ranges\) take .* bytes, more than the 1,048,576 a log batch"):
+            writer.append(records, sources)
+        assert writer.committed_ranges == SourceRanges()

@@ -90,7 +90,7 @@ from msgindex.storage.query import (
 )
 from msgindex.storage.result_order import in_result_order
 from msgindex.storage.settings import StoreSettings
-from msgindex.storage.source_ranges import SourceRanges, SourceRows, merge_intervals
+from msgindex.storage.source_ranges import SourceRanges, SourceRows, appended_ranges, merge_intervals
 from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
 
 logger = logging.getLogger(__name__)
@@ -353,7 +353,8 @@ class ShardWriter(_Committed):
     # --- public ---------------------------------------------------------------------------------
 
     def append(self, records: pa.Table | Sequence[MessageRecord], sources: SourceRows | None = None,
-               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None) -> AppendResult:
+               fields: Sequence[FieldDefinition] = (), before_commit: BeforeCommit | None = None,
+               settled: SourceRanges | None = None) -> AppendResult:
         """Append the rows whose source offsets the shard does not hold yet and commit them with
         their source ranges. Crash-safe at every point.
 
@@ -366,7 +367,9 @@ class ShardWriter(_Committed):
         written).
 
         `before_commit`: called with what this call is about to commit, after the records are
-        written and before the commit point (``BeforeCommit``)."""
+        written and before the commit point (``BeforeCommit``). `settled`: source offsets whose
+        every record that belongs to this shard is committed (completed micro-batches), committed
+        too (``source_ranges.appended_ranges``)."""
         self._require_locked()
         if self._checkpoint.source_ranges is None:
             raise LegacyCheckpointError(
@@ -385,7 +388,7 @@ class ShardWriter(_Committed):
         committed = self._checkpoint.source_ranges
         fresh = sources.first_occurrences()
         fresh = fresh[~committed.covered(sources.take(fresh))] if len(fresh) else fresh
-        appended = sources.ranges()
+        appended = appended_ranges(sources, committed, settled)
         ranges = committed.union(appended)
         extra = fields_extra_after_append(self._checkpoint.extra, fields, committed, appended,
                                           source=checkpoint_path(self.directory))
@@ -1196,8 +1199,16 @@ def refuse_out_of_range_timestamps(columns: LogColumns) -> None:
 
 
 def _ranges_annotation(ranges: SourceRanges) -> bytes:
-    """Committed source ranges as the log annotation: compact canonical JSON."""
-    return json.dumps(ranges.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+    """Committed source ranges as the log annotation: compact canonical JSON. InvalidAppendError
+    saying why when they outgrow what a batch carries (nothing is written then)."""
+    annotation = json.dumps(ranges.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+    if len(annotation) > bf.MAX_ANNOTATION_BYTES:
+        raise InvalidAppendError(
+            f"its committed source offsets ({len(ranges.ranges):,} topic-partitions in {ranges.interval_count():,} "
+            f"ranges) take {len(annotation):,} bytes, more than the {bf.MAX_ANNOTATION_BYTES:,} a log batch carries "
+            f"with them: index fewer topic-partitions into one shard (several indexes, by topic), or offsets "
+            f"appended out of order left gaps no micro-batch closes (`msgindex inspect` lists the ranges)")
+    return annotation
 
 
 def own_coordinates(records: pa.Table | pa.RecordBatch | list[MessageRecord]) -> SourceRows:

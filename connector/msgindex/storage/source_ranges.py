@@ -11,6 +11,14 @@ covering them is exact. Touching or overlapping intervals merge. Nothing ever re
 interval: retention deletes records, not the fact that they were indexed (a replay from
 ``earliest`` must not bring them back).
 
+Gaps *between* two tasks' ranges stay open: an offset no record holds at either end of a range
+(a transaction's commit marker is the last offset of most micro-batches on a transactional topic;
+aborted records under ``read_committed``) is in neither slice. So an append may also commit
+*settled* offsets (``appended_ranges``): those of micro-batches that have completed, every one of
+whose records that belongs to the shard is therefore committed, which closes those gaps. Without
+them the intervals, and the log annotation and checkpoint that carry them, grow by one per
+partition and micro-batch.
+
 JSON form (the only place it is a dict): ``{"topic": {"partition": [[start, end], ...]}}``.
 """
 
@@ -27,6 +35,7 @@ import pyarrow.compute as pc
 from msgindex.errors import CorruptFileError, InvalidAppendError
 
 SourcePartition = tuple[str, int]  # (topic, partition)
+LAST_OFFSET = (1 << 63) - 1  # Long.MAX_VALUE: no interval [offset, offset + 1) of it fits an int64
 Interval = tuple[int, int]  # [start, end)
 
 
@@ -142,6 +151,15 @@ class SourceRanges:
         return mask
 
 
+def appended_ranges(sources: SourceRows, committed: SourceRanges, settled: SourceRanges | None) -> SourceRanges:
+    """What an append commits: the ranges of its rows' slices and, of `settled` (offsets whose
+    every record that belongs to the shard is committed, see the module docstring), those the
+    shard does not hold yet: offsets holding no record of this shard, so a field declared by the
+    append covers them too (storage/fields.py)."""
+    appended = sources.ranges()
+    return appended if settled is None else appended.union(settled.minus(committed))
+
+
 @dataclass(frozen=True)
 class SourceRows:
     """The source coordinates of appended rows, one per row, and which contiguous source slice
@@ -221,6 +239,9 @@ class SourceRows:
             offsets = self.offset[where]
             if np.any(offsets < 0):
                 raise InvalidAppendError(f"source coordinates: negative offset in {source[0]}-{source[1]}")
+            if np.any(offsets == LAST_OFFSET):  # its interval would end at 2**63, past every int64 that holds it
+                raise InvalidAppendError(f"source coordinates: offset {LAST_OFFSET} in {source[0]}-{source[1]}: "
+                                         f"the largest Java long is no offset Kafka gives, and past what a range can end at")
             if self.slice_id is None:
                 found.setdefault(source, []).append((int(offsets.min()), int(offsets.max()) + 1))
                 continue

@@ -35,6 +35,7 @@ from msgindex.spark.pipeline.job import (
     IndexJobOptions,
     _StopOnSignal,
     check_and_plan,
+    check_source_identity,
     configure_trigger,
     open_index,
     sink_config,
@@ -67,6 +68,7 @@ def _prepare(options: IndexJobOptions):
         root = options.path
         with open_index(options) as store:
             require_free(root, options.storage_options or None)
+            check_source_identity(options, start)
             upgraded = upgrade_legacy_shards(store, options.input_kind)
         found = {"root": str(root), "quarantine": str(options.quarantine), "upgraded": upgraded,
                  "retention": dataclasses.asdict(start.retention),

@@ -154,6 +154,18 @@ def check_and_plan(options: IndexJobOptions) -> JobStart:
     return JobStart(tuple(topics), retention, line)
 
 
+def check_source_identity(options: IndexJobOptions, start: JobStart) -> None:
+    """Refuse topics deleted and created again since the index was built from them
+    (topic_identity.py), recording the ids of new ones; not where the Python client cannot ask
+    Kafka (SASL/SSL settings the Java client alone takes)."""
+    from msgindex.kafka.admin import needs_java_client, topic_ids
+    from msgindex.spark.pipeline.topic_identity import check_topic_identity
+
+    if start.topics and not needs_java_client(options.kafka_options):
+        check_topic_identity(options.path, options.storage_options,
+                             topic_ids(options.bootstrap_servers, start.topics))
+
+
 def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[RetentionPolicy, str]:
     """The retention the shards apply, and a line saying what it is and where it comes from.
     Without --retention-ms the age limit is the LONGEST retention.ms among the indexed topics
@@ -223,6 +235,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     root = options.path
     identity = JobIdentity.current(options.query_name, options.checkpoint)
     with IndexClaim(root, identity, options.storage_options or None), store:
+        check_source_identity(options, start)
         for broker in upgrade_legacy_shards(store, options.input_kind):
             say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
         say(start.retention_line)
@@ -255,19 +268,23 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                           .option("checkpointLocation", options.checkpoint)
                                           .queryName(options.query_name), options)
         started = time.perf_counter()
+        jvm_gone = False
         try:
             with _StopOnSignal(stop) as stop_request, lenient_expressions(spark, config.fields, options.spark_conf):
                 query = stream_writer.start()
                 say(f"indexing {options.subscribe or options.subscribe_pattern} from {options.bootstrap_servers} "
                     f"into {options.path} (input {options.input_kind}, checkpoint {options.checkpoint}, "
                     f"master {master})")
-                _wait(query, sink, stop_request)
+                jvm_gone = _wait(query, sink, stop_request)
         finally:
             sink.close()
-            if listener is not None:
+            if listener is not None and not jvm_gone:
                 if sink.history:
                     listener.wait_for(sink.history[-1].batch_id)
                 spark.streams.removeListener(listener)
+        if jvm_gone:
+            say("Spark's JVM ended on the same signal (sent to the whole process group, as systemd and `kill -- "
+                "-PGID` do): a batch it was running is replayed on the next run, exactly once")
         say(summary(sink.history, sink.stopping, time.perf_counter() - started, options))
     return sink.history
 
@@ -310,7 +327,11 @@ def configure_trigger(stream_writer, options: IndexJobOptions):
     return stream_writer
 
 
-def _wait(query, sink, stop: _StopOnSignal) -> None:
+def _wait(query, sink, stop: _StopOnSignal) -> bool:
+    """Until the query ends, stopping it after its batch once a signal came; True when Spark's
+    JVM was gone by then (PySpark starts it ignoring SIGINT, not SIGTERM: a SIGTERM to the whole
+    process group ends it too), which after a signal is a stop, not a failure."""
+    from py4j.protocol import Py4JError
     from pyspark.errors import StreamingQueryException
 
     try:
@@ -324,6 +345,12 @@ def _wait(query, sink, stop: _StopOnSignal) -> None:
     except StreamingQueryException:
         if not sink.stopping:
             raise
+    except (Py4JError, ConnectionError):
+        if not stop.requested.is_set():
+            raise
+        sink.request_stop()
+        return True
+    return False
 
 
 def summary(history: list, stopped: bool, seconds: float, options: IndexJobOptions) -> str:
