@@ -49,7 +49,7 @@ def test_a_topic_created_again_is_refused_naming_it(kafka_bootstrap, kafka_topic
     args = job_args(kafka_bootstrap, [topic], index, "--available-now")
     first = subprocess.run([MSGINDEX, "index", *args], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert sorted(p.name for p in (index / "topic-ids").iterdir()) == [f"{topic}.json"]
+    assert [p.name.rsplit("-", 1)[0] for p in (index / "topic-ids").iterdir()] == [topic]
 
     recreate(kafka_bootstrap, topic)
     produce(kafka_bootstrap, [Message(topic, f"new-{i}".encode(), b"new") for i in range(3)])
@@ -60,3 +60,21 @@ def test_a_topic_created_again_is_refused_naming_it(kafka_bootstrap, kafka_topic
     assert lines[0].startswith(f"msgindex index: topic '{topic}' was deleted and created again since this index was "
                                f"built from it (Kafka's topic id was ")
     assert "Index it into a new --path" in lines[0]
+
+
+def test_recorded_topic_ids(tmp_path):
+    """What the job's start does with each topic's id: recorded once; refused when changed and
+    the index holds offsets of the topic; replaced when it holds none (a first run that failed
+    before indexing anything); names differing in case kept apart (found by a review)."""
+    from msgindex.errors import SourceMismatchError
+    from msgindex.spark.pipeline.topic_identity import check_topic_identity, record_name
+
+    root = str(tmp_path)
+    check_topic_identity(root, None, {"orders": "id-1", "Orders": "id-9"}, held=[])
+    assert record_name("orders") != record_name("Orders")
+    check_topic_identity(root, None, {"orders": "id-1"}, held=["orders"])  # unchanged
+    check_topic_identity(root, None, {"orders": "id-2"}, held=["Orders"])  # never indexed: the new id stands
+    with pytest.raises(SourceMismatchError, match=r"topic 'orders' was deleted and created again .* was id-2, it is "
+                                                  r"id-3 now"):
+        check_topic_identity(root, None, {"orders": "id-3"}, held=["orders"])
+    check_topic_identity(root, None, {"Orders": "id-9"}, held=["Orders"])

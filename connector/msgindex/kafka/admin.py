@@ -31,6 +31,7 @@ CLIENT_ID = "msgindex-admin"
 # never an aborted one's (Kafka's consumers default to read_uncommitted, which delivers both).
 ISOLATION_LEVEL = "isolation.level"
 READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
 RETENTION_MS = "retention.ms"
 # Consumer settings kafka-python cannot take as the Java client does (JAAS, key stores): with any
 # of them, kafka-python here would be refused where Spark's Kafka source is not.

@@ -109,7 +109,9 @@ def backfill_fields(spark: SparkSession, source: KafkaSource, store: Store | Obj
     for ranges in evaluated.values():
         for tp, intervals in ranges.ranges.items():
             pieces.setdefault(tp, []).extend(OffsetRange(start, end) for start, end in intervals)
-    kafka_df = source.read_pieces(spark, {tp: _merged(intervals) for tp, intervals in pieces.items()})
+    # every record, aborted transactions' too: the index may hold them (built with read_uncommitted);
+    # values of records it does not hold are never matched (storage/backfill.py, by offset)
+    kafka_df = source.reading_every_record().read_pieces(spark, {tp: _merged(intervals) for tp, intervals in pieces.items()})
     if kafka_df is None:
         return lines
     mapping = PartitionBrokerMap(config.root, config.options).as_dict()

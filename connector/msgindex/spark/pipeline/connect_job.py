@@ -68,7 +68,7 @@ def _prepare(options: IndexJobOptions):
         root = options.path
         with open_index(options) as store:
             require_free(root, options.storage_options or None)
-            check_source_identity(options, start)
+            check_source_identity(options, start, store)
             upgraded = upgrade_legacy_shards(store, options.input_kind)
         found = {"root": str(root), "quarantine": str(options.quarantine), "upgraded": upgraded,
                  "retention": dataclasses.asdict(start.retention),

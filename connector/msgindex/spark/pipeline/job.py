@@ -16,6 +16,7 @@ one of them still keeps).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -154,7 +155,17 @@ def check_and_plan(options: IndexJobOptions) -> JobStart:
     return JobStart(tuple(topics), retention, line)
 
 
-def check_source_identity(options: IndexJobOptions, start: JobStart) -> None:
+def held_topics(store) -> set[str]:
+    """The topics any shard of `store` holds committed source offsets of."""
+    held = set()
+    for broker in store.brokers():
+        with store.reader(broker) as reader:
+            ranges = reader.committed_ranges  # (None: a version-1 shard, which names no source offsets)
+            held.update(topic for topic, _ in (ranges.ranges if ranges is not None else ()))
+    return held
+
+
+def check_source_identity(options: IndexJobOptions, start: JobStart, store) -> None:
     """Refuse topics deleted and created again since the index was built from them
     (topic_identity.py), recording the ids of new ones; not where the Python client cannot ask
     Kafka (SASL/SSL settings the Java client alone takes)."""
@@ -163,7 +174,7 @@ def check_source_identity(options: IndexJobOptions, start: JobStart) -> None:
 
     if start.topics and not needs_java_client(options.kafka_options):
         check_topic_identity(options.path, options.storage_options,
-                             topic_ids(options.bootstrap_servers, start.topics))
+                             topic_ids(options.bootstrap_servers, start.topics), held_topics(store))
 
 
 def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[RetentionPolicy, str]:
@@ -186,6 +197,9 @@ def retention_policy(options: IndexJobOptions, topics: list[str]) -> tuple[Reten
     size = "" if policy.max_bytes is None else f", shards above {policy.max_bytes:,} bytes"
     return policy, (f"retention: {policy.age_text} ({why}){size}; checked after appends, at most every "
                     f"{policy.interval_s:g} s per shard")
+
+
+JVM_END_WAIT_S = 15.0  # a JVM signalled with the driver runs its shutdown hooks, then exits
 
 
 class _StopOnSignal:
@@ -235,7 +249,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     root = options.path
     identity = JobIdentity.current(options.query_name, options.checkpoint)
     with IndexClaim(root, identity, options.storage_options or None), store:
-        check_source_identity(options, start)
+        check_source_identity(options, start, store)
         for broker in upgrade_legacy_shards(store, options.input_kind):
             say(f"shard {broker}: upgraded from batch ids to the Kafka offsets its log holds")
         say(start.retention_line)
@@ -244,6 +258,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                     store_urls=[options.path] if options.on_object_store else [],
                                     storage_options=options.storage_options or None)
         check_hadoop_path(spark, options.checkpoint)
+        _quiet_when_the_jvm_ends(spark)
         cleared = clear_interrupted_first_batch(options.checkpoint)
         if cleared:
             say(f"checkpoint {options.checkpoint}: removed Spark's unfinished first offset-log entry "
@@ -275,7 +290,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                 say(f"indexing {options.subscribe or options.subscribe_pattern} from {options.bootstrap_servers} "
                     f"into {options.path} (input {options.input_kind}, checkpoint {options.checkpoint}, "
                     f"master {master})")
-                jvm_gone = _wait(query, sink, stop_request)
+                jvm_gone = _wait(query, sink, stop_request, spark)
         finally:
             sink.close()
             if listener is not None and not jvm_gone:
@@ -327,11 +342,27 @@ def configure_trigger(stream_writer, options: IndexJobOptions):
     return stream_writer
 
 
-def _wait(query, sink, stop: _StopOnSignal) -> bool:
+def _quiet_when_the_jvm_ends(spark) -> None:
+    """PySpark's accumulator server (a thread of the driver) prints a traceback when the JVM's end
+    of its socket closes, which is how a JVM ended by a signal looks to it (``_wait``): that
+    case alone is not printed. (A private attribute of PySpark's: nothing happens without it.)"""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None or not hasattr(server, "handle_error"):
+        return
+    printed = server.handle_error
+
+    def handle_error(request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):
+            printed(request, client_address)
+
+    server.handle_error = handle_error
+
+
+def _wait(query, sink, stop: _StopOnSignal, spark) -> bool:
     """Until the query ends, stopping it after its batch once a signal came; True when Spark's
-    JVM was gone by then (PySpark starts it ignoring SIGINT, not SIGTERM: a SIGTERM to the whole
-    process group ends it too), which after a signal is a stop, not a failure."""
-    from py4j.protocol import Py4JError
+    JVM ended with the signal (PySpark starts it ignoring SIGINT, not SIGTERM: a SIGTERM to the
+    whole process group ends it too), which after a signal is a stop, not a failure."""
+    from py4j.protocol import Py4JError, Py4JJavaError
     from pyspark.errors import StreamingQueryException
 
     try:
@@ -345,12 +376,26 @@ def _wait(query, sink, stop: _StopOnSignal) -> bool:
     except StreamingQueryException:
         if not sink.stopping:
             raise
-    except (Py4JError, ConnectionError):
-        if not stop.requested.is_set():
+    except (Py4JError, ConnectionError) as error:
+        # a Java exception comes from a JVM that is still there: a failure, unless it is ending
+        if not stop.requested.is_set() or (isinstance(error, Py4JJavaError) and not _jvm_ends(spark)):
             raise
         sink.request_stop()
         return True
     return False
+
+
+def _jvm_ends(spark, within_s: float = JVM_END_WAIT_S) -> bool:
+    """Whether the local JVM PySpark started exits within `within_s` (False when there is none
+    to watch: a remote session)."""
+    process = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if process is None:
+        return False
+    try:
+        process.wait(within_s)
+    except Exception:  # still running (TimeoutExpired), or not a process object
+        return False
+    return True
 
 
 def summary(history: list, stopped: bool, seconds: float, options: IndexJobOptions) -> str:

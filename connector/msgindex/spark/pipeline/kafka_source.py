@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from msgindex.kafka.admin import ISOLATION_LEVEL, READ_COMMITTED
+from msgindex.kafka.admin import ISOLATION_LEVEL, READ_COMMITTED, READ_UNCOMMITTED
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,6 +51,12 @@ class KafkaSource:
         """What the job reads of transactions: read_committed unless ``--kafka-option
         isolation.level=...`` says otherwise (the index holds what consumers see: kafka/admin.py)."""
         return self.consumer_options.get(ISOLATION_LEVEL, READ_COMMITTED)
+
+    def reading_every_record(self) -> KafkaSource:
+        """This source reading every record of the log, aborted transactions' too: a re-read of
+        records an index holds must see them whatever the index was built with (before
+        read_committed was the default, indexes took aborted records too)."""
+        return replace(self, consumer_options={**self.consumer_options, ISOLATION_LEVEL: READ_UNCOMMITTED})
 
     def _reader(self, reader):
         reader = (reader.format("kafka")
