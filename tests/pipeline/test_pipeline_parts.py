@@ -531,3 +531,24 @@ def test_field_columns_become_pairs_with_counts_on_both_append_paths(key):
     assert carried == [(("order", "o-1"), ("trace", "t1"), ("trace", "t2"), ("trace", "t1")), (), (), (("order", "o-2"),)]
     assert counts == {"order": [2, 2, 0], "trace": [3, 3, 1]}  # [values, records without one, not UTF-8]
     assert isinstance(appended, list) == (key == b"\xff")
+
+
+def test_settled_offsets_are_those_of_the_batches_this_process_completed():
+    """completed_batches.py: [the first batch's start, this batch's start) per partition, for the
+    partition's shard (every shard for metadata events); a partition seen first only sets its
+    floor; Spark's symbolic -2/-1 are never a start; a topic created again (offsets below the
+    floor) settles nothing."""
+    from msgindex.spark.pipeline.completed_batches import ANY_SHARD, CompletedBatches, settled_for
+
+    batches = CompletedBatches()
+    shard_of = {("t", 0): "b0", ("t", 1): "b1"}
+    assert batches.settled({("t", 0): 5, ("t", 1): -2}, shard_of) == {}
+    settled = batches.settled({("t", 0): 9, ("t", 1): 3, ("u", 0): 4}, shard_of)
+    assert {shard: ranges.ranges for shard, ranges in settled.items()} == {"b0": {("t", 0): ((5, 9),)}}
+    later = batches.settled({("t", 0): 2, ("t", 1): 7}, shard_of)
+    assert {shard: ranges.ranges for shard, ranges in later.items()} == {"b1": {("t", 1): ((3, 7),)}}
+    assert settled_for(later, "b1").ranges == {("t", 1): ((3, 7),)} and settled_for(later, "b0") is None
+    events = CompletedBatches()
+    events.settled({("rmq", 0): 10}, None)
+    for_all = events.settled({("rmq", 0): 40}, None)
+    assert list(for_all) == [ANY_SHARD] and settled_for(for_all, "broker-a").ranges == {("rmq", 0): ((10, 40),)}

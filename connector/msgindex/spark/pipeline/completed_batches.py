@@ -44,6 +44,8 @@ class CompletedBatches:
         `shard_of` (None: ANY_SHARD). A partition seen for the first time only sets its floor."""
         per_shard: dict[str, dict[SourcePartition, tuple[tuple[int, int], ...]]] = {}
         for partition, start in starts.items():
+            if start < 0:  # (Spark's -2/-1, "earliest"/"latest": resolved in its offset log, never a start)
+                continue
             floor = self.floor.setdefault(partition, start)
             shard = ANY_SHARD if shard_of is None else shard_of.get(partition)
             if shard is None or not floor < start:  # (a topic created again starts below its floor)
