@@ -24,9 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from msgindex.storage.source_ranges import SourceRanges
+from msgindex.storage.source_ranges import SourcePartition, SourceRanges
 
-SourcePartition = tuple[str, int]
 ANY_SHARD = ""  # settled for every shard a task writes (metadata events: no partition has one shard)
 
 

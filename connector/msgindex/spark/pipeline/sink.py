@@ -196,6 +196,7 @@ class BatchWriter:
         self.claim = claim
         self._partition_brokers: PartitionBrokerMap | None = None  # read where the batches run
         self._completed = CompletedBatches()  # of the process that runs the batches
+        self._last_ends: tuple[int, dict[tuple[str, int], int]] | None = None  # (batch id, its end offsets)
         self._claimed: IndexClaim | None = None
         # the batch's columns (kafka_records.record_columns) and the partition map they were built for
         self._projection: tuple[dict[tuple[str, int], str], list[Column]] | None = None
@@ -203,7 +204,7 @@ class BatchWriter:
     def __getstate__(self) -> dict:
         # what the batches' process opens for itself: never pickled
         return {**self.__dict__, "_partition_brokers": None, "_claimed": None, "_projection": None,
-                "_completed": CompletedBatches()}
+                "_completed": CompletedBatches(), "_last_ends": None}
 
     @property
     def partition_brokers(self) -> PartitionBrokerMap:
@@ -257,7 +258,8 @@ class BatchWriter:
         (completed_batches.py), from Spark's offset log; none without a checkpoint the driver reads."""
         if self.checkpoint is None:
             return {}
-        starts = batch_start_offsets(self.checkpoint, batch_id, storage_options=self.config.options)
+        starts = (self._end_offsets(batch_id - 1) if batch_id > 0
+                  else batch_start_offsets(self.checkpoint, batch_id, storage_options=self.config.options))
         shard_of = None if self.config.input_kind == INPUT_METADATA else self.partition_brokers.as_dict()
         return self._completed.settled(starts, shard_of)
 
@@ -326,8 +328,19 @@ class BatchWriter:
         trips). False when the log cannot say (no checkpoint the driver can read: Kafka is asked)."""
         if batch_id is None or self.checkpoint is None:
             return False
-        ends = batch_end_offsets(self.checkpoint, batch_id, storage_options=self.config.options)
+        ends = self._end_offsets(batch_id)
         return bool(ends) and not self.partition_brokers.missing(list(ends))
+
+    def _end_offsets(self, batch_id: int) -> dict[tuple[str, int], int]:
+        """``batch_end_offsets`` of this job's checkpoint, the last ones read kept: a batch's are
+        read again as the next batch's starts (``_settled``), one GET fewer a batch in a bucket.
+        (Spark writes an offset-log entry once, before its batch runs.)"""
+        if self._last_ends is None or self._last_ends[0] != batch_id:
+            ends = batch_end_offsets(self.checkpoint, batch_id, storage_options=self.config.options)
+            if not ends:
+                return ends
+            self._last_ends = (batch_id, ends)
+        return self._last_ends[1]
 
     def _leaders(self) -> dict[tuple[str, int], int]:
         from msgindex.kafka.admin import partition_leaders
