@@ -9,6 +9,8 @@ import contextlib
 import io
 from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -133,6 +135,25 @@ def test_keys_above_the_cap_are_shuffled_below_it_collected(spark, truth):
         lookup_keys(keys, str(truth.path), max_collected_keys=-1)
 
 
+def test_small_keys_are_collected_without_a_limit(spark, truth, tmp_path, monkeypatch):
+    """Spark runs a limit before an Arrow collect as a shuffle stage: keys its own estimate calls
+    small (a small Parquet file) are collected without one. Keys of unknown size (an RDD of Python
+    rows) or of a huge estimate (a billion rows) keep the limit, so they never reach the driver
+    whole, and go to the shuffle path above the cap."""
+    pq.write_table(pa.table({"key": ["Aa", "BB", None]}), tmp_path / "keys.parquet")
+    small = spark.read.parquet(str(tmp_path / "keys.parquet"))
+    limits = []
+    limit = type(small).limit  # the session's DataFrame class (classic)
+    monkeypatch.setattr(type(small), "limit", lambda frame, n: limits.append(n) or limit(frame, n))
+    assert found(lookup_keys(small, str(truth.path))) == expected(truth, {"Aa", "BB"})
+    assert limits == []
+    lookup_keys(keys_frame(spark, ["Aa", "BB"]), str(truth.path))
+    assert limits == [1_000_001]
+    huge = lookup_keys(spark.range(1_000_000_000).selectExpr("cast(id AS string) AS key"), str(truth.path),
+                       max_collected_keys=5)
+    assert limits == [1_000_001, 6] and "Exchange hashpartitioning" in plan_of(huge)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_object_store_store(spark, truth, s3, path):
     url = s3.url()
@@ -205,8 +226,6 @@ def test_bad_path_and_broker_fail_the_job_naming_them(spark, truth, tmp_path, pa
 def test_task_slices_cover_every_key_once(truth):
     """The collected path's task function, as Spark calls it: the tasks' id ranges together
     answer every asked key exactly once, whichever ids a task gets."""
-    import pyarrow as pa
-
     from msgindex.spark.read.bulk_lookup import BulkLookup, CollectedKeysLookup
 
     asked = pa.array(list(dict.fromkeys(ASKED)))

@@ -226,11 +226,27 @@ def _collected_keys(keys: DataFrame, limit: int) -> pa.Array | None:
     None: more, or a stream."""
     if limit == 0 or keys.isStreaming:
         return None
-    column = keys.limit(limit + 1).toArrow().column(0)
+    # Spark runs a limit before an Arrow collect as a shuffle into one partition: 0.1-0.15 s of a
+    # 100,000-key lookup (BENCHMARKS.md). Where Spark's own size estimate (an upper bound for
+    # local data, projections and filters: what its broadcast joins trust) says the keys are
+    # small, they are collected without it; the checks below still apply.
+    estimate = _estimated_bytes(keys)
+    small = estimate is not None and estimate <= MAX_COLLECTED_BYTES
+    column = (keys if small else keys.limit(limit + 1)).toArrow().column(0)
     column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if len(column) > limit or column.nbytes > MAX_COLLECTED_BYTES:
         return None
     return pc.unique(column)
+
+
+def _estimated_bytes(keys: DataFrame) -> int | None:
+    """Spark's estimate of `keys`' size in bytes (its optimized plan's statistics); None where
+    the session does not expose it (Spark Connect) or cannot tell."""
+    try:
+        estimate = keys._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+    except Exception:  # noqa: BLE001 - Connect has no JVM side (AttributeError); an estimate only picks how to collect
+        return None
+    return estimate if isinstance(estimate, int) and estimate >= 0 else None
 
 
 def with_lookup_keys(found: pa.Table, asked: list[str], column: str = "keys", *, single: bool = False) -> pa.Table:
