@@ -9,6 +9,7 @@ import random
 import shutil
 import zlib
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -346,6 +347,46 @@ def test_walks_end_where_the_copies_end(tmp_path, monkeypatch):
     assert max(floors) > FIRST_INDEX and floors.count(FIRST_INDEX) < len(floors)
 
 
+def test_a_copied_key_among_cold_ones_walks_only_past_its_copies(tmp_path, monkeypatch):
+    """Of a many-key lookup, the key the copies hold is walked only down to its copies' end while
+    the keys they do not hold are walked whole (one walk per distinct end): a hot key's chain no
+    longer costs the lookup of 1,000 cold keys its whole length. Answers stay the log's."""
+    from msgindex.storage.hash_index.index_file import FIRST_INDEX, IndexFile
+    from msgindex.storage.hash_index.java_hash import index_hash
+    from msgindex.storage.message import index_key
+
+    root = tmp_path / "store"
+    rng = random.Random(9)
+    model = ShardModel("b")
+    records = [MessageRecord("orders", 0, n, BASE + n, key, (key,))
+               for n, key in enumerate("HOT" if rng.random() < 0.4 else f"k{n}" for n in range(3_100))]
+    with open_store(root, create=True, settings=SETTINGS) as store, store.writer("b") as writer:
+        for start in range(0, len(records), 250):
+            writer.append(records[start : start + 250])
+            model.append(records[start : start + 250])
+    cold = [r.key for r in records if r.key != "HOT"][::300]
+    asked = ["HOT", *cold, "absent"]
+    walks = []
+    original = IndexFile.candidate_arrays
+
+    def spy(self, hashes, *, limit_index_count=None, floor_entry=FIRST_INDEX):
+        walks.append((set(np.asarray(hashes).tolist()), floor_entry))
+        return original(self, hashes, limit_index_count=limit_index_count, floor_entry=floor_entry)
+
+    monkeypatch.setattr(IndexFile, "candidate_arrays", spy)
+    with open_store(root) as store:
+        for _ in range(2):  # (the copies are consulted from the second lookup of a reader on)
+            walks.clear()
+            answer = table_rows(store.lookup(asked))
+    assert len(cold) >= 4
+    assert answer == model_lookup([model], asked)
+    hot = index_hash(index_key("orders", "HOT"))
+    # copies hold 0..3000 (the last 100 records fill no piece): HOT is walked down to 3000 only
+    assert any(hashes == {hot} and floor > FIRST_INDEX for hashes, floor in walks), walks
+    assert all(floor == FIRST_INDEX for hashes, floor in walks if hot not in hashes)
+    assert not any(hot in hashes and floor == FIRST_INDEX for hashes, floor in walks)
+
+
 def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch):
     """An entry past the copies' end whose phyOffset was rewritten to a record before it misleads
     the binary search for where walks may end (to just past that entry); the entry is checked
@@ -369,7 +410,7 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
         store.lookup(key)  # (the copies are consulted from the second lookup of a reader on)
         reader = store.reader("b")
         copied = reader._copied_rows(WantedKeys.of(list(reader.topics), [key]))
-        from_seq = copied.covered_below(len(reader.topics))
+        from_seq = int(copied.covered_below(len(reader.topics)).min())
         state, index_file = reader.index_files()[-1]
         assert from_seq > 0 and state.header.end_phy_offset >= from_seq
         boundary = index_file.first_entry_from(from_seq, state.index_count)

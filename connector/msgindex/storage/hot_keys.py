@@ -299,15 +299,18 @@ class CopiedRows:
                 self.served[at, numbers] = True
         self._seen = np.zeros(0, np.int64)
 
-    def covered_below(self, wanted_count: int) -> int:
-        """The seq below which copies hold every wanted key's rows (the log's start when none):
-        hash entries below it need not be read at all."""
-        end = self._low
+    def covered_below(self, wanted_count: int) -> np.ndarray:
+        """Per wanted number, the seq below which copies hold all that key's rows (the log's
+        start when none): its hash entries below it need not be read at all. Stretches follow
+        one another, so a key's coverage is the run of stretches from the first that serve it."""
+        ends = np.full(wanted_count, self._low, dtype=np.int64)
+        going = np.ones(wanted_count, dtype=bool)
         for at in range(len(self._copies)):
-            if self.starts[at] > end or not self.served[at, :wanted_count].all():
+            going &= self.served[at, :wanted_count] & (self.starts[at] <= ends)
+            if not going.any():
                 break
-            end = int(self.ends[at])
-        return end
+            ends[going] = self.ends[at]
+        return ends
 
     def parts(self, broker: str, shown_topics: list[str], begin_ms: int | None, end_ms: int | None,
               partitions: np.ndarray | None) -> list[Part]:

@@ -963,12 +963,13 @@ class ShardReader(_Committed, VerifiedReads):
             return empty_rows()
         begin_ms, end_ms = window
         wanted = WantedKeys.of(topics, list(query.keys), field_pairs)
-        # Hot-key copies (hot_keys.py) answer the keys they hold; hash entries below what they
-        # hold are not even read (_floor_entry).
+        # Hot-key copies (hot_keys.py) answer the keys they hold; a key's hash entries below what
+        # they hold of it are not even read (_floor_entry): of 1,000 keys, a copied one's chain
+        # may hold more entries than all the others'.
         copied = self._copied_rows(wanted)
-        from_seq = copied.covered_below(len(wanted.hashes)) if copied is not None else 0
-        seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seq)
-        if len(seqs) <= FEW_CANDIDATES and from_seq <= self._checkpoint.log_start_seq:
+        from_seqs = copied.covered_below(len(wanted.hashes)) if copied is not None else None
+        seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seqs)
+        if len(seqs) <= FEW_CANDIDATES and (from_seqs is None or from_seqs.max() <= self._checkpoint.log_start_seq):
             return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
         parts = []
         if copied is not None:
@@ -1049,10 +1050,25 @@ class ShardReader(_Committed, VerifiedReads):
 
     # --- lookup internals -----------------------------------------------------------------------
     def _candidates(self, wanted: WantedKeys, begin_ms: int | None, end_ms: int | None,
-                    from_seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(seq, wanted-key number) of every committed hash-matching entry at or past `from_seq`,
-        from every committed file whose true time range meets the window: flat arrays, all keys
-        of the call at once. Entries point into the log by seq."""
+                    from_seqs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(seq, wanted-key number) of every committed hash-matching entry, from every committed
+        file whose true time range meets the window: flat arrays, all keys of the call at once.
+        Entries point into the log by seq. `from_seqs`: per wanted number, only entries at or
+        past it (a few distinct values: the keys are walked in one group per value)."""
+        if from_seqs is None:
+            return self._candidates_from(wanted.hashes, begin_ms, end_ms, 0)
+        seqs, whos = [], []
+        floors, group = np.unique(from_seqs, return_inverse=True)
+        for at, from_seq in enumerate(floors.tolist()):
+            numbers = np.flatnonzero(group == at)
+            found, who = self._candidates_from(wanted.hashes[numbers], begin_ms, end_ms, from_seq)
+            seqs.append(found)
+            whos.append(numbers[who])
+        return np.concatenate(seqs), np.concatenate(whos)
+
+    def _candidates_from(self, hashes: np.ndarray, begin_ms: int | None, end_ms: int | None,
+                         from_seq: int) -> tuple[np.ndarray, np.ndarray]:
+        """``_candidates`` of key `hashes` (who: positions in it), entries at or past `from_seq`."""
         low, high = max(self._checkpoint.log_start_seq, from_seq), self._checkpoint.record_count
         seqs, whos = [], []
         for state, index_file in reversed(self._files):
@@ -1063,7 +1079,7 @@ class ShardReader(_Committed, VerifiedReads):
             floor = self._floor_entry(index_file, state, from_seq) if from_seq > self._checkpoint.log_start_seq \
                 else FIRST_INDEX
             who, _entries, phy_offsets, _approx_ms = index_file.candidate_arrays(
-                wanted.hashes, limit_index_count=state.index_count, floor_entry=floor)
+                hashes, limit_index_count=state.index_count, floor_entry=floor)
             inside = (phy_offsets >= low) & (phy_offsets < high)
             if not inside.all():
                 _check_entry_targets(index_file, phy_offsets[~inside], high)
