@@ -94,8 +94,11 @@ def bulk(spark, store: str, keys: list[str | None], storage: dict[str, str] | No
     found.createOrReplaceTempView("incident_messages")
     counted = spark.sql("SELECT lookup_key, count(*) AS n FROM incident_messages GROUP BY lookup_key").collect()
     numbers = spark.createDataFrame([(1,)], "order_id bigint")
+    pruned = lookup_keys(frame, store, key_col="order_id", columns=IDS, storage_options=storage)
     return {
         "rows": rows,
+        "pruned": sorted([list(r) for r in pruned.collect()]),
+        "pruned_columns": pruned.columns,
         "counts": {r.lookup_key: r.n for r in counted},
         "bad_type": _error(lambda: lookup_keys(numbers, store, key_col="order_id")),
     }

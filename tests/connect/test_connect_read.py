@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.connect.client import IDS
 from tests.datasource.conftest import EDGE_KEY, WINDOW, assert_fetched, kafka_backed_store, rows_of_json
 
 pytestmark = pytest.mark.spark
@@ -57,6 +58,7 @@ def assert_bulk(got: dict, truth) -> None:
                 for broker, r in truth.rows for key in {"Aa", "BB", "with,comma"} & set(r.keys)}
     assert as_set(got["rows"]) == expected and len(got["rows"]) == len(expected)
     assert got["counts"] == {k: sum(1 for e in expected if e[0] == k) for k in ("Aa", "BB", "with,comma")}
+    assert got["pruned"] == got["rows"] and got["pruned_columns"] == ["lookup_key", *IDS]
     assert "key column 'order_id' is bigint" in got["bad_type"]
 
 

@@ -135,6 +135,25 @@ def test_keys_above_the_cap_are_shuffled_below_it_collected(spark, truth):
         lookup_keys(keys, str(truth.path), max_collected_keys=-1)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_only_the_columns_asked_for(spark, truth, path):
+    """`columns` returns lookup_key and just those columns, the same rows as the whole result's
+    projection (a row per (asked key, message): keys carried twice included); bad names are errors."""
+    asked = [*ASKED, "Aa"]
+    whole = lookup_keys(keys_frame(spark, asked), str(truth.path), **PATHS[path])
+    pruned = lookup_keys(keys_frame(spark, asked), str(truth.path), columns=["partition", "offset", "broker"],
+                         **PATHS[path])
+    assert pruned.columns == ["lookup_key", "partition", "offset", "broker"]
+    assert sorted(pruned.collect()) == sorted(whole.select(*pruned.columns).collect())
+    assert lookup_keys(keys_frame(spark, asked), str(truth.path), columns=["lookup_key", "key"]).columns == \
+        ["lookup_key", "key"]
+    assert lookup_keys(keys_frame(spark, asked), str(truth.path), columns=[]).count() == whole.count()
+    for bad, message in ((["offset", "nope"], "columns: 'nope' is not a column of the result"),
+                         (["offset", "offset"], "names a column twice"), (7, "columns = 7 is not a list")):
+        with pytest.raises(InvalidOptionError, match=message):
+            lookup_keys(keys_frame(spark, asked), str(truth.path), columns=bad)
+
+
 def test_small_keys_are_collected_without_a_limit(spark, truth, tmp_path, monkeypatch):
     """Spark runs a limit before an Arrow collect as a shuffle stage: keys its own estimate calls
     small (a small Parquet file) are collected without one. Keys of unknown size (an RDD of Python

@@ -56,6 +56,8 @@ def test_lookup_keys_of_a_field(spark, field_store):
     traces = lookup_keys(values, str(path), key_col="v", field="TRACE").collect()
     assert sorted((r.lookup_key, r.broker, r.offset) for r in traces) == sorted(
         ("t-3", b, r.offset) for b, r in written if ("trace", "t-3") in r.fields)
+    pruned = lookup_keys(values, str(path), key_col="v", field="TRACE", columns=["broker", "offset"]).collect()
+    assert sorted(tuple(r) for r in pruned) == sorted((r.lookup_key, r.broker, r.offset) for r in traces)
 
 
 def test_a_field_the_index_does_not_have_is_an_error_not_an_empty_answer(spark, field_store):

@@ -22,8 +22,8 @@ Spark Connect; the executors need msgindex installed and the index path reachabl
 ``format("msgindex")``.
 
 Result columns: ``lookup_key`` (string, the asked key), then the data source's columns
-(``msgindex.storage.message.ROW_SCHEMA``). One row per (asked key, message): a message indexed
-under two asked keys appears twice, once under each. Keys:
+(``msgindex.storage.message.ROW_SCHEMA``), or those of them named by ``columns``. One row per
+(asked key, message): a message indexed under two asked keys appears twice, once under each. Keys:
 
 * a ``string`` column of keys as rows show them (``\\xNN`` escapes are a key's bytes that are
   not UTF-8, ``\\x5c`` a backslash that would read as one: ``message.arrow_text``), as ``where
@@ -89,6 +89,7 @@ class BulkLookup:
     brokers: tuple[str, ...] | None = None
     storage_options: tuple[tuple[str, str], ...] = ()  # an object store's client options
     field: str | None = None  # look the values up as this field's (storage/fields.py), not as keys
+    columns: tuple[str, ...] | None = None  # ROW_SCHEMA's columns to return after lookup_key (None: all)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from self.answer(_distinct_keys(batches))
@@ -117,12 +118,18 @@ class BulkLookup:
                     found = store.lookup(query)
                     if found.num_rows:
                         name, shape = indexed
-                        yield from with_lookup_keys(found, chunk, name, single=shape == SHAPE_SINGLE).to_batches()
+                        yield from with_lookup_keys(found, chunk, name, single=shape == SHAPE_SINGLE,
+                                                    columns=self.columns).to_batches()
                     continue
                 found = store.lookup(chunk, topic=self.topic, begin_ms=self.begin_ms,
                                      end_ms=self.end_ms, brokers=brokers)
                 if found.num_rows:
-                    yield from with_lookup_keys(found, chunk).to_batches()
+                    yield from with_lookup_keys(found, chunk, columns=self.columns).to_batches()
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of the batches ``answer`` yields."""
+        return result_schema(self.columns)
 
     def _brokers(self, store) -> list[str] | None:
         if self.brokers is None:
@@ -166,6 +173,7 @@ def lookup_keys(
     num_partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     field: str | None = None,
+    columns: Iterable[str] | None = None,
     max_collected_keys: int = MAX_COLLECTED_KEYS,
 ) -> DataFrame:
     """Every message of the index at `path` indexed under a key of ``keys_df[key_col]``, as a
@@ -178,6 +186,9 @@ def lookup_keys(
     adaptive choice); `storage_options`: an object store's client options (``msgindex.open``'s);
     `field`: the column holds values of this indexed field (``msgindex index --index-field``), not
     keys: every message carrying one, ``lookup_key`` the value it carries.
+    `columns`: only these of the data source's columns after ``lookup_key`` (default: all). Spark
+    prunes a Parquet scan to the columns a query reads but cannot prune what a Python function
+    returns: naming them spares Spark converting the rest of every row (BENCHMARKS.md).
     `max_collected_keys`: up to this many non-null keys (and MAX_COLLECTED_BYTES of them) are
     collected to the driver (a job, when lookup_keys is called) and shipped to the tasks, no
     shuffle; more, or 0, hash-partitions them instead (the keys DataFrame is then computed twice:
@@ -193,6 +204,7 @@ def lookup_keys(
         brokers=_brokers(brokers),
         storage_options=tuple(sorted((storage_options or {}).items())),
         field=_field(field),
+        columns=_columns(columns),
     )
     if query.begin_ms is not None and query.end_ms is not None and query.begin_ms > query.end_ms:
         raise InvalidOptionError(f"lookup_keys: begin = {begin!r} is after end = {end!r}")
@@ -207,7 +219,7 @@ def lookup_keys(
         _positive("num_partitions", num_partitions)
     check_worker_python(keys_df.sparkSession)
     keys = keys_df.select(column.alias(_KEY_COLUMN)).where(F.col(_KEY_COLUMN).isNotNull())
-    schema = from_arrow_schema(RESULT_SCHEMA)
+    schema = from_arrow_schema(query.schema)
     collected = _collected_keys(keys, limit)
     if collected is not None:
         slices = num_partitions or max(1, min(len(collected), DEFAULT_KEY_SLICES))
@@ -249,22 +261,32 @@ def _estimated_bytes(keys: DataFrame) -> int | None:
     return estimate if isinstance(estimate, int) and estimate >= 0 else None
 
 
-def with_lookup_keys(found: pa.Table, asked: list[str], column: str = "keys", *, single: bool = False) -> pa.Table:
+def with_lookup_keys(found: pa.Table, asked: list[str], column: str = "keys", *, single: bool = False,
+                     columns: tuple[str, ...] | None = None) -> pa.Table:
     """`found` (ROW_SCHEMA rows of a lookup of `asked`, maybe with field columns after them) with
     the asked keys each row is indexed under in front, one row per (asked key, row), in
-    RESULT_SCHEMA. The asked key a row carries is read from `column` (``asked_positions``: the
-    keys, or the looked-up field's column as the lookup rendered it, ``Query.field_columns``)."""
+    RESULT_SCHEMA (`columns`: only these after lookup_key). The asked key a row carries is read
+    from `column` (``asked_positions``: the keys, or the looked-up field's column as the lookup
+    rendered it, ``Query.field_columns``)."""
     wanted = shown_keys(asked)
     row, which = asked_positions(found, wanted, column, single=single)
     # a key repeated inside one message (RocketMQ KEYS may repeat; a repeated header's value) pairs once; order kept
     _, first = np.unique(row * len(wanted) + which, return_index=True)
     first.sort()
     row, which = row[first], which[first]
-    if found.num_columns > len(ROW_SCHEMA):
-        found = found.select([f.name for f in ROW_SCHEMA])
+    names = [f.name for f in ROW_SCHEMA] if columns is None else list(columns)
+    if found.column_names != names:
+        found = found.select(names)
     # one asked key per row, the usual case: the rows as they are (a take copies every column)
     rows = found if np.array_equal(row, np.arange(found.num_rows)) else found.take(pa.array(row))
-    return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=RESULT_SCHEMA)
+    return pa.Table.from_arrays([wanted.take(pa.array(which)), *rows.columns], schema=result_schema(columns))
+
+
+def result_schema(columns: tuple[str, ...] | None = None) -> pa.Schema:
+    """RESULT_SCHEMA, or lookup_key and `columns` of it (ROW_SCHEMA's names)."""
+    if columns is None:
+        return RESULT_SCHEMA
+    return pa.schema([RESULT_SCHEMA.field(name) for name in (LOOKUP_KEY, *columns)])
 
 
 def shown_keys(asked: list[str]) -> pa.Array:
@@ -392,6 +414,23 @@ def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidOptionError(f"lookup_keys: {name} = {value!r} is not a positive integer")
     return value
+
+
+def _columns(columns: object) -> tuple[str, ...] | None:
+    if columns is None:
+        return None
+    try:
+        names = (columns,) if isinstance(columns, str) else tuple(columns)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidOptionError(f"lookup_keys: columns = {columns!r} is not a list of column names") from None
+    known = [field.name for field in ROW_SCHEMA]
+    for name in names:
+        if name not in known and name != LOOKUP_KEY:
+            raise InvalidOptionError(f"lookup_keys: columns: {name!r} is not a column of the result "
+                                     f"({LOOKUP_KEY} always comes first; the others: {', '.join(known)})")
+    if len(set(names)) != len(names):
+        raise InvalidOptionError(f"lookup_keys: columns = {list(names)!r} names a column twice")
+    return tuple(name for name in names if name != LOOKUP_KEY)
 
 
 def _field(field: object) -> str | None:
