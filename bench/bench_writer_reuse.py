@@ -31,8 +31,9 @@ def batches(count: int, size: int) -> list[list[MessageRecord]]:
     rng = random.Random(1)
     out = []
     for b in range(count):
-        out.append([MessageRecord("orders", (b * size + i) % 6, b * size + i, BASE_MS + b * 100 + i, f"k{rng.randrange(10**6)}",
-                                  (f"k{rng.randrange(10**6)}", f"c{rng.randrange(5000)}")) for i in range(size)])
+        keys = [(f"k{rng.randrange(10**6)}", f"c{rng.randrange(5000)}") for _ in range(size)]
+        out.append([MessageRecord("orders", (b * size + i) % 6, b * size + i, BASE_MS + b * 100 + i, keys[i][0], keys[i])
+                    for i in range(size)])
     return out
 
 

@@ -53,6 +53,49 @@ def test_any_key_with_other_filters_and_options(spark, truth):
     assert ids(primary) == truth.select(keys={"user-5"}) & truth.select(primary={"Aa"})
 
 
+def test_a_spelling_no_row_shows_matches_nothing(spark, truth):
+    """``\\x41`` spells ``A``, but no row shows a key so: ``any_key`` (like ``key``) finds no row
+    for it, as Spark's own comparison of the shown values would not."""
+    from pyspark.sql import functions as F
+
+    for column in ("any_key", "key"):
+        assert load(spark, truth).where(F.col(column) == "\\x41a").count() == 0
+        rows = load(spark, truth).where(F.col(column).isin("\\x41a", "BB")).collect()
+        assert rows and {r[column] for r in rows} == {"BB"}
+    assert ids(load(spark, truth).where(F.col("any_key").isin("\\x41a", "BB"))) == truth.select(keys={"BB"})
+
+
+def test_an_empty_key_is_found_by_spark_not_the_index(spark, tmp_path):
+    """A record with an empty Kafka key is logged, shown with key '', and indexed under nothing
+    (as the pipeline writes it): ``key = ''`` is Spark's to answer, over a scan, not a lookup
+    that finds nothing."""
+    import msgindex
+    from msgindex.storage.message import MessageRecord
+
+    path = tmp_path / "empty-key"
+    with msgindex.open(str(path), create=True) as store, store.writer("b") as writer:
+        writer.append([MessageRecord("t", 0, 0, 1_700_000_000_000, "", ()),
+                       MessageRecord("t", 0, 1, 1_700_000_000_001, "A", ("A",))])
+    read = spark.read.format("msgindex").load(str(path))
+    assert [r.offset for r in read.where("key = ''").collect()] == [0]
+    assert sorted(r.offset for r in read.where("key IN ('', 'A')").collect()) == [0, 1]
+    assert [r.offset for r in spark.read.format("msgindex").load(str(path)).where("key = 'A'").collect()] == [1]
+
+
+def test_max_num_caps_what_the_options_ask_and_where_filters_after(spark, truth):
+    """With ``maxNum`` nothing is pushed: the cap takes the options' first rows, then ``where``
+    keeps those of them it matches, whichever column it names (as without pushdown)."""
+    capped = load(spark, truth, key="Aa", maxNum="2").collect()
+    assert len(capped) == 2
+    last = capped[1]
+    for condition, keeps in ((f"topic = '{last.topic}'", lambda r: r.topic == last.topic),
+                             (f"key = '{last.key}'", lambda r: r.key == last.key),
+                             (f"partition = {last.partition}", lambda r: r.partition == last.partition),
+                             ("key = 'BB'", lambda r: r.key == "BB")):
+        got = load(spark, truth, key="Aa", maxNum="2").where(condition).collect()
+        assert sorted(map(tuple, got)) == sorted(tuple(r) for r in capped if keeps(r)), condition
+
+
 def test_a_message_found_by_keys_of_several_tasks_comes_back_once(spark, truth):
     both = [row for row in truth.rows if {"Aa", "user-3"} <= set(row[1].keys)]
     assert both, "the ground truth needs a message indexed under both keys"

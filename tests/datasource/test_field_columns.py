@@ -99,6 +99,10 @@ def test_where_on_a_field_column_is_an_index_lookup(spark, field_store, capsys):
     assert {tuple(r[:4]) for r in rows} == _carrying(written, "trace", ["t-3", "t-4"]) != set()
     assert len(rows) == len({tuple(r[:4]) for r in rows})
     assert all(r.any_trace == ("t-3" if "t-3" in r.trace else "t-4") for r in rows)
+    # \x6f spells o, but no row shows "o-1" so: the pushed filters match what Spark's own would
+    spelled = _load(spark, path).where(F.col("order").isin("\\x6f-1", "o-2"))
+    assert _ids(spelled) == _carrying(written, "order", ["o-2"]) != set()
+    assert _load(spark, path).where(F.col("any_trace") == "\\x74-3").count() == 0
 
 
 def test_a_filter_the_index_cannot_answer_is_spark_s(spark, field_store):

@@ -183,6 +183,9 @@ def test_enable_pushdown_then_setting_off_names_the_setting(auto_source_session,
     ({"end": "2026-11-21T05:00:00.0001"}, "option 'end' = '2026-11-21T05:00:00.0001' has sub-millisecond digits"),
     ({"keys": "a,b"}, "option 'keys' = 'a,b' is not a JSON array"),
     ({"maxNum": "-3", "key": "a"}, "option 'maxNum' = '-3'"),
+    ({"maxNum": "\u0665", "key": "a"}, "option 'maxNum' = '\u0665' is not a positive integer"),  # Arabic-Indic 5
+    ({"maxNum": str(2**63), "key": "a"}, f"option 'maxNum' = '{2**63}' is not a positive integer"),
+    ({"partitions": "1,2147483648"}, "option 'partitions' = '1,2147483648' is not a comma-separated list"),
     ({"fetchValues": "true"}, "needs option 'kafka.bootstrap.servers'"),
     ({"brokers": "broker-a,broker-x"}, "option 'brokers' = 'broker-a,broker-x': no shard named 'broker-x'"),
 ])

@@ -397,8 +397,8 @@ def test_a_damaged_entry_cannot_move_the_end_of_the_walks(tmp_path, monkeypatch)
 
     root = tmp_path / "store"
     rng = random.Random(8)
-    records = [MessageRecord("orders", 0, n, BASE + n, "HOT" if rng.random() < 0.4 else f"k{n}",
-                             ("HOT",) if rng.random() < 0.4 else (f"k{n}",)) for n in range(3_300)]
+    records = [MessageRecord("orders", 0, n, BASE + n, keys[0] if rng.random() < 0.6 else None, keys)
+               for n, keys in enumerate(("HOT",) if rng.random() < 0.4 else (f"k{n}",) for n in range(3_300))]
     settings = StoreSettings(hash_slot_num=7, index_num=10_000, segment_bytes=30_000, index_interval_bytes=300)
     with open_store(root, create=True, settings=settings) as store, store.writer("b") as writer:
         for start in range(0, len(records), 250):

@@ -37,8 +37,10 @@ from tests.storage.shard_model import (
 BASE = 1_700_000_000_000
 
 
-def rec(offset, keys, ts=BASE, topic="orders", partition=0, key="same"):
-    return MessageRecord(topic, partition, offset, ts, key, tuple(keys))
+def rec(offset, keys, ts=BASE, topic="orders", partition=0, key=None):
+    """A record indexed under `keys`, its key the last of them (or `key`, which must be one)."""
+    return MessageRecord(topic, partition, offset, ts, key if key is not None else (keys[-1] if keys else None),
+                         tuple(keys))
 
 
 @pytest.fixture
@@ -253,7 +255,8 @@ def record_batches(draw, key_pool, max_keys=5):
                 partition=draw(st.integers(0, 2)),
                 offset=offset,
                 timestamp_ms=BASE + draw(st.integers(-3_000, 20_000)),
-                key=draw(st.sampled_from([None, keys[0] if keys else None, "own"])),
+                # a key is one of the keys (stored apart past the first), or empty (indexed under nothing)
+                key=draw(st.sampled_from([None, keys[0] if keys else None, keys[-1] if keys else None, ""])),
                 keys=keys,
                 commit_log_offset=draw(st.sampled_from([-1, offset * 10])),
                 size=draw(st.sampled_from([-1, 77])),
@@ -408,6 +411,9 @@ def test_bad_records_are_rejected_before_anything_is_written(any_store):
         # partition failed with a bare OverflowError)
         with pytest.raises(InvalidAppendError, match=r"offset 9223372036854775807 in t-0: the largest Java long"):
             writer.append([MessageRecord("t", 0, 2**63 - 1, BASE, "a", ("a",))])
+        # (an attack run: accepted, then `where key = 'P'` pushed to the index found none of them)
+        with pytest.raises(InvalidAppendError, match=r"record 1 of the batch \(t-0 offset 4\): its key 'P' is not among"):
+            writer.append([MessageRecord("t", 0, 3, BASE, "x", ("y", "x")), MessageRecord("t", 0, 4, BASE, "P", ("Q",))])
         assert writer.committed_ranges == SourceRanges()
         if is_object_store(any_store):
             assert any_store.brokers() == [] and shard_contents(any_store, "b") == {}  # not one object written

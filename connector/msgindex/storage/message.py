@@ -246,3 +246,11 @@ def text_of_shown(shown: str) -> str:
         position = escape.end()
     raw += shown[position:].encode("utf-8", "surrogateescape")
     return decode_key_bytes(bytes(raw))
+
+
+def exactly_shown(shown: str) -> str | None:
+    r"""The text that results show exactly as `shown`; None when none is shown so (``\x41``: a
+    row shows ``A``; ``\x5c`` stands for a backslash only where one would read as an escape).
+    What an exact comparison with a shown column must look up."""
+    text = text_of_shown(shown)
+    return text if text == shown or arrow_text(text) == shown else None

@@ -69,7 +69,7 @@ from msgindex.storage.hash_index.index_file import HEADER_SIZE as INDEX_HEADER_S
 from msgindex.storage.hash_index.index_file import SLOT_SIZE as INDEX_SLOT_SIZE
 from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.log import batch_format as bf
-from msgindex.storage.log.columns import LogColumns
+from msgindex.storage.log.columns import LogColumns, ranges_owner
 from msgindex.storage.log.metadata_log import DEFAULT_MAX_INDEX_BYTES, LogPosition, MetadataLog
 from msgindex.storage.log.segment import LOG_SUFFIX
 from msgindex.storage.manifest import MANIFEST_FILE, SHARD_DIR_PREFIX, load_manifest, register_shard
@@ -403,6 +403,7 @@ class ShardWriter(_Committed):
         try:
             columns = LogColumns.of(records)  # validated once; encoded by the log, keyed by the index
             refuse_out_of_range_timestamps(columns)
+            refuse_unindexed_keys(columns)
             seqs = self._append_to_log(columns, ranges)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
@@ -1210,8 +1211,33 @@ def refuse_out_of_range_timestamps(columns: LogColumns) -> None:
     if not len(stamps) or (int(stamps.min()) >= MIN_TIMESTAMP_MS and int(stamps.max()) <= MAX_TIMESTAMP_MS):
         return
     i = int(np.argmax((stamps < MIN_TIMESTAMP_MS) | (stamps > MAX_TIMESTAMP_MS)))
-    where = f"{decode_text(columns.topic[i].as_py())}-{int(columns.ints['partition'][i])} offset {int(columns.ints['offset'][i])}"
-    raise InvalidAppendError(f"record {i} of the batch ({where}): {timestamp_problem(int(stamps[i]))}")
+    raise InvalidAppendError(f"{_record_place(columns, i)}: {timestamp_problem(int(stamps[i]))}")
+
+
+def refuse_unindexed_keys(columns: LogColumns) -> None:
+    """InvalidAppendError naming the first record whose non-empty key is not among its keys: a
+    shard indexes a message under its own key (an empty key under none: the pipeline logs such
+    a record unkeyed), which a lookup of the key, the data source's ``key = ...`` among them,
+    relies on to find every record showing it."""
+    has_key = pc.fill_null(pc.greater(pc.binary_length(columns.key), 0), False).to_numpy(zero_copy_only=False)
+    if not has_key.any():
+        return
+    owner, within = ranges_owner(np.diff(columns.list_offsets))
+    items = columns.items.take(pa.array(columns.list_offsets[:-1][owner] + within))
+    same = pc.equal(items.cast(pa.large_binary()), columns.key.cast(pa.large_binary()).take(pa.array(owner)))
+    carried = np.zeros(len(columns), dtype=bool)
+    carried[owner[same.fill_null(False).to_numpy(zero_copy_only=False)]] = True
+    missing = has_key & ~carried
+    if missing.any():
+        i = int(np.argmax(missing))
+        raise InvalidAppendError(f"{_record_place(columns, i)}: its key {decode_text(columns.key[i].as_py())!r} is not "
+                                 f"among its keys: a message is indexed under its own key, so keys must hold it")
+
+
+def _record_place(columns: LogColumns, i: int) -> str:
+    """Record `i` of an appended batch, named for an error: its place and topic-partition-offset."""
+    topic = decode_text(columns.topic[i].as_py())
+    return f"record {i} of the batch ({topic}-{int(columns.ints['partition'][i])} offset {int(columns.ints['offset'][i])})"
 
 
 def _ranges_annotation(ranges: SourceRanges) -> bytes:

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from msgindex.errors import InvalidOptionError, StoreNotFoundError
 from msgindex.spark.read.options import SESSION_TIME_ZONE_CONF, parse_names
 from msgindex.storage.fields import SHAPE_SINGLE, check_field_names, store_fields
-from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, text_of_shown
+from msgindex.storage.message import ROW_SCHEMA, arrow_text, decode_key_bytes, exactly_shown
 from msgindex.storage.query import Query
 from msgindex.times import TimeArg, to_epoch_ms
 
@@ -342,12 +342,7 @@ def _as_lookup_keys(keys: pa.Array | pa.ChunkedArray) -> list[str]:
     nothing, as in a ``where``: the rows found must show the asked key, ``lookup_key``."""
     if pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type):
         return [decode_key_bytes(raw) for raw in keys.to_pylist()]
-    texts = []
-    for shown in keys.to_pylist():
-        text = text_of_shown(shown)
-        if text == shown or arrow_text(text) == shown:  # (text == shown: no escape in it, shown as itself)
-            texts.append(text)
-    return texts
+    return [text for text in map(exactly_shown, keys.to_pylist()) if text is not None]
 
 
 def _key_column(keys_df: DataFrame, key_col: str):

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from datetime import UTC, tzinfo
 
 from msgindex.errors import InvalidOptionError
+from msgindex.storage.int_limits import INT32_MAX, INT64_MAX
 from msgindex.storage.message import text_of_shown
 from msgindex.storage.rocketmq.broker_store import is_broker_store
 from msgindex.times import TimeInput, as_zone, current_ms, read_time
@@ -161,14 +162,22 @@ def parse_fields(given: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None
     return tuple(pairs) or None
 
 
+def _decimal(text: str) -> int:
+    """An integer written in ASCII digits (Python's int() also reads other scripts' digits)."""
+    text = text.strip()
+    if not text.isascii():
+        raise ValueError(text)
+    return int(text)
+
+
 def parse_positive_int(option: str, value: str) -> int:
-    """A strictly positive integer option."""
+    """A strictly positive integer option (at most int64's largest)."""
     try:
-        number = int(value.strip())
+        number = _decimal(value)
     except ValueError:
         number = 0
-    if number <= 0:
-        raise InvalidOptionError(f"option '{option}' = {value!r} is not a positive integer")
+    if not 0 < number <= INT64_MAX:
+        raise InvalidOptionError(f"option '{option}' = {value!r} is not a positive integer (of at most {INT64_MAX})")
     return number
 
 
@@ -216,10 +225,10 @@ def parse_storage_options(path: str, given: Mapping[str, str]) -> tuple[tuple[st
 def parse_partitions(option: str, value: str) -> tuple[int, ...]:
     """A comma-separated list of Kafka partition numbers (>= 0)."""
     try:
-        numbers = tuple(int(part) for part in value.split(","))
+        numbers = tuple(_decimal(part) for part in value.split(","))
     except ValueError:
         numbers = (-1,)
-    if any(number < 0 for number in numbers):
+    if any(not 0 <= number <= INT32_MAX for number in numbers):
         raise InvalidOptionError(
             f"option '{option}' = {value!r} is not a comma-separated list of partition numbers"
         )

@@ -9,10 +9,11 @@ own evaluation would keep; everything else goes back to Spark, which re-checks i
   microseconds, so each bound is turned into the inclusive millisecond bound that selects the
   same rows (e.g. ``timestamp > 10.0005 s`` -> ``begin_ms = 10001``); exact.
 * ``key`` ``=`` / ``IN`` / ``<=>``: the ``key`` column is the message's *primary* key, while the
-  index finds a message under *any* of its ``keys``. The primary key is always one of the keys
-  (the writers index a record under its own key), so the index lookup returns a superset and
-  the reader then keeps only rows whose ``key`` equals one of the values: exact, and still never
-  a scan.
+  index finds a message under *any* of its ``keys``. A non-empty primary key is always one of
+  the keys (a shard refuses a record otherwise: ``shard.refuse_unindexed_keys``), so the index
+  lookup returns a superset and the reader then keeps only rows whose ``key`` equals one of the
+  values: exact, and still never a scan. An empty key is indexed under nothing (the pipeline
+  logs a record with an empty Kafka key unkeyed): a filter asking for ``''`` goes to Spark.
 * ``any_key`` ``=`` / ``IN`` / ``<=>``: "indexed under this key", whatever the primary key: the
   hash index lookup itself, exact. ``any_key`` is a column of the pushdown source only
   (``enable_pushdown``): in each row found by a key lookup it holds the first asked key the
@@ -60,7 +61,7 @@ from pyspark.sql.datasource import (
 
 from msgindex.spark.read.options import ReadOptions, session_zone
 from msgindex.storage.fields import LOOKUP_COLUMN_PREFIX, SHAPE_SINGLE
-from msgindex.storage.message import text_of_shown
+from msgindex.storage.message import exactly_shown, text_of_shown
 from msgindex.storage.query import Query
 from msgindex.times import micros_since_epoch
 
@@ -171,6 +172,7 @@ class IndexQuery:
             values = _equality_values(filter_, str)
             if values is None:
                 return None
+            values = _exactly_shown(values)
             current = dict(self.field_filters)
             current[field] = values if field not in current else current[field] & values
             return replace(self, field_filters=tuple(current.items()))
@@ -178,14 +180,14 @@ class IndexQuery:
             values = _equality_values(filter_, str)
             if values is None:
                 return None
-            wanted = {text_of_shown(value) for value in values}
+            wanted = {text_of_shown(value) for value in _exactly_shown(values)}
             current = self.lookup_keys
             return replace(self, lookup_keys=tuple(sorted(wanted)) if current is None
                            else tuple(key for key in current if key in wanted))
         if column in STRING_COLUMNS or column in INT_COLUMNS:
             values = _equality_values(filter_, str if column in STRING_COLUMNS else int)
-            if values is None:
-                return None
+            if values is None or (column == "key" and "" in values):
+                return None  # (an empty key is logged but indexed under nothing: only a scan finds it)
             field = {"key": "primary_keys", "topic": "topics", "broker": "brokers",
                      "partition": "partitions"}[column]
             current = getattr(self, field)
@@ -211,6 +213,12 @@ class IndexQuery:
         return None
 
 
+def _exactly_shown(values: set[str]) -> set[str]:
+    """The values some row can show: a lookup column holds a value as rows show it, so a spelling
+    no row shows (``\x41`` for ``A``) matches nothing (``message.exactly_shown``)."""
+    return {value for value in values if exactly_shown(value) is not None}
+
+
 def lookup_column(field: str) -> str:
     """The lookup column of an array field (``any_<name>``, as ``any_key`` is of ``keys``)."""
     return LOOKUP_COLUMN_PREFIX + field
@@ -226,7 +234,12 @@ def task_query(query: IndexQuery, options: ReadOptions) -> IndexQuery:
 
 def push(query: IndexQuery, filters: Iterable[Filter]) -> tuple[IndexQuery, list[Filter]]:
     """Apply every filter the index answers exactly; return the new query and the rejected
-    filters (the very objects Spark passed, as pushFilters must return them)."""
+    filters (the very objects Spark passed, as pushFilters must return them). With ``maxNum``
+    (max_results) nothing is pushed: the cap applies to what the options ask and Spark's filters
+    to the rows it kept, as in a session without pushdown (a filter the index applied would
+    otherwise come before the cap, and the primary key's after it)."""
+    if query.max_results is not None:
+        return query, list(filters)
     rejected = []
     for filter_ in filters:
         narrowed = query.restrict(filter_)

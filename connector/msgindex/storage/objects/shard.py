@@ -93,6 +93,7 @@ from msgindex.storage.shard import (
     BeforeCommit,
     own_coordinates,
     refuse_out_of_range_timestamps,
+    refuse_unindexed_keys,
 )
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, appended_ranges
 from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
@@ -670,6 +671,7 @@ class ObjectShardWriter:
         try:
             columns = LogColumns.of(taken)
             refuse_out_of_range_timestamps(columns)
+            refuse_unindexed_keys(columns)
         except InvalidAppendError as bad:
             raise InvalidAppendError(f"shard {self.broker!r}: {bad}") from None
         encoded = encode_chunk(columns)
