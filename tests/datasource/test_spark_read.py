@@ -186,6 +186,7 @@ def test_enable_pushdown_then_setting_off_names_the_setting(auto_source_session,
     ({"maxNum": "\u0665", "key": "a"}, "option 'maxNum' = '\u0665' is not a positive integer"),  # Arabic-Indic 5
     ({"maxNum": str(2**63), "key": "a"}, f"option 'maxNum' = '{2**63}' is not a positive integer"),
     ({"partitions": "1,2147483648"}, "option 'partitions' = '1,2147483648' is not a comma-separated list"),
+    ({"hashSlotNum": "500"}, "option 'hashSlotNum' = '500' sizes a RocketMQ index file: it needs option 'mode'"),
     ({"fetchValues": "true"}, "needs option 'kafka.bootstrap.servers'"),
     ({"brokers": "broker-a,broker-x"}, "option 'brokers' = 'broker-a,broker-x': no shard named 'broker-x'"),
 ])

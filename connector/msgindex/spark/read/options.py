@@ -353,6 +353,11 @@ class ReadOptions:
                 f"option 'fetchValues' in mode 'rocketmq' needs a broker's store root (holding "
                 f"commitlog/ and index/); {self.path!r} is not one"
             )
+        for name in ("hashSlotNum", "indexNum"):
+            if name.lower() in given and self.mode == MODE_STORE:
+                raise InvalidOptionError(
+                    f"option '{name}' = {given[name.lower()]!r} sizes a RocketMQ index file: it needs option "
+                    f"'mode' = 'rocketmq' (a msgindex store records its own sizes)")
         if self.broker_name is not None and not self.verified_rocketmq:
             raise InvalidOptionError(
                 f"option 'brokerName' = {given['brokername']!r} names the broker of a RocketMQ store "
