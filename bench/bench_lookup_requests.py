@@ -50,6 +50,8 @@ def spark_requests(log: Path, query) -> tuple[int, dict[str, int]]:
     with open(log, "rb") as text:
         text.seek(start)
         for line in text.read().decode("latin-1").splitlines():
+            if line.startswith("<- "):  # bytes coming back, not a request
+                continue
             if SHOW:
                 print("   ", line)
             kind = "LIST" if "list-type" in line else line.split(" ", 1)[0]

@@ -45,13 +45,16 @@ def wait_for(port: int, process: subprocess.Popen, what: str) -> None:
 PROXY = textwrap.dedent('''
     import asyncio, re, sys
     listen, target, delay = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) / 1000
-    log = open(sys.argv[4], "a", buffering=1) if len(sys.argv) > 4 else None  # request lines, one a line
+    # the log: each request line as it goes to the server, and "<- N" for each N bytes coming back
+    log = open(sys.argv[4], "a", buffering=1) if len(sys.argv) > 4 else None
     request_line = re.compile(rb"(?:^|\\r\\n)((?:GET|PUT|HEAD|POST|DELETE) [^ ]+) HTTP/1")
     async def pipe(reader, writer, pause):
         try:
             while data := await reader.read(1 << 16):
                 if pause and log:
                     log.writelines(line.decode("latin-1") + "\\n" for line in request_line.findall(data))
+                elif log:
+                    log.write(f"<- {len(data)}\\n")
                 if pause and delay:
                     await asyncio.sleep(delay)  # before each request (or piece of one) goes on
                 writer.write(data)
@@ -79,13 +82,15 @@ class Servers:
         self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
         self.moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        self.proxy = self.relay = None
+        self.proxy = self.relay = self.relay_log = None
         try:  # a server that did not start leaves none of the others running
             wait_for(self.port, self.moto, "moto's server")
             self.proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(self.proxy_port), str(self.port),
                                            str(latency_ms)])
             wait_for(self.proxy_port, self.proxy, "the latency proxy")
-            self.relay = subprocess.Popen([sys.executable, "-c", PROXY, str(self.relay_port), str(self.port), "0"])
+            self.relay_log = tempfile.NamedTemporaryFile(prefix="relay-", suffix=".log", delete=False)  # noqa: SIM115
+            self.relay = subprocess.Popen([sys.executable, "-c", PROXY, str(self.relay_port), str(self.port), "0",
+                                           self.relay_log.name])
             wait_for(self.relay_port, self.relay, "the relay")
         except BaseException:
             self.stop()
@@ -122,17 +127,31 @@ class Servers:
             total += sum(item["Size"] for item in page.get("Contents", ()))
         return total
 
-    def filesystem(self, *, slow: bool = False):
+    def filesystem(self, *, slow: bool = False, relay: bool = False):
         from pyarrow.fs import S3FileSystem
 
         return S3FileSystem(access_key=ACCESS, secret_key=SECRET, region=REGION, scheme="http",
-                            endpoint_override=self.endpoint(slow=slow).removeprefix("http://"))
+                            endpoint_override=self.endpoint(slow=slow, relay=relay).removeprefix("http://"))
+
+    def relay_traffic(self) -> tuple[int, int]:
+        """(requests, bytes sent back: headers and bodies) through the relay since it started:
+        what a client asked of the server, counted outside the client."""
+        requests = served = 0
+        with open(self.relay_log.name, encoding="latin-1") as log:
+            for line in log:
+                if line.startswith("<- "):
+                    served += int(line[3:])
+                else:
+                    requests += 1
+        return requests, served
 
     def stop(self) -> None:
         for process in (self.relay, self.proxy, self.moto):
             if process is not None:
                 process.terminate()
                 process.wait(timeout=10)
+        if self.relay_log is not None:
+            os.unlink(self.relay_log.name)  # (moto's own log stays: it holds a failed start's reason)
 
 
 def add_object_store_flag(parser, what: str) -> None:
