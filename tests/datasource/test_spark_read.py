@@ -188,6 +188,10 @@ def test_enable_pushdown_then_setting_off_names_the_setting(auto_source_session,
     ({"partitions": "1,2147483648"}, "option 'partitions' = '1,2147483648' is not a comma-separated list"),
     ({"hashSlotNum": "500"}, "option 'hashSlotNum' = '500' sizes a RocketMQ index file: it needs option 'mode'"),
     ({"fetchValues": "true"}, "needs option 'kafka.bootstrap.servers'"),
+    ({"kafka.bootstrap.servers": "127.0.0.1:9092"},
+     "option 'kafka.bootstrap.servers' = '127.0.0.1:9092' is read only with option 'fetchValues' = 'true'"),
+    ({"kafka.bootstrap.servers": "127.0.0.1:9092", "mode": "rocketmq", "fetchValues": "true"},
+     "option 'kafka.bootstrap.servers' = '127.0.0.1:9092' is for a msgindex store: in mode 'rocketmq'"),
     ({"brokers": "broker-a,broker-x"}, "option 'brokers' = 'broker-a,broker-x': no shard named 'broker-x'"),
 ])
 def test_bad_options_name_option_and_value(spark, truth, options, message):

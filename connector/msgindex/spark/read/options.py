@@ -31,7 +31,7 @@ Option reference (names are case-insensitive):
 ``partitions``                comma-separated Kafka partition numbers
 ``fetchValues``               ``true``: add each found message's Kafka ``value`` and ``headers``
                               (rocketmq mode: the body, decompressed, and its ``properties``)
-``kafka.bootstrap.servers``   the Kafka cluster that fetchValues reads from
+``kafka.bootstrap.servers``   the Kafka cluster that fetchValues reads from (only with it, mode store)
 ``hashSlotNum`` / ``indexNum``  (rocketmq mode) the sizing the IndexFiles were written with;
                               RocketMQ's defaults 5,000,000 / 20,000,000
 ``brokerName``                (rocketmq mode, store root) the rows' ``broker``; default: the
@@ -348,6 +348,16 @@ class ReadOptions:
             raise InvalidOptionError(
                 "option 'fetchValues' = 'true' needs option 'kafka.bootstrap.servers'"
             )
+        # Given without fetchValues it would do nothing: a user who meant values would get rows
+        # without them and no word why. (fetchValues = 'false' says so: a notebook's switch.)
+        if self.bootstrap_servers is not None and "fetchvalues" not in given:
+            raise InvalidOptionError(
+                f"option 'kafka.bootstrap.servers' = {self.bootstrap_servers!r} is read only with option "
+                f"'fetchValues' = 'true' (which adds each message's value and headers); add it or drop this one")
+        if self.bootstrap_servers is not None and self.mode == MODE_ROCKETMQ:
+            raise InvalidOptionError(
+                f"option 'kafka.bootstrap.servers' = {self.bootstrap_servers!r} is for a msgindex store: in mode "
+                f"'rocketmq' fetchValues reads the broker's own commitlog")
         if self.fetch_values and self.mode == MODE_ROCKETMQ and not self.broker_store:
             raise InvalidOptionError(
                 f"option 'fetchValues' in mode 'rocketmq' needs a broker's store root (holding "
