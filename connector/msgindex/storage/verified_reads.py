@@ -78,12 +78,16 @@ class WantedKeys:
         return np.repeat(np.array([numbers.get(t, -1) for t in self.topics], dtype=np.int64), self.keys_per_topic)
 
 
-SCALAR_HASH_MAX_KEYS = 16
+# Up to this many keys are encoded and hashed one by one: Arrow and numpy set-up costs more.
+SCALAR_MAX_KEYS = 16
 
 
 def _encoded(keys: Sequence[str]) -> pa.Array:
     """``encode_text`` of each key as bf.TEXT: Arrow's UTF-8 where every key is valid UTF-8 (the
-    same bytes, without a Python call per key: a bulk lookup asks 50,000 at once)."""
+    same bytes, without a Python call per key: a bulk lookup asks 50,000 at once). A few keys
+    go one by one: Arrow's two calls cost ~19 us, one key's encode_text ~3."""
+    if len(keys) <= SCALAR_MAX_KEYS:
+        return pa.array([encode_text(k) for k in keys], bf.TEXT)
     try:
         return pa.array(keys, pa.large_string()).cast(bf.TEXT)
     except (pa.ArrowException, UnicodeError):  # a lone surrogate: encode_text passes it through
@@ -91,7 +95,7 @@ def _encoded(keys: Sequence[str]) -> pa.Array:
 
 
 def _hashes(keys: list[str]) -> np.ndarray:
-    if len(keys) <= SCALAR_HASH_MAX_KEYS:  # the vectorized hash's set-up costs more than a few scalar hashes
+    if len(keys) <= SCALAR_MAX_KEYS:  # the vectorized hash's set-up costs more than a few scalar hashes
         return np.array([index_hash(key) for key in keys], dtype=np.int64)
     return index_hashes(keys)
 
