@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import msgindex
 from msgindex.errors import CorruptFileError
+from msgindex.storage import checksum
 from msgindex.storage.hash_index import entry_sums
 from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
 from msgindex.storage.maintenance.repair import repair_store
@@ -91,8 +94,22 @@ def test_the_writer_covers_every_committed_entry(store):
     assert lookup_every_key(store) == (KEYS, 0, [])
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["libdeflate", "zlib"])
+def test_the_lookup_checksum_is_zlibs(monkeypatch, compiled):
+    if compiled:
+        assert checksum.compiled_blocks is not None, "msgindex.storage.log._blocks was not built: `make setup`"
+    else:
+        monkeypatch.setattr(checksum, "compiled_blocks", None)
+    data = np.random.default_rng(1).integers(0, 256, 30_000, dtype=np.uint8)
+    for piece in (data, data[7:10_247], memoryview(data.tobytes())[3:], b""):
+        assert checksum.crc32(piece) == zlib.crc32(piece)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["libdeflate", "zlib"])
 @pytest.mark.parametrize("which", ["sealed", "active"])
-def test_scribbled_entries_are_an_error_naming_the_file(store, which):
+def test_scribbled_entries_are_an_error_naming_the_file(store, which, compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(checksum, "compiled_blocks", None)
     sealed, active = index_files(store)
     victim = sealed if which == "sealed" else active
     scribble_entries(victim, 2000)

@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from msgindex.errors import CorruptFileError
+from msgindex.storage.checksum import crc32
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.hash_index import hash_run
 from msgindex.storage.hash_index.hash_run import IndexFile
@@ -247,19 +248,20 @@ class EntryGuard:
             pending = chunks[~whole[chunks]].tolist()
         else:  # a few walks one entry at a time (a one-key lookup): no numpy call
             pending = [chunk for chunk in set(touched.chunks) if chunk < whole.size and not whole[chunk]]
+        entries = _entry_bytes(self.index_file) if pending else None  # (once: ~4 us, a chunk's CRC ~1)
         for chunk in pending:
             low = chunk << CHUNK_SHIFT
             need = min(low + CHUNK_ENTRIES, limit)
             if need <= max(low, _FIRST_INDEX) or self._partial.get(chunk, 0) >= need:
                 continue
-            self._check_chunk(chunk, low, need)
+            self._check_chunk(entries, chunk, low, need)
 
-    def _check_chunk(self, chunk: int, low: int, need: int) -> None:
+    def _check_chunk(self, entries: np.ndarray, chunk: int, low: int, need: int) -> None:
         sums = self._sidecar()
         covered = low
         if sums is not None and sums.covered_count > low:
             covered = min(low + CHUNK_ENTRIES, sums.covered_count)
-            crc = zlib.crc32(_entry_bytes(self.index_file)[low * ENTRY_BYTES : covered * ENTRY_BYTES])
+            crc = crc32(entries[low * ENTRY_BYTES : covered * ENTRY_BYTES])
             if crc != int(sums.crcs[chunk]):
                 raise CorruptFileError(
                     f"{self.index_file.path}: hash index entries {low}..{covered - 1} fail their checksum (in "

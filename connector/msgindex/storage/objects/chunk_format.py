@@ -67,6 +67,7 @@ import numpy as np
 
 from msgindex.errors import CorruptFileError, InvalidAppendError
 from msgindex.storage.append_columns import AppendColumns
+from msgindex.storage.checksum import crc32
 from msgindex.storage.hash_index.java_hash import index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.columns import LogColumns
@@ -181,7 +182,7 @@ class ChunkFooter:
         pages = -(-len(data) // PAGE_BYTES)
         for page in range(pages):
             piece = data[page * PAGE_BYTES : (page + 1) * PAGE_BYTES]
-            if zlib.crc32(piece) != int(self.page_crcs[first_page + page]):
+            if crc32(piece) != int(self.page_crcs[first_page + page]):
                 raise CorruptFileError(f"{name}: hash items of page {first_page + page} fail their checksum "
                                        f"(the chunk object is damaged)")
         return np.frombuffer(data, HASH_ITEM_DTYPE)

@@ -1,0 +1,22 @@
+"""CRC-32 as ``zlib.crc32`` computes it, for the checks on a lookup's path.
+
+Where the compiled block reader was built (``storage/log/_blocks.c``), libdeflate computes it where
+the system has it: 0.85 against zlib's 4.7 us for a 10 kB chunk of hash entries, which a lookup
+checks the first time it touches one (``entry_sums``). Else zlib's, the same value.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+try:  # optional (setup.py), as for storage.log.batch_format
+    from msgindex.storage.log import _blocks as compiled_blocks
+except ImportError:
+    compiled_blocks = None
+
+
+def crc32(data: bytes | bytearray | memoryview) -> int:
+    """``zlib.crc32(data)``, of any C-contiguous buffer (a numpy slice too)."""
+    if compiled_blocks is not None:
+        return compiled_blocks.checksum(data)
+    return zlib.crc32(data)
