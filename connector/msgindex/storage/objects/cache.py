@@ -170,6 +170,10 @@ class FooterCache:
                 self._shrink()
         return footer
 
+    def holds(self, url: str) -> bool:
+        with self._lock:
+            return url in self._footers
+
     def count_page_read(self, url: str) -> int:
         """How many lookups have read hash pages of the chunk at `url` while its footer was held
         (the whole section is worth keeping once a process keeps coming back: ``shard.py``)."""

@@ -338,8 +338,11 @@ class ObjectLog(LogReads):
         return list(self._segments)
 
     def load_footers(self, chunks: Iterable[ObjectChunk] | None = None) -> None:
-        """Fetch the footers not cached yet, all at once (a fresh reader's first request per chunk)."""
-        in_parallel(lambda chunk: chunk.footer(), list(self._segments if chunks is None else chunks))
+        """Fetch the footers not cached yet, all at once (a fresh reader's first request per chunk).
+        Cached ones are not handed to the I/O threads: a warm lookup of a shard of 6 chunks spent
+        ~0.3 ms waiting for threads to return what the cache held."""
+        missing = [chunk for chunk in (self._segments if chunks is None else chunks) if not FOOTERS.holds(chunk.path)]
+        in_parallel(lambda chunk: chunk.footer(), missing)
 
     def _in_order(self, work: Callable[[T], R], tasks: list[T]) -> Iterator[R]:
         self.load_footers({task[0] for task in tasks})  # type: ignore[index]
