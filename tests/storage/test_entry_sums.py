@@ -20,6 +20,7 @@ from msgindex.errors import CorruptFileError
 from msgindex.storage import checksum
 from msgindex.storage.hash_index import entry_sums
 from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile
+from msgindex.storage.hash_index.java_hash import index_hash
 from msgindex.storage.maintenance.repair import repair_store
 from msgindex.storage.message import MessageRecord
 from msgindex.storage.settings import StoreSettings
@@ -116,6 +117,38 @@ def test_scribbled_entries_are_an_error_naming_the_file(store, which, compiled, 
     right, errors, messages = lookup_every_key(store)
     assert errors > 0 and right + errors == KEYS
     assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+
+
+def test_a_commit_while_a_lookup_checks_its_chunks_is_no_damage(tmp_path, monkeypatch):
+    """A writer commits (entries, indexCount, sidecar) while a fresh reader's lookup is between
+    its walk and the check of the chunks it touched: the sidecar the check loads may cover
+    entries the reader's first view of the file did not hold. A healthy file is no error."""
+    entry_sums.forget_checked()
+    path = tmp_path / "f"
+    writer = IndexFile.create(path, 64, 4096)
+    stamp = 1_700_000_000_000
+    writer.put_keys([f"k{i % 50}" for i in range(300)], range(300), [stamp] * 300)
+    entry_sums.write_all(writer, writer.index_count)
+    reader = IndexFile.open(path, 64, 4096, read_only=True)
+    reader.guard_entries()
+    limit = reader.index_count
+    real_view = entry_sums._entry_bytes
+
+    def view_then_a_commit(index_file):
+        view = real_view(index_file)
+        if index_file is reader and writer.index_count == limit:  # once: another process commits now
+            writer.put_keys([f"k{i % 50}" for i in range(100)], range(300, 400), [stamp] * 100)
+            entry_sums.write_all(writer, writer.index_count)
+        return view
+
+    monkeypatch.setattr(entry_sums, "_entry_bytes", view_then_a_commit)
+    try:
+        who, _entries, _phys, _ms = reader.candidate_arrays(np.array([index_hash("k7")], np.int64),
+                                                            limit_index_count=limit)
+        assert len(who) == 6 and writer.index_count == 401
+    finally:
+        reader.close()
+        writer.close()
 
 
 @pytest.mark.parametrize("sidecar", ["missing", "damaged", "another file's"])

@@ -107,6 +107,35 @@ def test_rollback_keeps_the_length_and_the_bytes_of_a_file_that_never_had_the_en
         assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
 
 
+@pytest.mark.parametrize("keys", [2, 8])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_damaged_slot_does_not_hide_a_chain_a_writer_grew(tmp_path: Path, small_steps, monkeypatch, compiled,
+                                                            keys) -> None:
+    """Several keys' chains walked at once on a reader whose mapping a writer outgrew: one slot
+    damaged past index_num (read as an empty chain) must not stop the mapping from growing over
+    another key's head, which lies past it (the walk used to map up to the largest head only)."""
+    if not compiled:
+        monkeypatch.setattr(index_file_module, "_compiled_walk", None)
+    path = tmp_path / "f"
+    with IndexFile.create(path, SLOTS, NUM) as writer:
+        writer.put_keys(["t#x"] * 5, range(5), [T0] * 5)
+        reader = IndexFile.open(path, SLOTS, NUM, read_only=True)
+        try:
+            assert reader.capacity == STEP
+            writer.put_keys([f"t#f{i}" for i in range(100)], range(5, 105), [T0] * 100)
+            writer.put_keys(["t#x"], [105], [T0])
+            hashes = index_hashes(["t#x"] + [f"t#other{i}" for i in range(keys - 1)]).astype(np.int64)
+            damaged = next(int(h) % SLOTS for h in hashes[1:] if int(h) % SLOTS != int(hashes[0]) % SLOTS)
+            writer._slots[damaged] = NUM + 5
+            writer.flush()
+            expected = reference_candidates(writer, "t#x")
+            assert len(expected) == 6
+            who, entries, _phys, _ms = reader.candidate_arrays(hashes)
+            assert sorted(entries[who == 0].tolist(), reverse=True) == [hit[0] for hit in expected]
+        finally:
+            reader.close()
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_reader_follows_a_writer_that_grew_the_file(tmp_path: Path, small_steps, monkeypatch, compiled) -> None:
     """A reader maps the length it finds; slots a writer wrote after growing the file point past

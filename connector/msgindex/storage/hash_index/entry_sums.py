@@ -248,7 +248,12 @@ class EntryGuard:
             pending = chunks[~whole[chunks]].tolist()
         else:  # a few walks one entry at a time (a one-key lookup): no numpy call
             pending = [chunk for chunk in set(touched.chunks) if chunk < whole.size and not whole[chunk]]
-        entries = _entry_bytes(self.index_file) if pending else None  # (once: ~4 us, a chunk's CRC ~1)
+        entries = None
+        if pending:
+            # the sidecar first, then the entries' view (once: ~4 us, a chunk's CRC ~1): a view taken
+            # before a commit the sidecar already covers would hold too few entries for its CRCs
+            self._sidecar()
+            entries = _entry_bytes(self.index_file)
         for chunk in pending:
             low = chunk << CHUNK_SHIFT
             need = min(low + CHUNK_ENTRIES, limit)

@@ -315,6 +315,14 @@ class IndexFile:
             self._use(map_file(self.path, writable=not self.read_only))
         return entry < self.capacity
 
+    def _cover_heads(self, heads: np.ndarray) -> None:
+        """``_cover`` for many chains' heads: the newest a writer may have written. Not simply the
+        largest: a damaged slot's head past index_num would then stop the mapping from growing
+        over the others, and their chains would read as empty."""
+        past = heads[(heads >= self.capacity) & (heads < self.index_num)]
+        if past.size:
+            self._cover(int(past.max()))
+
     def follow_growth(self) -> None:
         """Map the file again if its header counts entries past this mapping (a writer grew the
         file since it was mapped): RocketMQ's walks, and reports, go up to the header's indexCount."""
@@ -766,8 +774,7 @@ class IndexFile:
         # the heads are read once, here, and the mapping grown to hold them all: a writer may link
         # newer heads meanwhile, past this mapping, which the walk must not take for empty chains
         heads = self._slots[hashes % self.hash_slot_num].astype(np.int64)
-        if heads.size and int(heads.max()) >= self.capacity:
-            self._cover(int(heads.max()))  # (a chain only points backwards: only its head can be past the mapping)
+        self._cover_heads(heads)  # (a chain only points backwards: only its head can be past the mapping)
         walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes, np.int64), heads,
                                             self._entries_offset, self.capacity, limit, floor, entry_sums.CHUNK_SHIFT)
         if walked is None:
@@ -785,8 +792,7 @@ class IndexFile:
         diffs) to `pieces` and the chunks of the entries it read (``entry_sums``) to `touched`."""
         slots = hashes % self.hash_slot_num
         cur = self._slots[slots].astype(np.int64)
-        if cur.size and int(cur.max()) >= self.capacity:
-            self._cover(int(cur.max()))
+        self._cover_heads(cur)
         who = np.arange(hashes.size)
         tops = runs.tops(slots)  # (runs, keys)
         at_top: list[tuple[np.ndarray, np.ndarray]] = []
