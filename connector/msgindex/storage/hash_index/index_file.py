@@ -725,17 +725,17 @@ class IndexFile:
         pieces: list[tuple[int | np.ndarray, Sequence[int] | np.ndarray, Sequence[int] | np.ndarray,
                            Sequence[int] | np.ndarray]] = []
         touched = entry_sums.Touched()
-        if self._walk_compiled(hashes, limit, runs, pieces, touched, floor_entry):
-            pass  # one key or 50,000: a C step per entry beats Python's and numpy's (see _walk_compiled)
-        elif hashes.size < _VECTOR_MIN_KEYS:
-            mm, slots_offset = self._mm, self._slots_offset
-            for k, key_hash in enumerate(hashes.tolist()):
-                slot = key_hash % self.hash_slot_num
-                head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
-                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit, runs.jumps(slot),
-                                                                       touched, floor_entry)]
-        else:
-            self._walk_lock_step(hashes, limit, runs, pieces, touched, floor_entry)
+        # one key or 50,000: a C step per entry beats Python's and numpy's (see _walk_compiled)
+        if not self._walk_compiled(hashes, limit, runs, pieces, touched, floor_entry):
+            if hashes.size < _VECTOR_MIN_KEYS:
+                mm, slots_offset = self._mm, self._slots_offset
+                for k, key_hash in enumerate(hashes.tolist()):
+                    slot = key_hash % self.hash_slot_num
+                    head = _SLOT_STRUCT.unpack_from(mm, slots_offset + slot * SLOT_SIZE)[0]
+                    pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, head, limit,
+                                                                           runs.jumps(slot), touched, floor_entry)]
+            else:
+                self._walk_lock_step(hashes, limit, runs, pieces, touched, floor_entry)
         self._check_touched(touched, limit)
         return _assemble(pieces, begin_ts)
 
