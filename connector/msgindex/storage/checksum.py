@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-try:  # optional (setup.py), as for storage.log.batch_format
-    from msgindex.storage.log import _blocks as compiled_blocks
-except ImportError:
-    compiled_blocks = None
+from msgindex.storage.log.batch_format import compiled_blocks  # None where it was not built
 
 
 def crc32(data: bytes | bytearray | memoryview) -> int:

@@ -319,6 +319,8 @@ class IndexFile:
         """``_cover`` for many chains' heads: the newest a writer may have written. Not simply the
         largest: a damaged slot's head past index_num would then stop the mapping from growing
         over the others, and their chains would read as empty."""
+        if not heads.size or int(heads.max()) < self.capacity:
+            return  # (every lookup: the usual answer costs one reduction)
         past = heads[(heads >= self.capacity) & (heads < self.index_num)]
         if past.size:
             self._cover(int(past.max()))
