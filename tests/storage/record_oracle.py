@@ -1,5 +1,6 @@
-"""Test oracle: a scalar, reference-faithful reader of the metadata log (format 2), written straight
-from ``batch_format``'s layout table, one batch and one record at a time, plus Kafka's
+"""Test oracle: a scalar, reference-faithful reader of the metadata log (format 2: batches of
+versions 2 and 3, the stored form of blocks included), written straight from ``batch_format``'s
+layout table, one batch and one record at a time, plus Kafka's
 LogSegment.append index rule applied batch by batch. The vectorized reader (batch directory,
 searchsorted, Arrow kernels) and the writer's index files must agree with it exactly.
 """
@@ -16,7 +17,7 @@ from msgindex.storage.message import MessageRecord
 
 HEADER = struct.Struct("<4sIIBBHqiIqqIIII")
 BLOCK_ENTRY = struct.Struct("<IIII")
-BLOCK_HEADER = struct.Struct("<III9B3x9q")
+BLOCK_HEADER = struct.Struct("<III9B3B9q")  # ..., widths, stored_form, count_width, length_width, bases
 COLUMNS = ("flags", "topic", "partition", "offset", "timestamp", "commit_log_offset", "size", "text_end")
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -37,7 +38,9 @@ def read_block(raw: bytes, topics: list[str]) -> list[MessageRecord]:
     fields = BLOCK_HEADER.unpack_from(raw, 0)
     count, texts, heap_bytes = fields[:3]
     widths = dict(zip((*COLUMNS, "byte_end"), fields[3:12]))
-    bases = dict(zip((*COLUMNS, "byte_end"), fields[12:21]))
+    stored_form, count_width, length_width = fields[12:15]
+    bases = dict(zip((*COLUMNS, "byte_end"), fields[15:24]))
+    assert stored_form in (0, 1)
     at = BLOCK_HEADER.size
 
     def values(name: str, n: int) -> list[int]:
@@ -50,10 +53,23 @@ def read_block(raw: bytes, topics: list[str]) -> list[MessageRecord]:
         at += width * n
         return out
 
-    column = {name: values(name, count) for name in COLUMNS}
-    byte_ends = values("byte_end", texts)
+    def ends(width: int, n: int) -> list[int]:
+        """The stored form's section of n lengths (base 0, `width` byte planes), summed into ends."""
+        nonlocal at
+        out, end = [], 0
+        for i in range(n):
+            end += int.from_bytes(bytes(raw[at + plane * n + i] for plane in range(width)), "little")
+            out.append(end)
+        at += width * n
+        return out
+
+    column = {name: values(name, count) for name in COLUMNS[:-1]}
+    column["text_end"] = ends(count_width, count) if stored_form else values("text_end", count)
+    byte_ends = ends(length_width, texts) if stored_form else values("byte_end", texts)
     heap = raw[at : at + heap_bytes]
-    assert at + heap_bytes == len(raw) and (byte_ends[-1] if texts else 0) == heap_bytes
+    # (a stored block decompresses to fewer bytes than its read form, which the block table gives)
+    assert at + heap_bytes == len(raw) or stored_form and at + heap_bytes < len(raw)
+    assert (byte_ends[-1] if texts else 0) == heap_bytes
     items = [text(heap[start:end]) for start, end in zip([0, *byte_ends], byte_ends)]
     records = []
     for i in range(count):
@@ -74,7 +90,7 @@ def read_batches(data: bytes) -> list[dict]:
     while position < len(data):
         (magic, head_crc, length, version, codec, block_count, base_seq, count, annotation_length, low, high,
          body_length, raw_length, annotation_crc, topics_length) = HEADER.unpack_from(data, position)
-        assert magic == b"MXB2" and version == 2 and codec == 1, position
+        assert magic == b"MXB2" and version in (2, 3) and codec == 1, position
         head_length = HEADER.size + BLOCK_ENTRY.size * block_count + topics_length
         assert length == head_length + annotation_length + body_length
         assert zlib.crc32(data[position + 8 : position + head_length]) == head_crc
@@ -96,7 +112,9 @@ def read_batches(data: bytes) -> list[dict]:
         for block_records, block_length, block_raw_length, crc in blocks:
             compressed = data[at : at + block_length]
             assert zlib.crc32(compressed) == crc
-            block = read_block(pa.Codec("lz4_raw").decompress(compressed, block_raw_length, asbytes=True), topics)
+            raw = pa.Codec("lz4_raw").decompress(compressed, block_raw_length, asbytes=True)
+            assert raw[21] == 0 or version == 3  # only version 3 writes blocks in their stored form
+            block = read_block(raw, topics)
             assert len(block) == block_records
             records += block
             at += block_length

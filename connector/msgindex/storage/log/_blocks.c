@@ -7,8 +7,9 @@
  * BENCHMARKS.md). Here a run of blocks is one call that holds no GIL, so two threads decompress
  * two halves of a read at once, straight into one buffer (no join afterwards). The answer is
  * ``batch_format.decompress_blocks``' (its oracle; the tests compare them on valid and damaged
- * blocks), one way stricter: a block must decode to exactly its stated length, where Arrow's
- * codec pads a short one (a damage only a rewrite with a matching checksum can carry). Optional
+ * blocks), one way stricter: a block must decode to exactly the length its stored form gives
+ * (its read form's: the block table's), where Arrow's codec pads a short one (a damage only a
+ * rewrite with a matching checksum can carry). Optional
  * like every compiled module (setup.py): without it the Python path answers.
  *
  * A block (batch_format.py) is one LZ4 *block* (the raw format, no frame), checksummed with
@@ -16,7 +17,7 @@
  * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
  * found at import in the shared library the system has (it has no header here, so it is opened by
  * name); without one the import fails and the Python path answers. A block must decode to exactly
- * its stated length.
+ * the length its stored form gives, and restore to exactly the block table's (``restore_block``).
  *
  * The checksum is zlib's CRC-32, computed by libdeflate's ``libdeflate_crc32`` where the system
  * has that library (the same CRC, by carry-less multiplication: 1.7 us for a 14 kB block where
@@ -58,12 +59,111 @@ static uint32_t block_checksum(const uint8_t *data, size_t length) {
     return (uint32_t)crc;
 }
 
-/* Decompresses one LZ4 block of exactly `raw_length` bytes into `out`; 0 when it does not decode
- * to exactly that (a damaged block). */
-static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
+#define BLOCK_HEADER_SIZE 96
+#define SECTIONS 9 /* flags, topic, partition, offset, timestamp, commit_log_offset, size, text_end, byte_end */
+#define TEXT_END 7
+#define BYTE_END 8
+#define STORED_FORM_AT 21 /* stored_form, count_width, length_width: batch_format.py, "Stored form" */
+#define ENDS_AS_LENGTHS 1
+
+static int valid_width(int64_t width) { return width == 0 || width == 1 || width == 2 || width == 4 || width == 8; }
+
+static uint32_t read_u32(const uint8_t *at) { return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24; }
+
+static int64_t read_le64(const uint8_t *at) {
+    uint64_t value = 0;
+    for (int i = 7; i >= 0; i--) value = value << 8 | at[i];
+    return (int64_t)value;
+}
+
+/* Turns the ends section starting at `stored` (each value a length, `stored_width` byte planes)
+ * into ends - base in `width` byte planes at `out`; 0 when an end does not fit that width. */
+static int lengths_to_ends(const uint8_t *stored, int64_t stored_width, int64_t count, uint64_t base, int64_t width,
+                           uint8_t *out) {
+    if (count == 0) return 1;
+    if (stored_width == 0) {
+        /* every length 0, so every end 0: one delta, checked once (a damaged header may count
+         * billions of them in no bytes; the caller has bounded count * width by the block) */
+        uint64_t delta = (uint64_t)0 - base;
+        if (width < 8 && (delta >> (8 * width)) != 0) return 0;
+        for (int64_t plane = 0; plane < width; plane++)
+            memset(out + plane * count, (uint8_t)(delta >> (8 * plane)), (size_t)count);
+        return 1;
+    }
+    if (stored_width == 1 && (width == 1 || width == 2)) {
+        /* The usual block (a few texts a record, keys under 256 bytes, under 64 kB of them): one
+         * pass without a check per end, since lengths under 256 summed over fewer than 2^32 of
+         * them never wrap, so the ends rise from the first to the last, and all of them fit when
+         * those two do (deltas from the base are the ends shifted by one constant, modulo 2^64). */
+        uint64_t limit = (uint64_t)1 << (8 * width), end = 0;
+        uint64_t first = stored[0] - base;
+        if (width == 1) {
+            for (int64_t k = 0; k < count; k++) end += stored[k], out[k] = (uint8_t)(end - base);
+        } else {
+            uint8_t *high = out + count;
+            for (int64_t k = 0; k < count; k++) {
+                end += stored[k];
+                uint64_t delta = end - base;
+                out[k] = (uint8_t)delta, high[k] = (uint8_t)(delta >> 8);
+            }
+        }
+        return first < limit && end - base < limit && end - base >= first;
+    }
+    uint64_t end = 0;
+    for (int64_t k = 0; k < count; k++) {
+        uint64_t length = 0;
+        for (int64_t plane = stored_width - 1; plane >= 0; plane--) length = length << 8 | stored[plane * count + k];
+        end += length; /* wraps as the oracle's uint64 sum does */
+        uint64_t delta = end - base;
+        if (width < 8 && (delta >> (8 * width)) != 0) return 0;
+        for (int64_t plane = 0; plane < width; plane++) out[plane * count + k] = (uint8_t)(delta >> (8 * plane));
+    }
+    return 1;
+}
+
+/* A block decompressed into out[0 : written], turned into the layout readers read, which must be
+ * exactly `raw_length` bytes (out's capacity): itself when its header gives no stored form, else
+ * its two ends sections rebuilt from the counts and lengths it stores (`scratch`: >= written
+ * bytes). 0 when it does not fit its layout. batch_format.read_form is its oracle, which allows
+ * an Arrow-padded tail this does not. */
+static int restore_block(uint8_t *out, size_t written, size_t raw_length, uint8_t *scratch) {
+    if (written < BLOCK_HEADER_SIZE || (out[STORED_FORM_AT] | out[STORED_FORM_AT + 1] | out[STORED_FORM_AT + 2]) == 0)
+        return written == raw_length;
+    int64_t stored_form = out[STORED_FORM_AT], count_width = out[STORED_FORM_AT + 1];
+    int64_t length_width = out[STORED_FORM_AT + 2];
+    int64_t records = read_u32(out), texts = read_u32(out + 4), heap_bytes = read_u32(out + 8);
+    if (stored_form != ENDS_AS_LENGTHS || !valid_width(count_width) || !valid_width(length_width)) return 0;
+    int64_t at = BLOCK_HEADER_SIZE, widths[SECTIONS];
+    for (int i = 0; i < SECTIONS; i++) {
+        widths[i] = out[12 + i];
+        if (!valid_width(widths[i])) return 0;
+        if (i < TEXT_END) at += widths[i] * records;
+    }
+    int64_t stored_bytes = records * count_width + texts * length_width;
+    if ((size_t)(at + stored_bytes + heap_bytes) != written ||
+        (size_t)(at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes) != raw_length)
+        return 0;
+    /* the counts and lengths aside, the heap to its place (the read form's end: never nearer the
+     * start, as the read form is never shorter), then the ends over what held them */
+    memcpy(scratch, out + at, (size_t)stored_bytes);
+    memmove(out + raw_length - heap_bytes, out + written - heap_bytes, (size_t)heap_bytes);
+    if (!lengths_to_ends(scratch, count_width, records, (uint64_t)read_le64(out + 24 + 8 * TEXT_END), widths[TEXT_END],
+                         out + at) ||
+        !lengths_to_ends(scratch + records * count_width, length_width, texts,
+                         (uint64_t)read_le64(out + 24 + 8 * BYTE_END), widths[BYTE_END],
+                         out + at + records * widths[TEXT_END]))
+        return 0;
+    memset(out + STORED_FORM_AT, 0, 3);
+    return 1;
+}
+
+/* Decompresses one LZ4 block into `out` and restores its read form (restore_block, with
+ * `scratch` of >= raw_length bytes), which must be exactly `raw_length` bytes; 0 when it does not
+ * decode to exactly that (a damaged block). */
+static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length, uint8_t *scratch) {
     if (in_length > INT32_MAX || raw_length > INT32_MAX) return 0;
     int written = lz4_decompress((const char *)in, (char *)out, (int)in_length, (int)raw_length);
-    return written >= 0 && (size_t)written == raw_length;
+    return written >= 0 && restore_block(out, (size_t)written, raw_length, scratch);
 }
 
 static int int64_view(PyObject *object, Py_buffer *view, Py_ssize_t count) {
@@ -113,7 +213,9 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
         const uint8_t *in = data.buf;
         uint8_t *dest = out.buf;
         Py_ssize_t bad = -1;
-        int reason = OK;
+        int reason = OK, no_memory = 0;
+        uint8_t *scratch = NULL; /* restore_block's, grown to the largest block */
+        size_t scratch_capacity = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < blocks; i++) {
             /* a block outside the buffers is the caller's mistake or a damaged table: "does not decode" */
@@ -122,18 +224,28 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
                 bad = i, reason = BAD_BLOCK;
                 break;
             }
+            if ((size_t)raw_lengths[i] > scratch_capacity) {
+                free(scratch);
+                scratch_capacity = (size_t)raw_lengths[i];
+                scratch = malloc(scratch_capacity ? scratch_capacity : 1);
+                if (scratch == NULL) { no_memory = 1; break; }
+            }
             const uint8_t *block = in + starts[i];
             if ((int64_t)block_checksum(block, (size_t)lengths[i]) != crcs[i]) {
                 bad = i, reason = BAD_CHECKSUM;
                 break;
             }
-            if (!lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i])) {
+            if (!lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i], scratch)) {
                 bad = i, reason = BAD_BLOCK;
                 break;
             }
         }
+        free(scratch);
         Py_END_ALLOW_THREADS
-        result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
+        if (no_memory)
+            PyErr_NoMemory();
+        else
+            result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
     }
     for (int i = 0; i < held; i++) PyBuffer_Release(&arrays[i]);
     PyBuffer_Release(&data);
@@ -152,10 +264,6 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
 #define BAD_LAYOUT 4 /* "a block does not match its layout" */
 #define BAD_RECORD 5 /* "a record does not match its block" */
 #define BAD_TEXT 6   /* "a text lies outside its block's heap" */
-#define BLOCK_HEADER_SIZE 96
-#define SECTIONS 9 /* flags, topic, partition, offset, timestamp, commit_log_offset, size, text_end, byte_end */
-#define TEXT_END 7
-#define BYTE_END 8
 #define INT_FIELDS 7 /* the per-record columns a record is returned with: all but text_end */
 #define FLAG_KEY 1
 #define FLAG_LEAD 2
@@ -163,14 +271,6 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
 typedef struct {
     int64_t width, first, planes, base;
 } section_t;
-
-static uint32_t read_u32(const uint8_t *at) { return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24; }
-
-static int64_t read_le64(const uint8_t *at) {
-    uint64_t value = 0;
-    for (int i = 7; i >= 0; i--) value = value << 8 | at[i];
-    return (int64_t)value;
-}
 
 /* value - base stored in `width` byte planes `planes` apart: adding the base back wraps as int64 */
 static int64_t section_value(const uint8_t *raw, const section_t *s, int64_t index) {
@@ -292,7 +392,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
             PyErr_SetString(PyExc_ValueError, "read_records: arrays of inconsistent sizes");
         } else {
             growing_t heap = {0}, text_lengths = {0};
-            uint8_t *compressed = NULL, *raw = NULL;
+            uint8_t *compressed = NULL, *raw = NULL, *scratch = NULL; /* scratch: restore_block's */
             size_t compressed_capacity = 0, raw_capacity = 0;
             Py_ssize_t bad = -1;
             int reason = OK, no_memory = 0;
@@ -307,9 +407,11 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
                 }
                 if ((size_t)raw_lengths[b] > raw_capacity) {
                     free(raw);
+                    free(scratch);
                     raw_capacity = (size_t)raw_lengths[b];
                     raw = malloc(raw_capacity);
-                    if (raw == NULL) { no_memory = 1; break; }
+                    scratch = malloc(raw_capacity);
+                    if (raw == NULL || scratch == NULL) { no_memory = 1; break; }
                 }
                 int64_t done = 0;
                 while (done < lengths[b]) { /* pread may return fewer bytes than asked without being at the end */
@@ -321,7 +423,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
                     bad = b, reason = SHORT_READ, got = done;
                 } else if ((int64_t)block_checksum(compressed, (size_t)lengths[b]) != crcs[b]) {
                     bad = b, reason = BAD_CHECKSUM;
-                } else if (!lz4_block(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])) {
+                } else if (!lz4_block(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b], scratch)) {
                     bad = b, reason = BAD_BLOCK;
                 } else {
                     int decoded = decode_records(raw, raw_lengths[b], topic_counts[b], rows + firsts[b],
@@ -332,6 +434,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
             }
             free(compressed);
             free(raw);
+            free(scratch);
             Py_END_ALLOW_THREADS
             if (no_memory) {
                 PyErr_NoMemory();

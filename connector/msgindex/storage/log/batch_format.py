@@ -12,7 +12,7 @@ Header::
     4      4     head_crc          u32  zlib.crc32 of bytes [8, head_length): the rest of the header,
                                         the block table and the topic table
     8      4     batch_length      u32  bytes of the whole batch, this header included
-    12     1     version           u8   BATCH_VERSION
+    12     1     version           u8   BATCH_VERSION (3); READ_VERSIONS are read (2: no stored form)
     13     1     codec             u8   CODEC_LZ4: every block is one LZ4 block (raw, no frame;
                                         written by LZ4HC, LZ4_WRITER)
     14     2     block_count       u16  >= 1
@@ -46,7 +46,8 @@ of ~BLOCK_RECORDS records, not the whole batch; recovery checks everything (``ch
 A block, once decompressed: a 96-byte block header, then one section per column::
 
     block header: records u32, texts u32, heap_bytes u32, one u8 width per column (COLUMNS order,
-                  then "byte_end"), 3 zero bytes, one i64 base per column (same order)
+                  then "byte_end"), 3 zero bytes (the stored form's, below), one i64 base per
+                  column (same order)
     sections:     per record, each of COLUMNS:   records x its width bytes
                   per text, "byte_end":          texts x its width bytes
                   heap:                          heap_bytes bytes
@@ -64,10 +65,34 @@ A column stores value - base in `width` bytes (1, 2, 4 or 8; 0: every value is t
 being its minimum in the block: the narrowest unsigned deltas, few bytes to decompress on every
 read. A column of width w is stored as w byte planes (plane i holds byte i of every value, little
 endian): the high bytes of slowly growing values (ends, offsets, timestamps) form runs that LZ4
-compresses, so storing ends (random access to any record) costs ~0.5 B/record more than storing
-lengths. Deltas of a range wider than int64 wrap, and adding the base back in int64 arithmetic
+compresses. Deltas of a range wider than int64 wrap, and adding the base back in int64 arithmetic
 (which wraps too) restores every value exactly. Texts stay bytes: a key decoded from non-UTF-8
 Kafka bytes holds lone surrogates, which Arrow strings cannot carry.
+
+**Stored form** (batch version 3). Readers want ends (any record's texts and any text's bytes at
+once, without summing what comes before); compression wants lengths: a record's text count (1,
+mostly) repeats and a key's length takes a few values, where the low byte of an end is new on
+every record. So a block is compressed in its *stored form*, which is the layout above but for
+the two ends sections, and readers get the layout above back right after decompressing it
+(``read_form``, and ``restore_block`` in ``_blocks.c``), before anything else reads the block:
+nothing past decompression knows the stored form exists. The header's 3 bytes at
+``STORED_FORM_AT`` say how it is stored (zero in the layout above, and left zero by version-2
+writers: a reader restores any block whose header gives a stored form, whatever its batch's
+version, so a version-2 block with these bytes changed, its checksum made to match, is damage)::
+
+    21     1     stored_form       u8   ENDS_AS_LENGTHS: text_end holds each record's text count,
+                                        byte_end each text's byte length
+    22     1     count_width       u8   bytes of each count in text_end's section (0, 1, 2, 4, 8)
+    23     1     length_width      u8   bytes of each length in byte_end's section
+
+Counts and lengths are stored as themselves (base 0) in byte planes like every column; the
+header's widths and bases of the two sections are those of their ends, so the read form is the
+block a version-2 writer would have written, byte for byte. A writer stores a block in its read
+form where the stored form would be longer (rare: one record, ends all equal), so that a block
+never decompresses to more bytes than its read form (the block table's raw length). On bench_vs_parquet.py's shapes the
+stored form takes 0.96 (project) to 1.33 (long keys) B/record off ~11-14: a tenth of the log;
+restoring costs a copy of the block and a sum over its records (~1-2 us a block, against ~4-6 us
+for its checksum and decompression).
 
 Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
 ~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
@@ -123,7 +148,11 @@ except ImportError:
     compiled_blocks = None
 
 BATCH_MAGIC = b"MXB2"
-BATCH_VERSION = 2
+BATCH_VERSION = 3  # what writers write: blocks in their stored form
+READ_VERSIONS = (2, 3)
+# The log's format, recorded with its committed position (LogPosition.log_format): batches of any of
+# READ_VERSIONS. Format 1 (row-per-record segments) is read only by `msgindex upgrade`.
+LOG_FORMAT = 2
 CODEC_LZ4 = 1
 CRC_START = 8  # the head checksum covers bytes [CRC_START, head_length)
 HEADER_SIZE = 64
@@ -177,7 +206,13 @@ BLOCK_HEADER_DTYPE = np.dtype(
     + [(f"{name}_base", "<i8") for name in SECTIONS]
 )
 BLOCK_HEADER_SIZE = 96
+# The stored form (module docstring): the 3 bytes BLOCK_HEADER_STRUCT skips.
+STORED_FORM_AT = 12 + len(SECTIONS)
+STORED_FORM_STRUCT = struct.Struct("<BBB")  # stored_form, count_width, length_width
+ENDS_AS_LENGTHS = 0x01
+TEXT_END, BYTE_END = SECTIONS.index("text_end"), SECTIONS.index("byte_end")
 assert BLOCK_HEADER_STRUCT.size == BLOCK_HEADER_DTYPE.itemsize == BLOCK_HEADER_SIZE
+assert STORED_FORM_AT == BLOCK_HEADER_DTYPE.fields["pad"][1] and TEXT_END + 1 == BYTE_END == len(COLUMNS)
 
 TEXT = pa.large_binary()
 ITEMS = pa.large_list(pa.field("item", TEXT, nullable=False))
@@ -283,7 +318,7 @@ def check_head(buf, position: int, end: int, expected_seq: int | None = None) ->
         return BatchProblem(position, f"only {len(buf) - position} bytes of a {header.head_length}-byte head", False)
     if zlib.crc32(memoryview(buf)[position + CRC_START : head_end]) != header.head_crc:
         return BatchProblem(position, "checksum mismatch", False)
-    if header.version != BATCH_VERSION:
+    if header.version not in READ_VERSIONS:
         return BatchProblem(position, f"unknown batch version {header.version}", False)
     if header.codec != CODEC_LZ4:
         return BatchProblem(position, f"unknown codec {header.codec}", False)
@@ -371,9 +406,12 @@ def annotation_of(data: bytes, head: BatchHead) -> bytes:
 
 # ---- encoding ----------------------------------------------------------------------------------
 def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
-                 block_records: int = DEFAULT_BLOCK_RECORDS) -> bytes:
+                 block_records: int = DEFAULT_BLOCK_RECORDS, version: int = BATCH_VERSION) -> bytes:
     """The bytes of one batch holding all of `columns` from `base_seq` on, in blocks of at most
-    `block_records` records."""
+    `block_records` records; `version` 2 writes blocks without their stored form (what stores
+    written before version 3 hold: the tests read them)."""
+    if version not in READ_VERSIONS:
+        raise ValueError(f"batch version {version}: writers write one of {READ_VERSIONS}")
     n = len(columns)
     if n < 1:
         raise InvalidAppendError("a batch holds at least one record")
@@ -385,10 +423,10 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
     timestamps = columns.ints["timestamp_ms"]
     blocks, entries = [], []
     for start in range(0, n, block_records):
-        raw = record.block(start, min(start + block_records, n))
-        compressed = LZ4_WRITER.compress(raw, asbytes=True)
+        stored, read_length = record.block(start, min(start + block_records, n), stored_form=version >= 3)
+        compressed = LZ4_WRITER.compress(stored, asbytes=True)
         blocks.append(compressed)
-        entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), len(raw),
+        entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), read_length,
                                                zlib.crc32(compressed)))
     topics = b"".join([TOPIC_COUNT_STRUCT.pack(len(record.topics))]
                       + [TOPIC_LENGTH_STRUCT.pack(len(t)) + t for t in record.topics])
@@ -398,7 +436,7 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
     total = head_length + len(annotation) + body_length
     if total > MAX_BATCH_BYTES or raw_length > 0xFFFF_FFFF:
         raise InvalidAppendError(f"a batch of {n} records would be {total} bytes; split the append")
-    rest = HEADER_STRUCT.pack(BATCH_MAGIC, 0, total, BATCH_VERSION, CODEC_LZ4, len(entries), base_seq, n,
+    rest = HEADER_STRUCT.pack(BATCH_MAGIC, 0, total, version, CODEC_LZ4, len(entries), base_seq, n,
                               len(annotation), int(timestamps.min()), int(timestamps.max()), body_length,
                               raw_length, zlib.crc32(annotation), len(topics))[CRC_START:]
     table = b"".join(entries)
@@ -456,8 +494,9 @@ class _RecordColumns:
         }
         return cls(per_record, text_starts, text_offsets, heap, tuple(topic.dictionary.to_pylist()))
 
-    def block(self, start: int, stop: int) -> bytes:
-        """The raw (uncompressed) bytes of the block of records [start, stop)."""
+    def block(self, start: int, stop: int, stored_form: bool = True) -> tuple[bytes, int]:
+        """The uncompressed bytes of the block of records [start, stop), in its stored form
+        unless not `stored_form` (module docstring), and the length of its read form."""
         first_text, end_text = int(self.text_starts[start]), int(self.text_starts[stop])
         offsets = self.text_offsets[first_text : end_text + 1]
         heap = self.heap[int(offsets[0]) : int(offsets[-1])]
@@ -470,23 +509,86 @@ class _RecordColumns:
             bases.append(base)
             sections.append(section)
         header = BLOCK_HEADER_STRUCT.pack(stop - start, end_text - first_text, len(heap), *widths, *bases)
-        return b"".join((header, *sections, heap))
+        read_form = b"".join((header, *sections, heap))
+        if not stored_form:
+            return read_form, len(read_form)
+        stored_widths = []
+        for section, ends in ((TEXT_END, per_record["text_end"]), (BYTE_END, offsets[1:] - offsets[0])):
+            width, _, sections[section] = _narrow(np.diff(ends, prepend=0), base=0)
+            stored_widths.append(width)
+        header = b"".join((header[:STORED_FORM_AT], STORED_FORM_STRUCT.pack(ENDS_AS_LENGTHS, *stored_widths),
+                           header[STORED_FORM_AT + STORED_FORM_STRUCT.size :]))
+        stored = b"".join((header, *sections, heap))
+        # never longer than the read form (a block's ends of one width where its lengths need
+        # another): a block decompresses into its read form's space
+        return (stored if len(stored) <= len(read_form) else read_form), len(read_form)
 
 
-def _narrow(values: np.ndarray) -> tuple[int, int, bytes]:
-    """(width, base, byte planes of values - base) in the narrowest width that holds the deltas."""
+def _narrow(values: np.ndarray, base: int | None = None) -> tuple[int, int, bytes]:
+    """(width, base, byte planes of values - base) in the narrowest width that holds the deltas;
+    the base is the values' minimum unless given (then no value may be below it)."""
     values = values.astype(np.int64, copy=False)
     if not len(values):
-        return 0, 0, b""
-    base, top = int(values.min()), int(values.max())
+        return 0, 0 if base is None else base, b""
+    low, top = int(values.min()), int(values.max())
+    base = low if base is None else base
     if top == base:
         return 0, base, b""
     delta = values - np.int64(base)  # wraps for a range wider than int64: see the module docstring
     for dtype in (np.uint8, np.uint16, np.uint32, np.dtype("<i8")):
         if dtype == np.dtype("<i8") or top - base <= np.iinfo(dtype).max:
-            narrow = delta.astype(dtype)
-            return narrow.itemsize, base, narrow.view(np.uint8).reshape(-1, narrow.itemsize).T.tobytes()
+            return np.dtype(dtype).itemsize, base, _planes(delta.astype(dtype))
     raise AssertionError("unreachable")
+
+
+def _planes(values: np.ndarray) -> bytes:
+    """`values` (a fixed-width integer array) as byte planes: byte i of every value, then byte i + 1."""
+    return values.view(np.uint8).reshape(-1, values.itemsize).T.tobytes()
+
+
+def _from_planes(buf, at: int, count: int, width: int) -> np.ndarray:
+    """The `count` values (uint64) stored as `width` byte planes at `at` of `buf`."""
+    if not width:
+        return np.zeros(count, dtype=np.uint64)
+    planes = np.frombuffer(buf, dtype=np.uint8, count=count * width, offset=at).reshape(width, count)
+    return np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(count).astype(np.uint64)
+
+
+def read_form(raw: bytes, raw_length: int | None = None) -> bytes | None:
+    """A block as decompressed (`raw`, maybe padded past its end) in the layout readers read: itself
+    unless its header gives a stored form (module docstring), else that form turned back; None
+    when it does not fit the layout its header gives or, given `raw_length` (the block table's),
+    would not be that long. The oracle of ``restore_block`` in ``_blocks.c``."""
+    if len(raw) < BLOCK_HEADER_SIZE or not any(raw[STORED_FORM_AT : STORED_FORM_AT + STORED_FORM_STRUCT.size]):
+        return raw if raw_length is None or len(raw) == raw_length else None
+    stored_form, count_width, length_width = STORED_FORM_STRUCT.unpack_from(raw, STORED_FORM_AT)
+    fields = BLOCK_HEADER_STRUCT.unpack_from(raw, 0)
+    records, texts, heap_bytes = fields[:3]
+    widths, bases = fields[3 : 3 + len(SECTIONS)], fields[3 + len(SECTIONS) :]
+    if stored_form != ENDS_AS_LENGTHS or any(w not in (0, 1, 2, 4, 8) for w in (*widths, count_width, length_width)):
+        return None
+    at = BLOCK_HEADER_SIZE + records * sum(widths[:TEXT_END])
+    stored_end = at + records * count_width + texts * length_width + heap_bytes
+    read_end = at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes
+    if stored_end > len(raw) or (raw_length is not None and read_end != raw_length):
+        return None  # (before anything is built: a damaged header may count billions of records)
+    pieces = [raw[:STORED_FORM_AT], bytes(STORED_FORM_STRUCT.size), raw[STORED_FORM_AT + STORED_FORM_STRUCT.size : at]]
+    for count, stored_width, width, base in ((records, count_width, widths[TEXT_END], bases[TEXT_END]),
+                                            (texts, length_width, widths[BYTE_END], bases[BYTE_END])):
+        if not stored_width:  # every length 0, every end 0: one delta (count may be huge where width is 0)
+            delta = -base % (1 << 64)
+            if width < 8 and count and delta >> (8 * width):
+                return None
+            pieces.append(b"".join(bytes([delta >> (8 * plane) & 0xFF]) * count for plane in range(width)))
+            continue
+        ends = np.cumsum(_from_planes(raw, at, count, stored_width), dtype=np.uint64)  # wraps as int64 does
+        at += count * stored_width
+        deltas = ends - np.uint64(base % (1 << 64))
+        if width < 8 and count and int(deltas.max()) >> (8 * width):
+            return None
+        pieces.append(_planes(deltas.astype(f"<u{width}")) if width else b"")
+    pieces.append(raw[at : at + heap_bytes])
+    return b"".join(pieces)
 
 
 def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -515,9 +617,12 @@ def decompress_blocks(data: memoryview, starts: Iterable[int], lengths: Iterable
         if checksum(compressed) != crc:
             raise CorruptFileError(f"{name}: invalid batch at byte {origin}: checksum mismatch")
         try:
-            raws.append(decompress(compressed, raw_length, asbytes=True))
+            raw = read_form(decompress(compressed, raw_length, asbytes=True), raw_length)
         except (pa.ArrowException, OSError, ValueError) as e:
             raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode ({e})") from None
+        if raw is None:
+            raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode (its stored form)")
+        raws.append(raw)
     return raws
 
 

@@ -87,7 +87,7 @@ class LogPosition:
     time_index_entries: int = 0
     min_timestamp: int | None = None
     max_timestamp: int | None = None
-    log_format: int = bf.BATCH_VERSION  # positions recorded before format 2 lack it: read as 1
+    log_format: int = bf.LOG_FORMAT  # positions recorded before format 2 lack it: read as 1
 
     @classmethod
     def initial(cls) -> LogPosition:
@@ -486,10 +486,10 @@ class MetadataLog(LogReads):
             segment.close()
 
     def _load(self, committed: LogPosition | None) -> None:
-        if committed is not None and committed.log_format != bf.BATCH_VERSION:
+        if committed is not None and committed.log_format != bf.LOG_FORMAT:
             raise UpgradeRequiredError(
                 f"{self.directory}: the committed log is in format {committed.log_format}; this msgindex reads "
-                f"format {bf.BATCH_VERSION}: run `msgindex upgrade` on the store"
+                f"format {bf.LOG_FORMAT}: run `msgindex upgrade` on the store"
             )
         bases = self._bases_on_disk()
         if committed is None:

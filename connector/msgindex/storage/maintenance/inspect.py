@@ -43,7 +43,7 @@ from msgindex.storage.hash_index.index_file import (
     parse_index_file_name,
 )
 from msgindex.storage.location import is_object_store_url, parse_location
-from msgindex.storage.log.batch_format import BATCH_VERSION
+from msgindex.storage.log.batch_format import LOG_FORMAT
 from msgindex.storage.log.metadata_log import LogPosition, MetadataLog, SegmentInfo
 from msgindex.storage.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SUMMARY_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
 from msgindex.storage.log.segment_summary import SegmentSummary
@@ -468,7 +468,7 @@ def _segment_summary(log: MetadataLog, info: SegmentInfo, *, entries: bool = Fal
     records = info.next_seq - info.base_seq
     summary = {
         "file": info.path.name,
-        "log_format": BATCH_VERSION,
+        "log_format": LOG_FORMAT,
         "base_seq": info.base_seq,
         "next_seq": info.next_seq,
         "records": records,

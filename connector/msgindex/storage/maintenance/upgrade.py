@@ -35,7 +35,7 @@ from msgindex.storage.checkpoint import Checkpoint, read_checkpoint, write_check
 from msgindex.storage.durable import fsync_directory, parse_versioned_json, versioned_json, write_atomically
 from msgindex.storage.file_lock import try_lock, unlock
 from msgindex.storage.log import v1_records
-from msgindex.storage.log.batch_format import BATCH_VERSION, DecodedRows
+from msgindex.storage.log.batch_format import LOG_FORMAT, DecodedRows
 from msgindex.storage.log.columns import LogColumns
 from msgindex.storage.log.metadata_log import LEGACY_LOG_FORMAT, LogPosition
 from msgindex.storage.log.segment import LOG_SUFFIX, parse_segment_name
@@ -123,10 +123,10 @@ def upgrade_shard(directory: Path, settings: StoreSettings, *, registered: bool 
         if checkpoint is None or checkpoint.log_position is None:
             return ShardUpgrade(broker, "nothing committed")
         position = checkpoint.log_position
-        if position.log_format == BATCH_VERSION:
+        if position.log_format == LOG_FORMAT:
             shutil.rmtree(directory / OLD_LOG_DIR, ignore_errors=True)
             shutil.rmtree(directory / NEW_LOG_DIR, ignore_errors=True)
-            return ShardUpgrade(broker, f"already format {BATCH_VERSION}")
+            return ShardUpgrade(broker, f"already format {LOG_FORMAT}")
         if position.log_format != LEGACY_LOG_FORMAT:
             raise CorruptFileError(f"{checkpoint_path(directory)}: unknown log format {position.log_format}")
         return _convert(directory, broker, settings, checkpoint, position)
