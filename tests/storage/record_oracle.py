@@ -17,7 +17,7 @@ from msgindex.storage.message import MessageRecord
 
 HEADER = struct.Struct("<4sIIBBHqiIqqIIII")
 BLOCK_ENTRY = struct.Struct("<IIII")
-BLOCK_HEADER = struct.Struct("<III9B3B9q")  # ..., widths, stored_form, count_width, length_width, bases
+BLOCK_HEADER = struct.Struct("<III9B3B9q")  # ..., widths, stored_form, 2 spare bytes, bases
 COLUMNS = ("flags", "topic", "partition", "offset", "timestamp", "commit_log_offset", "size", "text_end")
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -38,37 +38,28 @@ def read_block(raw: bytes, topics: list[str]) -> list[MessageRecord]:
     fields = BLOCK_HEADER.unpack_from(raw, 0)
     count, texts, heap_bytes = fields[:3]
     widths = dict(zip((*COLUMNS, "byte_end"), fields[3:12]))
-    stored_form, count_width, length_width = fields[12:15]
+    stored_form, spare = fields[12], fields[13:15]
     bases = dict(zip((*COLUMNS, "byte_end"), fields[15:24]))
-    assert stored_form in (0, 1)
+    assert stored_form in (0, 1) and spare == (0, 0)
     at = BLOCK_HEADER.size
 
-    def values(name: str, n: int) -> list[int]:
-        """A column of n values: `width` byte planes (plane i: byte i of every value, little endian)."""
+    def values(name: str, n: int, steps: bool = False) -> list[int]:
+        """A column of n values: `width` byte planes (plane i: byte i of every value, little endian);
+        with `steps` (the stored form), each delta is its step from the one before, mod 2^(8 width)."""
         nonlocal at
-        width, out = widths[name], []
+        width, out, delta = widths[name], [], 0
         for i in range(n):
-            delta = bytes(raw[at + plane * n + i] for plane in range(width))
-            out.append(wrap64(bases[name] + int.from_bytes(delta, "little", signed=width == 8)))
+            stored = int.from_bytes(bytes(raw[at + plane * n + i] for plane in range(width)), "little")
+            delta = (delta + stored) % (1 << (8 * width)) if steps else stored
+            signed = delta - (1 << 64) if width == 8 and delta >= 1 << 63 else delta
+            out.append(wrap64(bases[name] + signed))
         at += width * n
         return out
 
-    def ends(width: int, n: int) -> list[int]:
-        """The stored form's section of n lengths (base 0, `width` byte planes), summed into ends."""
-        nonlocal at
-        out, end = [], 0
-        for i in range(n):
-            end += int.from_bytes(bytes(raw[at + plane * n + i] for plane in range(width)), "little")
-            out.append(end)
-        at += width * n
-        return out
-
-    column = {name: values(name, count) for name in COLUMNS[:-1]}
-    column["text_end"] = ends(count_width, count) if stored_form else values("text_end", count)
-    byte_ends = ends(length_width, texts) if stored_form else values("byte_end", texts)
+    column = {name: values(name, count, steps=bool(stored_form) and name == "text_end") for name in COLUMNS}
+    byte_ends = values("byte_end", texts, steps=bool(stored_form))
     heap = raw[at : at + heap_bytes]
-    # (a stored block decompresses to fewer bytes than its read form, which the block table gives)
-    assert at + heap_bytes == len(raw) or stored_form and at + heap_bytes < len(raw)
+    assert at + heap_bytes == len(raw)
     assert (byte_ends[-1] if texts else 0) == heap_bytes
     items = [text(heap[start:end]) for start, end in zip([0, *byte_ends], byte_ends)]
     records = []

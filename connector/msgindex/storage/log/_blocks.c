@@ -7,17 +7,17 @@
  * BENCHMARKS.md). Here a run of blocks is one call that holds no GIL, so two threads decompress
  * two halves of a read at once, straight into one buffer (no join afterwards). The answer is
  * ``batch_format.decompress_blocks``' (its oracle; the tests compare them on valid and damaged
- * blocks), one way stricter: a block must decode to exactly the length its stored form gives
- * (its read form's: the block table's), where Arrow's codec pads a short one (a damage only a
- * rewrite with a matching checksum can carry). Optional
+ * blocks), one way stricter: a block must decode to exactly its stated length, where Arrow's
+ * codec pads a short one (a damage only a rewrite with a matching checksum can carry). Optional
  * like every compiled module (setup.py): without it the Python path answers.
  *
  * A block (batch_format.py) is one LZ4 *block* (the raw format, no frame), checksummed with
- * zlib's CRC-32 over its compressed bytes. The LZ4 decoder is the LZ4 library's own
+ * zlib's CRC-32 over its compressed bytes, and restored to the layout readers read as soon as it
+ * is decompressed (``restore_block``: a version-3 block's ends are stored as steps). The LZ4 decoder is the LZ4 library's own
  * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
  * found at import in the shared library the system has (it has no header here, so it is opened by
  * name); without one the import fails and the Python path answers. A block must decode to exactly
- * the length its stored form gives, and restore to exactly the block table's (``restore_block``).
+ * its stated length.
  *
  * The checksum is zlib's CRC-32, computed by libdeflate's ``libdeflate_crc32`` where the system
  * has that library (the same CRC, by carry-less multiplication: 1.7 us for a 14 kB block where
@@ -63,10 +63,8 @@ static uint32_t block_checksum(const uint8_t *data, size_t length) {
 #define SECTIONS 9 /* flags, topic, partition, offset, timestamp, commit_log_offset, size, text_end, byte_end */
 #define TEXT_END 7
 #define BYTE_END 8
-#define STORED_FORM_AT 21 /* stored_form, count_width, length_width: batch_format.py, "Stored form" */
-#define ENDS_AS_LENGTHS 1
-
-static int valid_width(int64_t width) { return width == 0 || width == 1 || width == 2 || width == 4 || width == 8; }
+#define STORED_FORM_AT 21 /* batch_format.py, "Stored form" */
+#define ENDS_AS_STEPS 1
 
 static uint32_t read_u32(const uint8_t *at) { return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24; }
 
@@ -76,94 +74,72 @@ static int64_t read_le64(const uint8_t *at) {
     return (int64_t)value;
 }
 
-/* Turns the ends section starting at `stored` (each value a length, `stored_width` byte planes)
- * into ends - base in `width` byte planes at `out`; 0 when an end does not fit that width. */
-static int lengths_to_ends(const uint8_t *stored, int64_t stored_width, int64_t count, uint64_t base, int64_t width,
-                           uint8_t *out) {
-    if (count == 0) return 1;
-    if (stored_width == 0) {
-        /* every length 0, so every end 0: one delta, checked once (a damaged header may count
-         * billions of them in no bytes; the caller has bounded count * width by the block) */
-        uint64_t delta = (uint64_t)0 - base;
-        if (width < 8 && (delta >> (8 * width)) != 0) return 0;
-        for (int64_t plane = 0; plane < width; plane++)
-            memset(out + plane * count, (uint8_t)(delta >> (8 * plane)), (size_t)count);
-        return 1;
-    }
-    if (stored_width == 1 && (width == 1 || width == 2)) {
-        /* The usual block (a few texts a record, keys under 256 bytes, under 64 kB of them): one
-         * pass without a check per end, since lengths under 256 summed over fewer than 2^32 of
-         * them never wrap, so the ends rise from the first to the last, and all of them fit when
-         * those two do (deltas from the base are the ends shifted by one constant, modulo 2^64). */
-        uint64_t limit = (uint64_t)1 << (8 * width), end = 0;
-        uint64_t first = stored[0] - base;
-        if (width == 1) {
-            for (int64_t k = 0; k < count; k++) end += stored[k], out[k] = (uint8_t)(end - base);
-        } else {
-            uint8_t *high = out + count;
-            for (int64_t k = 0; k < count; k++) {
-                end += stored[k];
-                uint64_t delta = end - base;
-                out[k] = (uint8_t)delta, high[k] = (uint8_t)(delta >> 8);
-            }
+/* The `count` values of `width` byte planes at `planes` (each its step from the one before) made
+ * their running sums, modulo 2^(8 width), in place. */
+static void sum_steps(uint8_t *planes, int64_t count, int64_t width) {
+    if (width == 1) {
+        uint8_t sum = 0;
+        for (int64_t k = 0; k < count; k++) sum += planes[k], planes[k] = sum;
+    } else if (width == 2) {
+        uint8_t *high = planes + count;
+        uint16_t sum = 0;
+        for (int64_t k = 0; k < count; k++) {
+            sum += (uint16_t)(planes[k] | high[k] << 8);
+            planes[k] = (uint8_t)sum, high[k] = (uint8_t)(sum >> 8);
         }
-        return first < limit && end - base < limit && end - base >= first;
+    } else if (width > 0) {
+        uint64_t sum = 0, mask = width == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * width)) - 1;
+        for (int64_t k = 0; k < count; k++) {
+            uint64_t step = 0;
+            for (int64_t plane = width - 1; plane >= 0; plane--) step = step << 8 | planes[plane * count + k];
+            sum = (sum + step) & mask;
+            for (int64_t plane = 0; plane < width; plane++) planes[plane * count + k] = (uint8_t)(sum >> (8 * plane));
+        }
     }
-    uint64_t end = 0;
-    for (int64_t k = 0; k < count; k++) {
-        uint64_t length = 0;
-        for (int64_t plane = stored_width - 1; plane >= 0; plane--) length = length << 8 | stored[plane * count + k];
-        end += length; /* wraps as the oracle's uint64 sum does */
-        uint64_t delta = end - base;
-        if (width < 8 && (delta >> (8 * width)) != 0) return 0;
-        for (int64_t plane = 0; plane < width; plane++) out[plane * count + k] = (uint8_t)(delta >> (8 * plane));
-    }
-    return 1;
 }
 
-/* A block decompressed into out[0 : written], turned into the layout readers read, which must be
- * exactly `raw_length` bytes (out's capacity): itself when its header gives no stored form, else
- * its two ends sections rebuilt from the counts and lengths it stores (`scratch`: >= written
- * bytes). 0 when it does not fit its layout. batch_format.read_form is its oracle, which allows
- * an Arrow-padded tail this does not. */
-static int restore_block(uint8_t *out, size_t written, size_t raw_length, uint8_t *scratch) {
-    if (written < BLOCK_HEADER_SIZE || (out[STORED_FORM_AT] | out[STORED_FORM_AT + 1] | out[STORED_FORM_AT + 2]) == 0)
-        return written == raw_length;
-    int64_t stored_form = out[STORED_FORM_AT], count_width = out[STORED_FORM_AT + 1];
-    int64_t length_width = out[STORED_FORM_AT + 2];
-    int64_t records = read_u32(out), texts = read_u32(out + 4), heap_bytes = read_u32(out + 8);
-    if (stored_form != ENDS_AS_LENGTHS || !valid_width(count_width) || !valid_width(length_width)) return 0;
-    int64_t at = BLOCK_HEADER_SIZE, widths[SECTIONS];
+/* Whether a block of `length` bytes, as decompressed, is in its stored form (1) or its read form
+ * (0); -1 when its header gives a form there is none of, or (a stored form) widths and counts its
+ * length does not hold: what restore_block refuses (batch_format.read_form, its oracle). */
+static int stored_form_of(const uint8_t *block, size_t length) {
+    if (length < BLOCK_HEADER_SIZE || (block[STORED_FORM_AT] | block[STORED_FORM_AT + 1] | block[STORED_FORM_AT + 2]) == 0)
+        return 0;
+    if (block[STORED_FORM_AT] != ENDS_AS_STEPS || block[STORED_FORM_AT + 1] || block[STORED_FORM_AT + 2]) return -1;
+    int64_t records = read_u32(block), texts = read_u32(block + 4), heap_bytes = read_u32(block + 8);
+    int64_t at = BLOCK_HEADER_SIZE;
     for (int i = 0; i < SECTIONS; i++) {
-        widths[i] = out[12 + i];
-        if (!valid_width(widths[i])) return 0;
-        if (i < TEXT_END) at += widths[i] * records;
+        int64_t width = block[12 + i];
+        if (width != 0 && width != 1 && width != 2 && width != 4 && width != 8) return -1;
+        at += width * (i == BYTE_END ? texts : records);
     }
-    int64_t stored_bytes = records * count_width + texts * length_width;
-    if ((size_t)(at + stored_bytes + heap_bytes) != written ||
-        (size_t)(at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes) != raw_length)
-        return 0;
-    /* the counts and lengths aside, the heap to its place (the read form's end: never nearer the
-     * start, as the read form is never shorter), then the ends over what held them */
-    memcpy(scratch, out + at, (size_t)stored_bytes);
-    memmove(out + raw_length - heap_bytes, out + written - heap_bytes, (size_t)heap_bytes);
-    if (!lengths_to_ends(scratch, count_width, records, (uint64_t)read_le64(out + 24 + 8 * TEXT_END), widths[TEXT_END],
-                         out + at) ||
-        !lengths_to_ends(scratch + records * count_width, length_width, texts,
-                         (uint64_t)read_le64(out + 24 + 8 * BYTE_END), widths[BYTE_END],
-                         out + at + records * widths[TEXT_END]))
-        return 0;
-    memset(out + STORED_FORM_AT, 0, 3);
+    return (size_t)(at + heap_bytes) == length ? 1 : -1;
+}
+
+/* A block of `length` bytes, as decompressed, turned into the layout readers read, in place:
+ * its two ends sections' steps summed when it is in its stored form; 0 when stored_form_of
+ * refuses it. */
+static int restore_block(uint8_t *block, size_t length) {
+    int stored = stored_form_of(block, length);
+    if (stored <= 0) return stored == 0;
+    int64_t records = read_u32(block), texts = read_u32(block + 4), at = BLOCK_HEADER_SIZE;
+    for (int i = 0; i < TEXT_END; i++) at += block[12 + i] * records;
+    sum_steps(block + at, records, block[12 + TEXT_END]);
+    sum_steps(block + at + records * block[12 + TEXT_END], texts, block[12 + BYTE_END]);
+    block[STORED_FORM_AT] = 0;
     return 1;
 }
 
-/* Decompresses one LZ4 block into `out` and restores its read form (restore_block, with
- * `scratch` of >= raw_length bytes), which must be exactly `raw_length` bytes; 0 when it does not
- * decode to exactly that (a damaged block). */
-static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length, uint8_t *scratch) {
+/* Decompresses one LZ4 block of exactly `raw_length` bytes into `out`; 0 when it does not decode
+ * to exactly that (a damaged block). */
+static int lz4_exactly(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
     if (in_length > INT32_MAX || raw_length > INT32_MAX) return 0;
     int written = lz4_decompress((const char *)in, (char *)out, (int)in_length, (int)raw_length);
-    return written >= 0 && restore_block(out, (size_t)written, raw_length, scratch);
+    return written >= 0 && (size_t)written == raw_length;
+}
+
+/* lz4_exactly, then the block's read form restored (restore_block); 0 when either fails. */
+static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
+    return lz4_exactly(in, in_length, out, raw_length) && restore_block(out, raw_length);
 }
 
 static int int64_view(PyObject *object, Py_buffer *view, Py_ssize_t count) {
@@ -213,9 +189,7 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
         const uint8_t *in = data.buf;
         uint8_t *dest = out.buf;
         Py_ssize_t bad = -1;
-        int reason = OK, no_memory = 0;
-        uint8_t *scratch = NULL; /* restore_block's, grown to the largest block */
-        size_t scratch_capacity = 0;
+        int reason = OK;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < blocks; i++) {
             /* a block outside the buffers is the caller's mistake or a damaged table: "does not decode" */
@@ -224,28 +198,18 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
                 bad = i, reason = BAD_BLOCK;
                 break;
             }
-            if ((size_t)raw_lengths[i] > scratch_capacity) {
-                free(scratch);
-                scratch_capacity = (size_t)raw_lengths[i];
-                scratch = malloc(scratch_capacity ? scratch_capacity : 1);
-                if (scratch == NULL) { no_memory = 1; break; }
-            }
             const uint8_t *block = in + starts[i];
             if ((int64_t)block_checksum(block, (size_t)lengths[i]) != crcs[i]) {
                 bad = i, reason = BAD_CHECKSUM;
                 break;
             }
-            if (!lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i], scratch)) {
+            if (!lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i])) {
                 bad = i, reason = BAD_BLOCK;
                 break;
             }
         }
-        free(scratch);
         Py_END_ALLOW_THREADS
-        if (no_memory)
-            PyErr_NoMemory();
-        else
-            result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
+        result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
     }
     for (int i = 0; i < held; i++) PyBuffer_Release(&arrays[i]);
     PyBuffer_Release(&data);
@@ -298,11 +262,42 @@ static int append(growing_t *buffer, const void *bytes, size_t length) {
     return 1;
 }
 
-/* Decodes the records `rows` (sorted, all of this block) of one decompressed block into the
- * outputs; OK or the reason it is damaged. */
+/* One ends section of a block (text_end or byte_end) as the records' decoder reads it: the read
+ * form's ends, or the stored form's steps summed as far as asked (callers ask in rising order:
+ * a block costs one addition a step, up to the last one a wanted row needs, where restoring it
+ * would sum and rewrite every one). */
+typedef struct {
+    section_t section;
+    int summed;   /* the section holds the stored form's steps */
+    int64_t next; /* steps [0, next) are in sum */
+    uint64_t sum; /* modulo 2^(8 width) */
+} ends_t;
+
+static int64_t end_at(const uint8_t *raw, ends_t *ends, int64_t index) {
+    const section_t *s = &ends->section;
+    if (!ends->summed || s->width == 0) return section_value(raw, s, index);
+    if (index < ends->next - 1) ends->next = 0, ends->sum = 0; /* an earlier end: sum again */
+    if (s->width == 1) {
+        for (; ends->next <= index; ends->next++) ends->sum += raw[s->first + ends->next];
+    } else {
+        for (; ends->next <= index; ends->next++) {
+            uint64_t step = 0;
+            for (int64_t plane = s->width - 1; plane >= 0; plane--)
+                step = step << 8 | raw[s->first + plane * s->planes + ends->next];
+            ends->sum += step;
+        }
+    }
+    uint64_t delta = s->width == 8 ? ends->sum : ends->sum & (((uint64_t)1 << (8 * s->width)) - 1);
+    return (int64_t)((uint64_t)s->base + delta);
+}
+
+/* Decodes the records `rows` (sorted, all of this block) of one decompressed block (in either
+ * form: stored_form_of) into the outputs; OK or the reason it is damaged. */
 static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_count, const int64_t *rows,
                           Py_ssize_t count, int64_t *ints, int64_t *text_counts, growing_t *heap_out,
                           growing_t *lengths_out, int *no_memory) {
+    int stored = stored_form_of(raw, (size_t)raw_length);
+    if (stored < 0) return BAD_BLOCK; /* as restore_block refuses it */
     if (raw_length < BLOCK_HEADER_SIZE) return BAD_LAYOUT;
     int64_t records = read_u32(raw), texts = read_u32(raw + 4), heap_bytes = read_u32(raw + 8);
     section_t sections[SECTIONS];
@@ -318,14 +313,15 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_
     }
     if (at + heap_bytes != raw_length) return BAD_LAYOUT;
     const uint8_t *heap = raw + at;
+    ends_t text_ends = {sections[TEXT_END], stored, 0, 0}, byte_ends = {sections[BYTE_END], stored, 0, 0};
     for (Py_ssize_t r = 0; r < count; r++) {
         int64_t row = rows[r];
         if (row < 0 || row >= records) return BAD_LAYOUT;
         int64_t *fields = ints + r * INT_FIELDS;
         for (int i = 0; i < INT_FIELDS; i++) fields[i] = section_value(raw, &sections[i], row);
         int64_t flags = fields[0], topic = fields[1];
-        int64_t first = row ? section_value(raw, &sections[TEXT_END], row - 1) : 0;
-        int64_t end = section_value(raw, &sections[TEXT_END], row);
+        int64_t first = row ? end_at(raw, &text_ends, row - 1) : 0;
+        int64_t end = end_at(raw, &text_ends, row);
         int64_t has_key = flags & FLAG_KEY;
         /* (as BlockRecords.raw_record checks, in Python ints: none of these can overflow int64 here
          * but first + has_key, whose first is checked >= 0 before a wrap could matter) */
@@ -333,9 +329,9 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_
             first + has_key > end || end > texts || topic < 0 || topic >= topic_count)
             return BAD_RECORD;
         text_counts[r] = end - first;
-        int64_t start = first ? section_value(raw, &sections[BYTE_END], first - 1) : 0;
+        int64_t start = first ? end_at(raw, &byte_ends, first - 1) : 0;
         for (int64_t text = first; text < end; text++) {
-            int64_t stop = section_value(raw, &sections[BYTE_END], text);
+            int64_t stop = end_at(raw, &byte_ends, text);
             if (start < 0 || start > stop || stop > heap_bytes) return BAD_TEXT;
             int64_t length = stop - start;
             if (!append(heap_out, heap + start, (size_t)length) || !append(lengths_out, &length, sizeof length)) {
@@ -392,7 +388,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
             PyErr_SetString(PyExc_ValueError, "read_records: arrays of inconsistent sizes");
         } else {
             growing_t heap = {0}, text_lengths = {0};
-            uint8_t *compressed = NULL, *raw = NULL, *scratch = NULL; /* scratch: restore_block's */
+            uint8_t *compressed = NULL, *raw = NULL;
             size_t compressed_capacity = 0, raw_capacity = 0;
             Py_ssize_t bad = -1;
             int reason = OK, no_memory = 0;
@@ -407,11 +403,9 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
                 }
                 if ((size_t)raw_lengths[b] > raw_capacity) {
                     free(raw);
-                    free(scratch);
                     raw_capacity = (size_t)raw_lengths[b];
                     raw = malloc(raw_capacity);
-                    scratch = malloc(raw_capacity);
-                    if (raw == NULL || scratch == NULL) { no_memory = 1; break; }
+                    if (raw == NULL) { no_memory = 1; break; }
                 }
                 int64_t done = 0;
                 while (done < lengths[b]) { /* pread may return fewer bytes than asked without being at the end */
@@ -423,7 +417,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
                     bad = b, reason = SHORT_READ, got = done;
                 } else if ((int64_t)block_checksum(compressed, (size_t)lengths[b]) != crcs[b]) {
                     bad = b, reason = BAD_CHECKSUM;
-                } else if (!lz4_block(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b], scratch)) {
+                } else if (!lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])) {
                     bad = b, reason = BAD_BLOCK;
                 } else {
                     int decoded = decode_records(raw, raw_lengths[b], topic_counts[b], rows + firsts[b],
@@ -434,7 +428,6 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
             }
             free(compressed);
             free(raw);
-            free(scratch);
             Py_END_ALLOW_THREADS
             if (no_memory) {
                 PyErr_NoMemory();

@@ -72,27 +72,20 @@ Kafka bytes holds lone surrogates, which Arrow strings cannot carry.
 **Stored form** (batch version 3). Readers want ends (any record's texts and any text's bytes at
 once, without summing what comes before); compression wants lengths: a record's text count (1,
 mostly) repeats and a key's length takes a few values, where the low byte of an end is new on
-every record. So a block is compressed in its *stored form*, which is the layout above but for
-the two ends sections, and readers get the layout above back right after decompressing it
-(``read_form``, and ``restore_block`` in ``_blocks.c``), before anything else reads the block:
-nothing past decompression knows the stored form exists. The header's 3 bytes at
-``STORED_FORM_AT`` say how it is stored (zero in the layout above, and left zero by version-2
-writers: a reader restores any block whose header gives a stored form, whatever its batch's
-version, so a version-2 block with these bytes changed, its checksum made to match, is damage)::
-
-    21     1     stored_form       u8   ENDS_AS_LENGTHS: text_end holds each record's text count,
-                                        byte_end each text's byte length
-    22     1     count_width       u8   bytes of each count in text_end's section (0, 1, 2, 4, 8)
-    23     1     length_width      u8   bytes of each length in byte_end's section
-
-Counts and lengths are stored as themselves (base 0) in byte planes like every column; the
-header's widths and bases of the two sections are those of their ends, so the read form is the
-block a version-2 writer would have written, byte for byte. A writer stores a block in its read
-form where the stored form would be longer (rare: one record, ends all equal), so that a block
-never decompresses to more bytes than its read form (the block table's raw length). On bench_vs_parquet.py's shapes the
-stored form takes 0.96 (project) to 1.33 (long keys) B/record off ~11-14: a tenth of the log;
-restoring costs a copy of the block and a sum over its records (~1-2 us a block, against ~4-6 us
-for its checksum and decompression).
+every record. So a block is compressed in its *stored form*: the layout above, of the same
+length, but for the two ends sections, each of whose deltas (end - base, in its width) is stored
+as its *step* from the delta before (the first as is), modulo 2^(8 x width). Readers sum the
+steps back, in place, right after decompressing the block (``read_form``, and ``restore_block``
+in ``_blocks.c``), before anything else reads it: nothing past decompression knows the stored
+form exists. Header byte ``STORED_FORM_AT`` (21; it and the two after it are zero in the layout
+above, and left zero by version-2 writers) is ENDS_AS_STEPS in a stored block. Summing modulo
+the width restores any deltas exactly, so the read form is the block a version-2 writer would
+have written, byte for byte; a damaged step gives damaged ends, which the decoders' checks catch
+as they catch damaged ends. A reader restores any block whose header gives the stored form,
+whatever its batch's version (a version-2 block with byte 21 changed, its checksum made to
+match, is damage). On bench_vs_parquet.py's four shapes the stored form takes 0.9-1.5 B/record
+off 11-17 (8-12% of the log); restoring costs a running sum over the block's records and texts
+(~0.2-0.4 us a block, against ~2-3 us for its checksum and decompression).
 
 Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
 ~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
@@ -206,23 +199,25 @@ BLOCK_HEADER_DTYPE = np.dtype(
     + [(f"{name}_base", "<i8") for name in SECTIONS]
 )
 BLOCK_HEADER_SIZE = 96
-# The stored form (module docstring): the 3 bytes BLOCK_HEADER_STRUCT skips.
+# The stored form (module docstring): the first of the 3 bytes BLOCK_HEADER_STRUCT skips.
 STORED_FORM_AT = 12 + len(SECTIONS)
-STORED_FORM_STRUCT = struct.Struct("<BBB")  # stored_form, count_width, length_width
-ENDS_AS_LENGTHS = 0x01
+ENDS_AS_STEPS = 0x01
 TEXT_END, BYTE_END = SECTIONS.index("text_end"), SECTIONS.index("byte_end")
 assert BLOCK_HEADER_STRUCT.size == BLOCK_HEADER_DTYPE.itemsize == BLOCK_HEADER_SIZE
 assert STORED_FORM_AT == BLOCK_HEADER_DTYPE.fields["pad"][1] and TEXT_END + 1 == BYTE_END == len(COLUMNS)
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # a section's values by width
 
 TEXT = pa.large_binary()
 ITEMS = pa.large_list(pa.field("item", TEXT, nullable=False))
 LZ4 = pa.Codec("lz4_raw")
-# Writers compress blocks with LZ4HC (level 3, its lowest): the same LZ4 block format, decoded by
-# the same code as fast, 6-12% fewer bytes than LZ4's fast mode on bench/bench_vs_parquet.py's four
-# workload shapes (200,000-record batches: long keys 14.86 -> 13.48 B/record, project 11.90 ->
-# 10.84), for 0.3-0.5 us more CPU a record in encode_batch (0.6-0.8 -> 1.05-1.2 us). Levels 6-12
-# gain under 2% more at 2-5x the compression time.
-LZ4_WRITE_LEVEL = 3
+# Writers compress blocks with LZ4HC: the same LZ4 block format, decoded by the same code as fast.
+# Level 3 (its lowest) took 6-12% off LZ4's fast mode on bench/bench_vs_parquet.py's four workload
+# shapes (200,000-record batches: long keys 14.86 -> 13.48 B/record, project 11.90 -> 10.84) for
+# 0.3-0.5 us more CPU a record in encode_batch (0.6-0.8 -> 1.05-1.2 us). On blocks in their stored
+# form, level 6 takes 1.6-2.2% more off level 3 (long keys 12.13 -> 11.87 B/record, project 9.95
+# -> 9.79) for 0.04-0.09 us a record, within the noise of a 500k-record store's writing (1.0-1.2 s
+# either way); level 9 gains 0.3% more at 2x level 6's compression time.
+LZ4_WRITE_LEVEL = 6
 LZ4_WRITER = pa.Codec("lz4_raw", compression_level=LZ4_WRITE_LEVEL)
 
 
@@ -423,10 +418,10 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
     timestamps = columns.ints["timestamp_ms"]
     blocks, entries = [], []
     for start in range(0, n, block_records):
-        stored, read_length = record.block(start, min(start + block_records, n), stored_form=version >= 3)
+        stored = record.block(start, min(start + block_records, n), stored_form=version >= 3)
         compressed = LZ4_WRITER.compress(stored, asbytes=True)
         blocks.append(compressed)
-        entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), read_length,
+        entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), len(stored),
                                                zlib.crc32(compressed)))
     topics = b"".join([TOPIC_COUNT_STRUCT.pack(len(record.topics))]
                       + [TOPIC_LENGTH_STRUCT.pack(len(t)) + t for t in record.topics])
@@ -494,50 +489,40 @@ class _RecordColumns:
         }
         return cls(per_record, text_starts, text_offsets, heap, tuple(topic.dictionary.to_pylist()))
 
-    def block(self, start: int, stop: int, stored_form: bool = True) -> tuple[bytes, int]:
+    def block(self, start: int, stop: int, stored_form: bool = True) -> bytes:
         """The uncompressed bytes of the block of records [start, stop), in its stored form
-        unless not `stored_form` (module docstring), and the length of its read form."""
+        unless not `stored_form` (module docstring)."""
         first_text, end_text = int(self.text_starts[start]), int(self.text_starts[stop])
         offsets = self.text_offsets[first_text : end_text + 1]
         heap = self.heap[int(offsets[0]) : int(offsets[-1])]
         per_record = {name: self.per_record[name][start:stop] for name in COLUMNS}
         per_record["text_end"] = per_record["text_end"] - first_text  # ends within the block
         widths, bases, sections = [], [], []
-        for values in [*per_record.values(), offsets[1:] - offsets[0]]:
-            width, base, section = _narrow(values)
+        for section, values in enumerate([*per_record.values(), offsets[1:] - offsets[0]]):
+            width, base, deltas = _narrow(values)
+            if stored_form and section >= TEXT_END and width:
+                deltas = np.diff(deltas, prepend=deltas.dtype.type(0))  # steps, wrapping in the width
             widths.append(width)
             bases.append(base)
-            sections.append(section)
-        header = BLOCK_HEADER_STRUCT.pack(stop - start, end_text - first_text, len(heap), *widths, *bases)
-        read_form = b"".join((header, *sections, heap))
-        if not stored_form:
-            return read_form, len(read_form)
-        stored_widths = []
-        for section, ends in ((TEXT_END, per_record["text_end"]), (BYTE_END, offsets[1:] - offsets[0])):
-            width, _, sections[section] = _narrow(np.diff(ends, prepend=0), base=0)
-            stored_widths.append(width)
-        header = b"".join((header[:STORED_FORM_AT], STORED_FORM_STRUCT.pack(ENDS_AS_LENGTHS, *stored_widths),
-                           header[STORED_FORM_AT + STORED_FORM_STRUCT.size :]))
-        stored = b"".join((header, *sections, heap))
-        # never longer than the read form (a block's ends of one width where its lengths need
-        # another): a block decompresses into its read form's space
-        return (stored if len(stored) <= len(read_form) else read_form), len(read_form)
+            sections.append(_planes(deltas) if width else b"")
+        header = bytearray(BLOCK_HEADER_STRUCT.pack(stop - start, end_text - first_text, len(heap), *widths, *bases))
+        header[STORED_FORM_AT] = ENDS_AS_STEPS if stored_form else 0
+        return b"".join((header, *sections, heap))
 
 
-def _narrow(values: np.ndarray, base: int | None = None) -> tuple[int, int, bytes]:
-    """(width, base, byte planes of values - base) in the narrowest width that holds the deltas;
-    the base is the values' minimum unless given (then no value may be below it)."""
+def _narrow(values: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """(width, base, values - base) in the narrowest unsigned width that holds the deltas (0: every
+    value is the base; the deltas are then empty)."""
     values = values.astype(np.int64, copy=False)
     if not len(values):
-        return 0, 0 if base is None else base, b""
-    low, top = int(values.min()), int(values.max())
-    base = low if base is None else base
+        return 0, 0, values[:0]
+    base, top = int(values.min()), int(values.max())
     if top == base:
-        return 0, base, b""
+        return 0, base, values[:0]
     delta = values - np.int64(base)  # wraps for a range wider than int64: see the module docstring
-    for dtype in (np.uint8, np.uint16, np.uint32, np.dtype("<i8")):
-        if dtype == np.dtype("<i8") or top - base <= np.iinfo(dtype).max:
-            return np.dtype(dtype).itemsize, base, _planes(delta.astype(dtype))
+    for width in (1, 2, 4, 8):
+        if width == 8 or top - base <= (1 << (8 * width)) - 1:
+            return width, base, delta.astype(_UNSIGNED[width])
     raise AssertionError("unreachable")
 
 
@@ -546,49 +531,32 @@ def _planes(values: np.ndarray) -> bytes:
     return values.view(np.uint8).reshape(-1, values.itemsize).T.tobytes()
 
 
-def _from_planes(buf, at: int, count: int, width: int) -> np.ndarray:
-    """The `count` values (uint64) stored as `width` byte planes at `at` of `buf`."""
-    if not width:
-        return np.zeros(count, dtype=np.uint64)
-    planes = np.frombuffer(buf, dtype=np.uint8, count=count * width, offset=at).reshape(width, count)
-    return np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(count).astype(np.uint64)
-
-
-def read_form(raw: bytes, raw_length: int | None = None) -> bytes | None:
-    """A block as decompressed (`raw`, maybe padded past its end) in the layout readers read: itself
-    unless its header gives a stored form (module docstring), else that form turned back; None
-    when it does not fit the layout its header gives or, given `raw_length` (the block table's),
-    would not be that long. The oracle of ``restore_block`` in ``_blocks.c``."""
-    if len(raw) < BLOCK_HEADER_SIZE or not any(raw[STORED_FORM_AT : STORED_FORM_AT + STORED_FORM_STRUCT.size]):
-        return raw if raw_length is None or len(raw) == raw_length else None
-    stored_form, count_width, length_width = STORED_FORM_STRUCT.unpack_from(raw, STORED_FORM_AT)
+def read_form(raw: bytes) -> bytes | None:
+    """A block as decompressed, in the layout readers read: itself unless its header gives the
+    stored form (module docstring), else its steps summed back; None when its header gives a form
+    there is none of, or widths and counts its length does not hold. The oracle of
+    ``restore_block`` in ``_blocks.c``."""
+    if len(raw) < BLOCK_HEADER_SIZE or not any(raw[STORED_FORM_AT : STORED_FORM_AT + 3]):
+        return raw
+    if raw[STORED_FORM_AT] != ENDS_AS_STEPS or any(raw[STORED_FORM_AT + 1 : STORED_FORM_AT + 3]):
+        return None
     fields = BLOCK_HEADER_STRUCT.unpack_from(raw, 0)
-    records, texts, heap_bytes = fields[:3]
-    widths, bases = fields[3 : 3 + len(SECTIONS)], fields[3 + len(SECTIONS) :]
-    if stored_form != ENDS_AS_LENGTHS or any(w not in (0, 1, 2, 4, 8) for w in (*widths, count_width, length_width)):
+    records, texts, heap_bytes, widths = fields[0], fields[1], fields[2], fields[3 : 3 + len(SECTIONS)]
+    if any(w not in (0, 1, 2, 4, 8) for w in widths):
         return None
     at = BLOCK_HEADER_SIZE + records * sum(widths[:TEXT_END])
-    stored_end = at + records * count_width + texts * length_width + heap_bytes
-    read_end = at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes
-    if stored_end > len(raw) or (raw_length is not None and read_end != raw_length):
-        return None  # (before anything is built: a damaged header may count billions of records)
-    pieces = [raw[:STORED_FORM_AT], bytes(STORED_FORM_STRUCT.size), raw[STORED_FORM_AT + STORED_FORM_STRUCT.size : at]]
-    for count, stored_width, width, base in ((records, count_width, widths[TEXT_END], bases[TEXT_END]),
-                                            (texts, length_width, widths[BYTE_END], bases[BYTE_END])):
-        if not stored_width:  # every length 0, every end 0: one delta (count may be huge where width is 0)
-            delta = -base % (1 << 64)
-            if width < 8 and count and delta >> (8 * width):
-                return None
-            pieces.append(b"".join(bytes([delta >> (8 * plane) & 0xFF]) * count for plane in range(width)))
-            continue
-        ends = np.cumsum(_from_planes(raw, at, count, stored_width), dtype=np.uint64)  # wraps as int64 does
-        at += count * stored_width
-        deltas = ends - np.uint64(base % (1 << 64))
-        if width < 8 and count and int(deltas.max()) >> (8 * width):
-            return None
-        pieces.append(_planes(deltas.astype(f"<u{width}")) if width else b"")
-    pieces.append(raw[at : at + heap_bytes])
-    return b"".join(pieces)
+    if at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes != len(raw):
+        return None
+    block = bytearray(raw)
+    block[STORED_FORM_AT] = 0
+    for count, width in ((records, widths[TEXT_END]), (texts, widths[BYTE_END])):
+        if width and count:
+            planes = np.frombuffer(block, np.uint8, count * width, at).reshape(width, count)
+            steps = np.ascontiguousarray(planes.T).view(_UNSIGNED[width]).reshape(count)
+            sums = np.cumsum(steps, dtype=_UNSIGNED[width])  # wraps in the width
+            planes[:] = sums.view(np.uint8).reshape(count, width).T
+        at += count * width
+    return bytes(block)
 
 
 def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -617,7 +585,7 @@ def decompress_blocks(data: memoryview, starts: Iterable[int], lengths: Iterable
         if checksum(compressed) != crc:
             raise CorruptFileError(f"{name}: invalid batch at byte {origin}: checksum mismatch")
         try:
-            raw = read_form(decompress(compressed, raw_length, asbytes=True), raw_length)
+            raw = read_form(decompress(compressed, raw_length, asbytes=True))
         except (pa.ArrowException, OSError, ValueError) as e:
             raise CorruptFileError(f"{name}: invalid batch at byte {origin}: a block does not decode ({e})") from None
         if raw is None:
