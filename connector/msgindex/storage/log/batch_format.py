@@ -84,8 +84,10 @@ have written, byte for byte; a damaged step gives damaged ends, which the decode
 as they catch damaged ends. A reader restores any block whose header gives the stored form,
 whatever its batch's version (a version-2 block with byte 21 changed, its checksum made to
 match, is damage). On bench_vs_parquet.py's four shapes the stored form takes 0.9-1.5 B/record
-off 11-17 (8-12% of the log); restoring costs a running sum over the block's records and texts
-(~0.2-0.4 us a block, against ~2-3 us for its checksum and decompression).
+off 11-17 (8-12% of the log); restoring costs a running sum over the block's records and texts:
+~0.5-1 us a block of 512 records on top of ~2.5-4 us for its checksum and decompression, which a
+read of every block pays (a hot key from the log, a window); a point read sums only as far as
+the rows it wants (``read_records``).
 
 Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
 ~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
