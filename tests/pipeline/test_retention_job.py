@@ -23,7 +23,10 @@ pytestmark = pytest.mark.kafka
 DAY_MS = 86_400_000
 OLD, NEW = 6_000, 14_000  # records 30 days old, then records of now (one partition: log order is offset order)
 MAX_BYTES = 1_500_000
-SEGMENT_BYTES = 64 * 1024
+# An append of 2,500 of these records takes ~20 kB of log (batch version 3; 24 kB in version 2):
+# each append rolls a segment of its own, so the old records' first two are wholly older than a day
+# (at 64 kB three appends shared one, and the third holds new records).
+SEGMENT_BYTES = 16 * 1024
 LATER_SEGMENT_BYTES = 8 * 1024  # the later topic's old records fill several segments
 INDEX_FILE_BYTES = 40 + 4099 * 4 + 20000 * 20  # support.SMALL_STORE's hash index file
 
