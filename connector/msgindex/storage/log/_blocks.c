@@ -13,7 +13,8 @@
  *
  * A block (batch_format.py) is one LZ4 *block* (the raw format, no frame), checksummed with
  * zlib's CRC-32 over its compressed bytes, and restored to the layout readers read as soon as it
- * is decompressed (``restore_block``: a version-3 block's ends are stored as steps). The LZ4 decoder is the LZ4 library's own
+ * is decompressed (``restore_block``: a version-3 block's ends are stored as steps). The LZ4
+ * decoder is the LZ4 library's own
  * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
  * found at import in the shared library the system has (it has no header here, so it is opened by
  * name); without one the import fails and the Python path answers. A block must decode to exactly
