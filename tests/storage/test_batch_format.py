@@ -512,9 +512,13 @@ def test_compiled_record_reader_answers_as_python(tmp_path_factory, batch, damag
     rows = np.array([row for rows in rows_of for row in rows], dtype=np.int64)
     seqs = np.arange(len(rows), dtype=np.int64) * 3 + 7
     with open(path, "rb") as f:
+        compiled_raw = _read_or_error(bf.read_raw_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
+        python_raw = _read_or_error(bf.python_read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
         compiled = _read_or_error(bf.read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
-        python = _read_or_error(bf.python_read_records, f.fileno(), "file", blocks, firsts, rows, _short_read)
         columns = _read_or_error(bf.read_record_columns, f.fileno(), "file", blocks, firsts, rows, seqs, _short_read)
+    # before they are MessageRecords: the same integers, texts (str where all are ASCII) and flags
+    assert compiled_raw == (python_raw.split(" (")[0] if isinstance(python_raw, str) else python_raw)
+    python = python_raw if isinstance(python_raw, str) else _read_or_error(python_raw.messages)
     if damage == "none":
         base = np.cumsum([0, *counts.tolist()])
         assert compiled == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
@@ -529,3 +533,93 @@ def test_compiled_record_reader_answers_as_python(tmp_path_factory, batch, damag
     order = np.array(data.draw(st.permutations(range(len(kept)))), dtype=np.int64)
     expected = rows_from_records("b", seqs[kept][order].tolist(), [python[i] for i in kept[order].tolist()])
     assert pa.Table.from_batches([bf.rows(columns.rows(kept, order), "b")], schema=ROW_SCHEMA).equals(expected)
+
+
+def _records_of_lengths(shape: str, count: int, rng: np.random.Generator) -> list[MessageRecord]:
+    """`count` records whose keys' lengths are `shape`: "even" (10-40 bytes), "long first" (each
+    block's first records' keys 2-3 kB: their rows' heap lies far past their share of it), "long
+    last" (the same at each block's end), or "one huge" (a 40 kB key now and then)."""
+    found = []
+    for n in range(count):
+        at = n % bf.DEFAULT_BLOCK_RECORDS
+        length = int(rng.integers(10, 40))
+        if (shape == "long first" and at < 8) or (shape == "long last" and at >= bf.DEFAULT_BLOCK_RECORDS - 8):
+            length = int(rng.integers(2000, 3000))
+        elif shape == "one huge" and rng.random() < 0.002:
+            length = 40_000
+        key = f"k{n}-" + "x" * length
+        keys = (key, f"extra-{n}") if rng.random() < 0.2 else (key,)
+        found.append(MessageRecord(f"topic-{n % 3}", n % 7, 1000 + n, 1_700_000_000_000 + n, key, keys, -1, -1))
+    return found
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["even", "long first", "long last", "one huge"]), st.integers(0, 2**32 - 1), st.data())
+def test_a_point_read_decompresses_what_its_rows_need_and_reads_nothing_past_it(tmp_path_factory, shape, seed,
+                                                                                  data):
+    """The compiled reader decompresses a block of many records only as far as its wanted rows
+    need (LZ4's partial decoding, as far as the block header's estimate; the whole block when a
+    wanted text lies past it): any rows of blocks of 512 records with keys of even lengths, long
+    at each block's start (the estimate falls short), long at its end, or a huge one now and then,
+    are the records written and python_read_records' records. The blocks are read in one call, so
+    a byte read past a block's decoded front would be the previous block's."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    batch = _records_of_lengths(shape, 3 * bf.DEFAULT_BLOCK_RECORDS + 100, np.random.default_rng(seed))
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch)))
+    path = tmp_path_factory.mktemp("blocks") / "file"
+    path.write_bytes(b"".join(compressed))
+    starts = np.cumsum([0] + [len(c) for c in compressed[:-1]])
+    counts = head.blocks["records"].astype(np.int64)
+    chosen = sorted(data.draw(st.sets(st.integers(0, len(compressed) - 1), min_size=1)))
+    rows_of = [sorted(data.draw(st.sets(st.integers(0, int(counts[b]) - 1), min_size=1, max_size=6))) for b in chosen]
+    blocks = bf.BlockLocations(starts[chosen], np.array([len(compressed[b]) for b in chosen]),
+                               np.array([len(raws[b]) for b in chosen]),
+                               np.array([zlib.crc32(compressed[b]) for b in chosen]), np.array(chosen) * 1000,
+                               [head.topics] * len(chosen))
+    firsts = np.cumsum([0] + [len(rows) for rows in rows_of])
+    rows = np.array([row for rows in rows_of for row in rows], dtype=np.int64)
+    with open(path, "rb") as f:
+        compiled = bf.read_records(f.fileno(), "file", blocks, firsts, rows, _short_read)
+        python = bf.python_read_records(f.fileno(), "file", blocks, firsts, rows, _short_read).messages()
+    base = np.cumsum([0, *counts.tolist()])
+    assert compiled == python == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
+
+
+def test_record_texts_refuses_what_does_not_cut_its_heap():
+    """_blocks.record_texts (read_records' heap cut into each record's texts) takes int64 lengths
+    and counts that cut exactly its heap, else a ValueError: never a read past either buffer."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    cut = bf.compiled_blocks.record_texts
+    assert cut(b"abcde", np.array([3, 0, 2]), np.array([2, 0, 1])) == ([["abc", ""], [], ["de"]], True, False)
+    assert cut(b"a\\\xff", np.array([2, 1]), np.array([1, 1])) == ([[b"a\\"], [b"\xff"]], False, True)
+    for lengths, counts in (([3, 3], [2]), ([3, 1], [2]), ([6, -1], [2]), ([5], [2]), ([5], [1, -1]), ([5], [0])):
+        with pytest.raises(ValueError, match="do not cut the heap"):
+            cut(b"abcde", np.array(lengths), np.array(counts))
+    for lengths, counts in ((np.array([3, 2], np.int32), np.array([2])), (np.array([5]), np.array([1, 0], np.int32)),
+                            (np.frombuffer(b"x" + np.array([5]).tobytes(), np.int64, offset=1), np.array([1]))):
+        with pytest.raises(ValueError, match="aligned contiguous int64"):
+            cut(b"abcde", lengths, counts)
+
+
+def test_a_point_read_of_a_blocks_front_trusts_its_checksum_for_the_rest(tmp_path):
+    """A point read decodes a block only as far as its rows, so a block whose checksum matches but
+    whose LZ4 stream is cut short (only a rewrite with a matching checksum makes one) still gives
+    its front rows, the writer's records, where a read of the whole block refuses it (the
+    Python reader, decompress_all, `msgindex inspect`)."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    batch = [MessageRecord("t", 0, i, 1_700_000_000_000 + i, f"key-{i:05d}-" + "x" * 30, (f"key-{i:05d}-" + "x" * 30,))
+             for i in range(bf.DEFAULT_BLOCK_RECORDS)]
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch)))
+    cut = compressed[0][:-200]
+    (tmp_path / "file").write_bytes(cut)
+    blocks = bf.BlockLocations(np.array([0]), np.array([len(cut)]), np.array([len(raws[0])]), np.array([zlib.crc32(cut)]),
+                               np.array([0]), [head.topics])
+    with open(tmp_path / "file", "rb") as f:
+        front = bf.read_records(f.fileno(), "file", blocks, np.array([0, 1]), np.array([3]), _short_read)
+        assert front == [batch[3]]
+        for read, row in ((bf.read_records, len(batch) - 1), (bf.python_read_records, 3)):
+            with pytest.raises(CorruptFileError, match="a block does not decode"):
+                read(f.fileno(), "file", blocks, np.array([0, 1]), np.array([row]), _short_read)

@@ -104,6 +104,13 @@ def test_the_lookup_checksum_is_zlibs(monkeypatch, compiled):
     data = np.random.default_rng(1).integers(0, 256, 30_000, dtype=np.uint8)
     for piece in (data, data[7:10_247], memoryview(data.tobytes())[3:], b""):
         assert checksum.crc32(piece) == zlib.crc32(piece)
+    # many slices at once (a lookup's first touch of its chunks), none outside the data
+    starts, lengths = np.array([0, 7, 10_240, 29_999, 30_000]), np.array([30_000, 10_240, 0, 1, 0])
+    assert checksum.crc32_slices(data, starts, lengths).tolist() == [
+        zlib.crc32(data[start : start + length]) for start, length in zip(starts, lengths)]
+    for start, length in ((29_999, 2), (-1, 1), (5, -1)):
+        with pytest.raises(ValueError, match="outside"):
+            checksum.crc32_slices(data, np.array([0, start]), np.array([1, length]))
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["libdeflate", "zlib"])

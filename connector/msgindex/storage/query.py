@@ -237,6 +237,11 @@ def rows_from_records(broker: str, seqs: list[int], records: list[MessageRecord]
         )
         for seq, r in zip(seqs, records)
     ]
+    return rows_table(rows)
+
+
+def rows_table(rows: list[tuple]) -> pa.Table:
+    """ROW_SCHEMA rows given as tuples of their shown values (ROW_SCHEMA's order; timestamps in us)."""
     batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=ROW_STRUCT))
     return pa.Table.from_batches([batch], schema=ROW_SCHEMA)
 

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from msgindex.errors import CorruptFileError
-from msgindex.storage.checksum import crc32
+from msgindex.storage.checksum import crc32, crc32_slices
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.hash_index import hash_run
 from msgindex.storage.hash_index.hash_run import IndexFile
@@ -254,12 +254,45 @@ class EntryGuard:
             # before a commit the sidecar already covers would hold too few entries for its CRCs
             self._sidecar()
             entries = _entry_bytes(self.index_file)
+            pending = self._check_whole_covered(entries, pending, limit)
         for chunk in pending:
             low = chunk << CHUNK_SHIFT
             need = min(low + CHUNK_ENTRIES, limit)
             if need <= max(low, _FIRST_INDEX) or self._partial.get(chunk, 0) >= need:
                 continue
             self._check_chunk(entries, chunk, low, need)
+
+    def _check_whole_covered(self, entries: np.ndarray, pending: list[int], limit: int) -> list[int]:
+        """Checks the `pending` chunks the sidecar covers whole (what ``_check_chunk`` would do
+        for each: its CRC, then it is whole) at once, and returns the others. A key's first
+        lookup touches a chunk per entry, a hundred for a key of a hundred records: their CRCs
+        in one compiled call cost ~1 us a chunk, where a Python call per chunk cost ~2 more."""
+        sums = self._sums
+        if sums is None or len(pending) < 2:
+            return pending
+        chunks = np.array(pending, dtype=np.int64)
+        lows = chunks << CHUNK_SHIFT
+        ends = lows + CHUNK_ENTRIES
+        # (a chunk with no committed entry below `limit` is not checked at all: _check_chunk's skip)
+        at_once = (ends <= sums.covered_count) & (ends * ENTRY_BYTES <= len(entries)) & (lows < limit) & (
+            limit > _FIRST_INDEX)
+        if self._partial:
+            at_once &= ~np.isin(chunks, np.fromiter(self._partial, dtype=np.int64))
+        if not at_once.any():
+            return pending
+        checked = chunks[at_once]
+        crcs = crc32_slices(entries, lows[at_once] * ENTRY_BYTES, np.full(len(checked), CHUNK_ENTRIES * ENTRY_BYTES))
+        bad = np.flatnonzero(crcs != sums.crcs[checked].astype(np.int64))
+        if len(bad):
+            low = int(lows[at_once][bad[0]])
+            raise self._sum_mismatch(sums, low, low + CHUNK_ENTRIES)
+        self._whole[checked] = True
+        return chunks[~at_once].tolist()
+
+    def _sum_mismatch(self, sums: EntrySums, low: int, covered: int) -> CorruptFileError:
+        return CorruptFileError(
+            f"{self.index_file.path}: hash index entries {low}..{covered - 1} fail their checksum (in "
+            f"{sums.path.name}): the file was damaged; `msgindex repair` rebuilds it from the log")
 
     def _check_chunk(self, entries: np.ndarray, chunk: int, low: int, need: int) -> None:
         sums = self._sidecar()
@@ -268,9 +301,7 @@ class EntryGuard:
             covered = min(low + CHUNK_ENTRIES, sums.covered_count)
             crc = crc32(entries[low * ENTRY_BYTES : covered * ENTRY_BYTES])
             if crc != int(sums.crcs[chunk]):
-                raise CorruptFileError(
-                    f"{self.index_file.path}: hash index entries {low}..{covered - 1} fail their checksum (in "
-                    f"{sums.path.name}): the file was damaged; `msgindex repair` rebuilds it from the log")
+                raise self._sum_mismatch(sums, low, covered)
         if need > covered:
             problem = structure_problem(self.index_file, max(covered, _FIRST_INDEX), need)
             if problem is not None:

@@ -18,7 +18,7 @@
  * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
  * found at import in the shared library the system has (it has no header here, so it is opened by
  * name); without one the import fails and the Python path answers. A block must decode to exactly
- * its stated length.
+ * its stated length (but where a point read decodes only the front it needs: lz4_prefix).
  *
  * The checksum is zlib's CRC-32, computed by libdeflate's ``libdeflate_crc32`` where the system
  * has that library (the same CRC, by carry-less multiplication: 1.7 us for a 14 kB block where
@@ -42,6 +42,10 @@
 /* LZ4_decompress_safe(source, dest, compressed size, dest capacity) -> bytes written, or < 0 */
 typedef int (*lz4_decompress_safe)(const char *, char *, int, int);
 static lz4_decompress_safe lz4_decompress = NULL;
+/* LZ4_decompress_safe_partial(source, dest, compressed size, bytes wanted, dest capacity) -> bytes
+ * decoded (the wanted ones, or the whole block when it is shorter), or < 0; NULL: not in the library */
+typedef int (*lz4_decompress_partial)(const char *, char *, int, int, int);
+static lz4_decompress_partial lz4_decompress_prefix = NULL;
 static const char *const LZ4_LIBRARIES[] = {"liblz4.so.1", "liblz4.so", "liblz4.1.dylib", "liblz4.dylib"};
 
 /* libdeflate_crc32(initial crc, buffer, length) -> the CRC-32 zlib's crc32 computes */
@@ -143,9 +147,23 @@ static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t r
     return lz4_exactly(in, in_length, out, raw_length) && restore_block(out, raw_length);
 }
 
+/* Takes `object`'s buffer as int64 values (8-byte items, aligned, contiguous; writable when
+ * asked): 0 with a ValueError set otherwise. */
+static int int64_buffer(PyObject *object, Py_buffer *view, int writable, const char *function) {
+    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0)
+        return 0;
+    if (view->itemsize != 8 || view->len % 8 != 0 || (uintptr_t)view->buf % 8 != 0) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s takes aligned contiguous int64 arrays", function);
+        return 0;
+    }
+    return 1;
+}
+
+/* int64_buffer of `count` values */
 static int int64_view(PyObject *object, Py_buffer *view, Py_ssize_t count) {
-    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return 0;
-    if (view->itemsize != 8 || view->len != count * 8) {
+    if (!int64_buffer(object, view, 0, "decompress_blocks")) return 0;
+    if (view->len != count * 8) {
         PyBuffer_Release(view);
         PyErr_SetString(PyExc_ValueError, "expected a contiguous int64 array of one value per block");
         return 0;
@@ -229,6 +247,7 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
 #define BAD_LAYOUT 4 /* "a block does not match its layout" */
 #define BAD_RECORD 5 /* "a record does not match its block" */
 #define BAD_TEXT 6   /* "a text lies outside its block's heap" */
+#define NEED_MORE 7  /* a wanted text lies past the bytes decompressed so far (never returned to Python) */
 #define INT_FIELDS 7 /* the per-record columns a record is returned with: all but text_end */
 #define FLAG_KEY 1
 #define FLAG_LEAD 2
@@ -251,6 +270,7 @@ typedef struct {
 } growing_t;
 
 static int append(growing_t *buffer, const void *bytes, size_t length) {
+    if (length == 0) return 1; /* (and no memcpy from or to a NULL buffer) */
     if (buffer->length + length > buffer->capacity) {
         size_t capacity = buffer->capacity ? buffer->capacity : 4096;
         while (capacity < buffer->length + length) capacity *= 2;
@@ -292,11 +312,12 @@ static int64_t end_at(const uint8_t *raw, ends_t *ends, int64_t index) {
     return (int64_t)((uint64_t)s->base + delta);
 }
 
-/* Decodes the records `rows` (sorted, all of this block) of one decompressed block (in either
- * form: stored_form_of) into the outputs; OK or the reason it is damaged. */
-static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_count, const int64_t *rows,
-                          Py_ssize_t count, int64_t *ints, int64_t *text_counts, growing_t *heap_out,
-                          growing_t *lengths_out, int *no_memory) {
+/* Decodes the records `rows` (sorted, all of this block) of one block of `raw_length` bytes (in
+ * either form: stored_form_of) whose first `available` bytes are decompressed, into the outputs;
+ * OK, the reason it is damaged, or NEED_MORE when a wanted byte lies past `available`. */
+static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t available, int64_t topic_count,
+                          const int64_t *rows, Py_ssize_t count, int64_t *ints, int64_t *text_counts,
+                          growing_t *heap_out, growing_t *lengths_out, int *no_memory) {
     int stored = stored_form_of(raw, (size_t)raw_length);
     if (stored < 0) return BAD_BLOCK; /* as restore_block refuses it */
     if (raw_length < BLOCK_HEADER_SIZE) return BAD_LAYOUT;
@@ -313,7 +334,9 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_
         at += width * sections[i].planes;
     }
     if (at + heap_bytes != raw_length) return BAD_LAYOUT;
+    if (at > available) return NEED_MORE;
     const uint8_t *heap = raw + at;
+    int64_t heap_available = available - at;
     ends_t text_ends = {sections[TEXT_END], stored, 0, 0}, byte_ends = {sections[BYTE_END], stored, 0, 0};
     for (Py_ssize_t r = 0; r < count; r++) {
         int64_t row = rows[r];
@@ -334,6 +357,7 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_
         for (int64_t text = first; text < end; text++) {
             int64_t stop = end_at(raw, &byte_ends, text);
             if (start < 0 || start > stop || stop > heap_bytes) return BAD_TEXT;
+            if (stop > heap_available) return NEED_MORE;
             int64_t length = stop - start;
             if (!append(heap_out, heap + start, (size_t)length) || !append(lengths_out, &length, sizeof length)) {
                 *no_memory = 1;
@@ -343,6 +367,40 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t topic_
         }
     }
     return OK;
+}
+
+/* How many bytes of a block of `raw_length` bytes, whose header is decompressed in `raw`, a decode
+ * of rows up to `last_row` is likely to need: every section, and the heap up to that row's share
+ * of it, with a margin for texts of uneven lengths (decode_records says NEED_MORE when it falls
+ * short, and the whole block is decompressed then). The heap is most of a block of long keys
+ * (60% on bench_vs_parquet's long-keys): a point read's LZ4 decodes a third less. */
+static int64_t prefix_for(const uint8_t *raw, int64_t raw_length, int64_t last_row) {
+    int64_t records = read_u32(raw), texts = read_u32(raw + 4), heap_bytes = read_u32(raw + 8);
+    int64_t at = BLOCK_HEADER_SIZE;
+    for (int i = 0; i < SECTIONS; i++) at += (int64_t)raw[12 + i] * (i == BYTE_END ? texts : records);
+    if (records <= 0 || last_row < 0 || last_row >= records || at + heap_bytes != raw_length) return raw_length;
+    int64_t wanted = at + heap_bytes * (last_row + 1) / records + 512 + heap_bytes / 16;
+    return wanted < raw_length ? wanted : raw_length;
+}
+
+/* The first bytes of one LZ4 block of `raw_length` bytes decompressed into `out`, enough for rows
+ * up to `last_row` (prefix_for; all of them without LZ4_decompress_safe_partial): how many, or -1
+ * when the block does not decode that far (a block decompressed whole must decode to exactly
+ * `raw_length` bytes). A block is read only as far as a point read needs: past that its bytes are
+ * checksummed (the whole compressed block is) but not decoded. So a block whose checksum matches
+ * but whose LZ4 stream breaks past that front (only a rewrite with a matching checksum makes one)
+ * gives a point read its front rows, the writer's records, and is an error for every read that
+ * decodes it whole (python_read_records, decompress_blocks: scans, many keys, msgindex inspect). */
+static int64_t lz4_prefix(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length, int64_t last_row) {
+    if (lz4_decompress_prefix == NULL || in_length > INT32_MAX || raw_length > INT32_MAX ||
+        raw_length <= BLOCK_HEADER_SIZE)
+        return lz4_exactly(in, in_length, out, raw_length) ? (int64_t)raw_length : -1;
+    int header = lz4_decompress_prefix((const char *)in, (char *)out, (int)in_length, BLOCK_HEADER_SIZE, (int)raw_length);
+    if (header < BLOCK_HEADER_SIZE) return lz4_exactly(in, in_length, out, raw_length) ? (int64_t)raw_length : -1;
+    int64_t target = prefix_for(out, (int64_t)raw_length, last_row);
+    if (target >= (int64_t)raw_length) return lz4_exactly(in, in_length, out, raw_length) ? (int64_t)raw_length : -1;
+    int got = lz4_decompress_prefix((const char *)in, (char *)out, (int)in_length, (int)target, (int)raw_length);
+    return got < 0 ? -1 : (int64_t)got;
 }
 
 /* read_records(fd, positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts)
@@ -364,13 +422,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
     Py_buffer views[9]; /* positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts */
     int held = 0;
     for (; held < 9; held++) {
-        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (held >= 7 ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(args[1 + held], &views[held], flags) != 0) break;
-        if (views[held].itemsize != 8) {
-            PyBuffer_Release(&views[held]);
-            PyErr_SetString(PyExc_ValueError, "read_records takes contiguous int64 arrays");
-            break;
-        }
+        if (!int64_buffer(args[1 + held], &views[held], held >= 7, "read_records")) break;
     }
     PyObject *result = NULL;
     if (held == 9) {
@@ -418,12 +470,30 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
                     bad = b, reason = SHORT_READ, got = done;
                 } else if ((int64_t)block_checksum(compressed, (size_t)lengths[b]) != crcs[b]) {
                     bad = b, reason = BAD_CHECKSUM;
-                } else if (!lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])) {
-                    bad = b, reason = BAD_BLOCK;
-                } else {
-                    int decoded = decode_records(raw, raw_lengths[b], topic_counts[b], rows + firsts[b],
-                                                 (Py_ssize_t)(firsts[b + 1] - firsts[b]), ints + firsts[b] * INT_FIELDS,
-                                                 text_counts + firsts[b], &heap, &text_lengths, &no_memory);
+                } else if (firsts[b + 1] > firsts[b]) {
+                    const int64_t *block_rows = rows + firsts[b];
+                    Py_ssize_t count = (Py_ssize_t)(firsts[b + 1] - firsts[b]);
+                    size_t heap_before = heap.length, lengths_before = text_lengths.length;
+                    int64_t available = lz4_prefix(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b],
+                                                   block_rows[count - 1]);
+                    int decoded = available < 0 ? BAD_BLOCK
+                                                : decode_records(raw, raw_lengths[b], available, topic_counts[b], block_rows,
+                                                                 count, ints + firsts[b] * INT_FIELDS, text_counts + firsts[b],
+                                                                 &heap, &text_lengths, &no_memory);
+                    if (decoded == NEED_MORE) { /* the estimate fell short: the whole block, decoded again */
+                        heap.length = heap_before, text_lengths.length = lengths_before;
+                        decoded = !lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])
+                                      ? BAD_BLOCK
+                                      : decode_records(raw, raw_lengths[b], raw_lengths[b], topic_counts[b], block_rows,
+                                                       count, ints + firsts[b] * INT_FIELDS, text_counts + firsts[b],
+                                                       &heap, &text_lengths, &no_memory);
+                    }
+                    if (decoded != OK) bad = b, reason = decoded;
+                } else { /* a block asked for none of its rows, checked as one that is */
+                    int decoded = !lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])
+                                      ? BAD_BLOCK
+                                      : decode_records(raw, raw_lengths[b], raw_lengths[b], topic_counts[b], rows, 0,
+                                                       ints, text_counts, &heap, &text_lengths, &no_memory);
                     if (decoded != OK) bad = b, reason = decoded;
                 }
             }
@@ -450,6 +520,118 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
     return result;
 }
 
+/* record_texts(heap, text_lengths, text_counts) -> (texts, ascii, backslash)
+ * read_records' heap cut into each record's texts: a list per record (text_counts[r] texts, int64)
+ * of its texts (text_lengths: int64, back to back in heap). An ASCII heap gives str (its bytes are
+ * then the keys as given: no field term is ASCII), any other bytes; `backslash`: a text holds a
+ * backslash (results show such a text escaped: message.arrow_text). In Python the cut costs ~1.5
+ * us a record of a lookup's tens to hundreds; here ~0.1. */
+static PyObject *record_texts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "record_texts takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer views[3]; /* heap, text_lengths, text_counts */
+    int held = 0;
+    for (; held < 3; held++) {
+        if (held == 0 ? PyObject_GetBuffer(args[0], &views[0], PyBUF_C_CONTIGUOUS) != 0
+                      : !int64_buffer(args[held], &views[held], 0, "record_texts"))
+            break;
+    }
+    PyObject *result = NULL;
+    if (held == 3) {
+        const uint8_t *heap = views[0].buf;
+        const int64_t *lengths = views[1].buf, *counts = views[2].buf;
+        Py_ssize_t heap_length = views[0].len, texts = views[1].len / 8, records = views[2].len / 8;
+        /* the lengths must cut exactly the heap, the counts exactly the lengths */
+        int64_t total = 0, counted = 0;
+        int consistent = 1;
+        for (Py_ssize_t t = 0; t < texts && consistent; t++)
+            consistent = lengths[t] >= 0 && lengths[t] <= heap_length - total, total += lengths[t];
+        for (Py_ssize_t r = 0; r < records && consistent; r++)
+            consistent = counts[r] >= 0 && counts[r] <= texts - counted, counted += counts[r];
+        if (!consistent || total != heap_length || counted != texts) {
+            PyErr_SetString(PyExc_ValueError, "record_texts: lengths and counts do not cut the heap");
+        } else {
+            int ascii = 1, backslash = 0;
+            for (Py_ssize_t i = 0; i < heap_length; i++) ascii &= heap[i] < 0x80, backslash |= heap[i] == '\\';
+            PyObject *all = PyList_New(records);
+            const uint8_t *at = heap;
+            Py_ssize_t text = 0;
+            for (Py_ssize_t r = 0; all != NULL && r < records; r++) {
+                PyObject *own = PyList_New((Py_ssize_t)counts[r]);
+                for (Py_ssize_t i = 0; own != NULL && i < counts[r]; i++, text++) {
+                    Py_ssize_t length = (Py_ssize_t)lengths[text];
+                    PyObject *item;
+                    if (ascii) {
+                        item = PyUnicode_New(length, 127);
+                        if (item != NULL) memcpy(PyUnicode_1BYTE_DATA(item), at, (size_t)length);
+                    } else {
+                        item = PyBytes_FromStringAndSize((const char *)at, length);
+                    }
+                    at += length;
+                    if (item == NULL) Py_CLEAR(own);
+                    else PyList_SET_ITEM(own, i, item);
+                }
+                if (own == NULL) Py_CLEAR(all);
+                else PyList_SET_ITEM(all, r, own);
+            }
+            if (all != NULL) {
+                result = Py_BuildValue("(NOO)", all, ascii ? Py_True : Py_False, backslash ? Py_True : Py_False);
+            }
+        }
+    }
+    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    return result;
+}
+
+/* checksums(data, starts, lengths, out): out[i] = the block checksum of data[starts[i] : starts[i] +
+ * lengths[i]] (int64 arrays; a slice outside data is a ValueError, nothing computed): a lookup's
+ * first touch of a hundred chunks of hash entries in one call (entry_sums), not a hundred. */
+static PyObject *checksums(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "checksums takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    Py_buffer views[3]; /* starts, lengths, out */
+    int held = 0;
+    Py_ssize_t count = -1;
+    for (; held < 3; held++) {
+        if (!int64_buffer(args[1 + held], &views[held], held == 2, "checksums")) break;
+        if (count >= 0 && views[held].len / 8 != count) {
+            PyBuffer_Release(&views[held]);
+            PyErr_SetString(PyExc_ValueError, "checksums takes int64 arrays of one length");
+            break;
+        }
+        count = views[held].len / 8;
+    }
+    PyObject *result = NULL;
+    if (held == 3) {
+        const int64_t *starts = views[0].buf, *lengths = views[1].buf;
+        int64_t *out = views[2].buf;
+        int inside = 1;
+        for (Py_ssize_t i = 0; i < count && inside; i++)
+            inside = starts[i] >= 0 && lengths[i] >= 0 && starts[i] <= data.len && lengths[i] <= data.len - starts[i];
+        if (!inside) {
+            PyErr_SetString(PyExc_ValueError, "checksums: a slice lies outside the data");
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < count; i++)
+                out[i] = block_checksum((const uint8_t *)data.buf + starts[i], (size_t)lengths[i]);
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 /* checksum(data) -> the block checksum of data (an int) */
 static PyObject *checksum(PyObject *module, PyObject *data) {
     (void)module;
@@ -465,10 +647,15 @@ static PyObject *checksum(PyObject *module, PyObject *data) {
 
 static PyMethodDef methods[] = {
     {"checksum", (PyCFunction)checksum, METH_O, "checksum(data): the CRC-32 blocks are checked with (zlib's)."},
+    {"checksums", (PyCFunction)(void (*)(void))checksums, METH_FASTCALL,
+     "checksums(data, starts, lengths, out): out[i] = checksum(data[starts[i] : starts[i] + lengths[i]]) (int64)."},
     {"read_records", (PyCFunction)(void (*)(void))read_records, METH_FASTCALL,
      "read_records(fd, positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts): "
      "records of scattered blocks read, checked, decompressed and decoded; (None, heap, text_lengths) or "
      "((block, reason, bytes read), None, None)."},
+    {"record_texts", (PyCFunction)(void (*)(void))record_texts, METH_FASTCALL,
+     "record_texts(heap, text_lengths, text_counts): read_records' texts, a list per record; (texts, ascii, "
+     "backslash)."},
     {"decompress_blocks", (PyCFunction)(void (*)(void))decompress_blocks, METH_FASTCALL,
      "decompress_blocks(data, starts, lengths, raw_lengths, crcs, out, out_starts): the blocks checked "
      "and decompressed into out; None, or (first bad block, 1 checksum | 2 does not decode)."},
@@ -484,6 +671,8 @@ PyMODINIT_FUNC PyInit__blocks(void) {
     for (size_t i = 0; i < sizeof LZ4_LIBRARIES / sizeof LZ4_LIBRARIES[0] && lz4_decompress == NULL; i++) {
         void *library = dlopen(LZ4_LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
         if (library != NULL) lz4_decompress = (lz4_decompress_safe)dlsym(library, "LZ4_decompress_safe");
+        if (lz4_decompress != NULL)
+            lz4_decompress_prefix = (lz4_decompress_partial)dlsym(library, "LZ4_decompress_safe_partial");
     }
     if (lz4_decompress == NULL) {
         PyErr_SetString(PyExc_ImportError, "no LZ4 shared library (liblz4.so.1) on this system");

@@ -98,7 +98,9 @@ checksum and its decompression, and per row only for the rows it wants. That per
 compiled where a C compiler was at install (``_blocks.c``, ``decompress_all``): it holds no GIL,
 so a large read is decompressed by two threads. Tens to thousands of records scattered over as
 many blocks are read by one compiled call instead (``read_records``, ``read_record_columns``),
-which keeps only the wanted rows of each block it decompresses.
+which keeps only the wanted rows of each block it decompresses, and decompresses each only as
+far as those rows need (LZ4's partial decoding: the heap, most of a block of long keys, is read up to
+the last of them).
 
 The checksum is zlib's CRC-32, not Kafka's CRC-32C: CRC-32C at C speed needs a compiled extension,
 and the pipeline's executors must need nothing beyond pyspark's own Arrow dependencies and the
@@ -1027,26 +1029,56 @@ class BlockLocations(NamedTuple):
     topic_tables: list[tuple[bytes, ...]]
 
 
+class RawRecords(NamedTuple):
+    """Records as the point readers decode them, before they become MessageRecords (``messages``):
+    each one's RECORD_INT_FIELDS columns, its texts and its batch's topic table. `texts_are_keys`:
+    the texts are str, each a key as given (the records' heap was ASCII: no field term is, and
+    ASCII bytes are their own encode_text), else the stored bytes, keys and field terms;
+    `backslash`: some text holds a backslash (results show it escaped, ``arrow_text``)."""
+
+    ints: list[tuple[int, ...]] | list[list[int]]
+    texts: list[list[str]] | list[list[bytes]]
+    topic_tables: list[tuple[bytes, ...]]
+    texts_are_keys: bool
+    backslash: bool
+
+    def messages(self) -> list[MessageRecord]:
+        return messages(self.ints, self.texts, self.topic_tables, decoded=self.texts_are_keys)
+
+    @staticmethod
+    def concat(parts: Sequence[RawRecords]) -> RawRecords:
+        """Records of `parts` (from several segments) in that order."""
+        if len(parts) == 1:
+            return parts[0]
+        as_keys = all(part.texts_are_keys for part in parts)
+        texts: list = []
+        for part in parts:  # (a part of str keys among bytes ones: back to their ASCII bytes)
+            texts += part.texts if as_keys or not part.texts_are_keys else \
+                [[text.encode("ascii") for text in record] for record in part.texts]
+        return RawRecords([ints for part in parts for ints in part.ints], texts,
+                          [table for part in parts for table in part.topic_tables], as_keys,
+                          any(part.backslash for part in parts))
+
+
 def read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
                  check_read: Callable[[int, int, int], None]) -> list[MessageRecord]:
     """The records `rows[firsts[b] : firsts[b + 1]]` (sorted rows in block b) of each of `blocks`
     of the open file `fd` (named `name` in errors), each block read once, checked and
-    decompressed: in C where it was built (``_blocks.read_records``: one call, no GIL, ~5-8 us a
-    scattered record), else ``python_read_records``, its oracle (~20 us). A short read goes to
-    `check_read(read, wanted, position)`, which raises."""
+    decompressed: ``read_raw_records`` as MessageRecords."""
+    return read_raw_records(fd, name, blocks, firsts, rows, check_read).messages()
+
+
+def read_raw_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
+                     check_read: Callable[[int, int, int], None]) -> RawRecords:
+    """``read_records``' records before they are MessageRecords: in C where it was built
+    (``_blocks.read_records``: one call, no GIL, ~5-8 us a scattered record; then
+    ``_blocks.record_texts``), else ``python_read_records``, its oracle (~20 us). A short read
+    goes to `check_read(read, wanted, position)`, which raises."""
     if compiled_blocks is None:
         return python_read_records(fd, name, blocks, firsts, rows, check_read)
     ints, text_counts, heap, text_lengths = _compiled_read(fd, name, blocks, firsts, rows, check_read)
-    ends = np.cumsum(text_lengths).tolist()
-    # An ASCII heap (most are) decodes once: byte offsets are str offsets, and it holds no field
-    # term (FIELD_TERM_MARKER is not ASCII), so its slices are the records' keys as they are.
-    keys_as_str = heap.isascii()
-    heap_text = heap.decode("ascii") if keys_as_str else heap
-    texts, text, start = [], 0, 0
-    for count in text_counts.tolist():
-        texts.append([heap_text[start : (start := stop)] for stop in ends[text : text + count]])
-        text += count
-    return messages(ints.tolist(), texts, _per_record(blocks, firsts), decoded=keys_as_str)
+    texts, ascii_heap, backslash = compiled_blocks.record_texts(heap, text_lengths, text_counts)
+    return RawRecords(ints.tolist(), texts, _per_record(blocks, firsts), ascii_heap, backslash)
 
 
 def _compiled_read(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
@@ -1066,7 +1098,7 @@ def _compiled_read(fd: int, name: object, blocks: BlockLocations, firsts: np.nda
         if reason == _SHORT_READ:
             check_read(read, int(blocks.lengths[block]), int(blocks.positions[block]))
         raise CorruptFileError(f"{name}: invalid batch at byte {int(blocks.origins[block])}: {_RECORD_PROBLEMS[reason]}")
-    return ints, text_counts, heap, np.frombuffer(text_lengths, dtype=np.int64)
+    return ints, text_counts, heap, np.require(np.frombuffer(text_lengths, dtype=np.int64), requirements="CA")
 
 
 def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
@@ -1133,8 +1165,8 @@ def _per_record(blocks: BlockLocations, firsts: np.ndarray) -> list[tuple[bytes,
 
 
 def python_read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
-                        check_read: Callable[[int, int, int], None]) -> list[MessageRecord]:
-    """``read_records`` block by block in Python (``BlockRecords``): its oracle."""
+                        check_read: Callable[[int, int, int], None]) -> RawRecords:
+    """``read_raw_records`` block by block in Python (``BlockRecords``): its oracle."""
     found: list[tuple[tuple[int, ...], list[bytes]]] = []
     rows, firsts = rows.tolist(), firsts.tolist()
     for b, (position, length, raw_length, crc, origin) in enumerate(zip(*(column.tolist() for column in blocks[:5]))):
@@ -1143,7 +1175,19 @@ def python_read_records(fd: int, name: object, blocks: BlockLocations, firsts: n
         reader = BlockRecords(decompress_block(memoryview(data), raw_length, crc, name, origin), blocks.topic_tables[b],
                               name, origin)
         found += [reader.raw_record(row) for row in rows[firsts[b] : firsts[b + 1]]]
-    return messages([fields for fields, _ in found], [texts for _, texts in found], _per_record(blocks, firsts))
+    return raw_records([list(fields) for fields, _ in found], [texts for _, texts in found],
+                       _per_record(blocks, firsts))
+
+
+def raw_records(ints: list[tuple[int, ...]] | list[list[int]], texts: list[list[bytes]],
+                topic_tables: list[tuple[bytes, ...]]) -> RawRecords:
+    """RawRecords of records decoded in Python (``BlockRecords.raw_record``), as the compiled
+    reader gives them (``_blocks.record_texts``: str texts where every one is ASCII)."""
+    ascii_heap = all(text.isascii() for record in texts for text in record)
+    backslash = any(b"\\" in text for record in texts for text in record)
+    if ascii_heap:
+        texts = [[text.decode("ascii") for text in record] for record in texts]
+    return RawRecords(ints, texts, topic_tables, ascii_heap, backslash)
 
 
 # What _blocks.read_records returns a record with (every column but text_end, in COLUMNS order),

@@ -204,9 +204,13 @@ class LogReads:
         return in_order(work, tasks)
 
     def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
-        """The records of a few sorted unique `seqs`, read record by record (``BlockRecords``):
+        """The records of a few sorted unique `seqs`, read record by record (``read_few_raw``):
         cheaper than ``gather`` up to ~70-110 scattered records (shard.FEW_CANDIDATES), dearer above."""
-        found: list[MessageRecord] = []
+        return self.read_few_raw(seqs).messages()
+
+    def read_few_raw(self, seqs: Sequence[int]) -> bf.RawRecords:
+        """``read_few``'s records before they are MessageRecords, read record by record
+        (``BlockRecords``): what a lookup verifies and renders without a Python object per record."""
         seqs = list(seqs)
         plan = []  # (segment, directory, the segment's seqs, their blocks), a segment at a time
         done = 0
@@ -230,8 +234,7 @@ class LogReads:
                 ints.append(fields)
                 texts.append(record_texts)
                 tables.append(table)
-        found += bf.messages(ints, texts, tables)
-        return found
+        return bf.raw_records(ints, texts, tables)
 
     def _blocks_for_few(self, plan: list) -> Iterator[Callable[[int], bytes]]:
         """Per planned segment, a function from a block number to its decompressed bytes. Here
@@ -678,20 +681,21 @@ class MetadataLog(LogReads):
             yield work(done, segment.columns_at(seqs[done:end]))
             done = end
 
-    def read_few(self, seqs: Sequence[int]) -> list[MessageRecord]:
-        """``LogReads.read_few`` for segments on disk: each segment's records by
-        ``LogSegment.records_at`` (one compiled call reads, checks and decodes their blocks with no
-        numpy or Arrow per record; ``LogReads.read_few`` is its oracle): cheaper than ``gather`` up
-        to ~130 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``' compiled columns)."""
-        found: list[MessageRecord] = []
+    def read_few_raw(self, seqs: Sequence[int]) -> bf.RawRecords:
+        """``LogReads.read_few_raw`` for segments on disk: each segment's records by
+        ``LogSegment.raw_records_at`` (one compiled call reads, checks and decodes their blocks
+        with no numpy or Arrow per record; ``LogReads.read_few_raw`` is its oracle): cheaper than
+        ``gather`` up to ~130 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``'
+        compiled columns)."""
+        parts = []
         seqs = list(seqs)
         done = 0
         while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
             segment = self._segment_of(seqs[done])
             end = bisect.bisect_left(seqs, segment.next_seq, done)
-            found += segment.records_at(np.array(seqs[done:end], dtype=np.int64))
+            parts.append(segment.raw_records_at(np.array(seqs[done:end], dtype=np.int64)))
             done = end
-        return found
+        return bf.RawRecords.concat(parts)
 
     def unchanged_on_disk(self, position: LogPosition) -> bool:
         """True when the files still are exactly what this writer's view of `position` (its own

@@ -47,7 +47,6 @@ from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from msgindex.storage.mapped_file import raise_if_storage_full
-from msgindex.storage.message import MessageRecord
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -709,14 +708,14 @@ class LogSegment(BatchReads):
         for at, start, size in zip(placed.tolist(), starts.tolist(), sizes.tolist()):
             self.read_into(buffer[at : at + size], start)
 
-    def records_at(self, seqs: np.ndarray) -> list[MessageRecord]:
+    def raw_records_at(self, seqs: np.ndarray) -> bf.RawRecords:
         """The records of sorted unique `seqs` (all in this segment's extent), each block holding
-        some read once (``bf.read_records``: no numpy or Arrow per call, what a lookup of tens to
-        hundreds of scattered records needs)."""
-        return bf.read_records(self._fd, self.path, *self._blocks_of(seqs), self._check_read)
+        some read once (``bf.read_raw_records``: no numpy or Arrow per call, what a lookup of tens
+        to hundreds of scattered records needs)."""
+        return bf.read_raw_records(self._fd, self.path, *self._blocks_of(seqs), self._check_read)
 
     def columns_at(self, seqs: np.ndarray) -> bf.RecordColumns:
-        """``records_at`` as columns (``bf.read_record_columns``; needs the compiled reader)."""
+        """``raw_records_at`` as columns (``bf.read_record_columns``; needs the compiled reader)."""
         return bf.read_record_columns(self._fd, self.path, *self._blocks_of(seqs), seqs, self._check_read)
 
     def _blocks_of(self, seqs: np.ndarray) -> tuple[bf.BlockLocations, np.ndarray, np.ndarray]:
