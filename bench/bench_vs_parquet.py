@@ -296,6 +296,18 @@ def median_time(fn, runs: int) -> tuple[float, object]:
     return statistics.median(t for t, _ in results), results[0][1]
 
 
+def read_through(*paths: Path) -> None:
+    """Every file under `paths` read once, into the page cache: before each timed phase, for every
+    side alike. This VM's kernel pages out what was not touched for a minute (DAMON's pageout
+    scheme: pages idle 60 s, up to 128 MB/s), so files written minutes before a phase would
+    otherwise come from disk for whichever side reads them first, in whatever part it touches."""
+    for path in paths:
+        for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+            with open(file, "rb") as f:
+                while f.read(1 << 22):
+                    pass
+
+
 def alternating_latencies(sides: dict, keys: list[str], wake_keys: list[str]) -> tuple[dict, dict]:
     """Each side's one-key lookup times ({name: [seconds]}) and its times after an idle pause, the
     sides answering the same keys in alternating blocks of LATENCY_BLOCK; every key's row count
@@ -420,6 +432,7 @@ def main() -> None:
 
         # msgindex's one-key latency alone first, before DuckDB's threads exist in the process (see
         # the alternating blocks below for why they matter on 2 cores)
+        read_through(work / "store", work / "compact.parquet", work / "exploded.parquet")
         with open_store(work / "store") as store:
             store.lookup(random_keys[0])
             alone = [timed(lambda: store.lookup(key))[0] for key in random_keys]
@@ -434,6 +447,7 @@ def main() -> None:
             def mi_window(begin, end):
                 return pa.Table.from_batches(list(store.scan(begin_ms=begin, end_ms=end)))
 
+            read_through(work / "store", work / "compact.parquet", work / "exploded.parquet")
             store.lookup(random_keys[0])  # open the reader, warm caches on both sides
             for duck in ducks.values():
                 duck.key(random_keys[0])

@@ -112,11 +112,13 @@ MAX_NAME_MS = 253_402_300_799_999
 SCAN_BATCH_ROWS = 65_536
 # Up to this many hash candidates a lookup reads and checks them record by record, against ~0.5 ms
 # of numpy and Arrow calls on the vectorized path plus what reading costs there: ~24 us a record read
-# in Python (the two cross at 70-110 candidates on 1M and 10M stores). With the compiled reader
-# (bf.read_records) the vectorized path reads a few thousand records as columns too
-# (metadata_log.COMPILED_COLUMNS_RECORDS): CPU a lookup on a 500k long-key store, record by record /
-# columns, 70-110 records 1.32 / 1.62 ms, 110-160 2.26 / 2.24 ms, 160-260 3.45 / 2.51 ms (BENCHMARKS.md).
-FEW_CANDIDATES = 128 if bf.compiled_blocks is not None else 64
+# in Python (the two cross at 70-110 candidates on 1M and 10M stores). With the compiled reader the
+# vectorized path reads a few thousand records as columns (metadata_log.COMPILED_COLUMNS_RECORDS),
+# and the record-by-record path reads, verifies and renders them with no Python object per record
+# (bf.read_raw_records, VerifiedReads._plain_few): a lookup of keys of 150-250 records, record by
+# record / columns, 2.0 / 3.4 ms (long keys, 5M records), 2.0 / 2.7 (long keys, 500k), 1.4 / 1.7
+# (bench_vs_parquet's project workload, 500k); they cross at 250-400 (BENCHMARKS.md).
+FEW_CANDIDATES = 256 if bf.compiled_blocks is not None else 64
 # A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
 # long as the writer keeps committing, up to this long: a writer that appends and applies retention
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of

@@ -685,7 +685,7 @@ class MetadataLog(LogReads):
         """``LogReads.read_few_raw`` for segments on disk: each segment's records by
         ``LogSegment.raw_records_at`` (one compiled call reads, checks and decodes their blocks
         with no numpy or Arrow per record; ``LogReads.read_few_raw`` is its oracle): cheaper than
-        ``gather`` up to ~130 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``'
+        ``gather`` up to ~250-400 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``'
         compiled columns)."""
         parts = []
         seqs = list(seqs)
