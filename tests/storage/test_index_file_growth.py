@@ -8,6 +8,10 @@ from __future__ import annotations
 import errno
 import os
 import random
+import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +21,7 @@ from msgindex import IndexFile
 from msgindex.errors import StorageFullError
 from msgindex.storage.hash_index import index_file as index_file_module
 from msgindex.storage.hash_index.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, reference_candidates
-from msgindex.storage.hash_index.java_hash import index_hashes
+from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 
 T0 = 1_700_000_000_000
 SLOTS, NUM, STEP = 7, 300, 16
@@ -216,3 +220,50 @@ def test_growing_on_a_full_disk_is_storage_full_and_changes_nothing(tmp_path: Pa
     with IndexFile.create(tmp_path / "g", SLOTS, NUM) as g:
         g.put_keys(*zip(*every))
     assert path.read_bytes() == (tmp_path / "g").read_bytes()
+
+
+def test_a_reader_never_sees_a_header_or_slot_zeroed_while_the_writer_rewrites_it(tmp_path):
+    """The writer rewrites the active file's header and a slot on every put while readers of other
+    processes map the same file: they must see the old bytes or the new, never the zeros
+    Struct.pack_into writes over its span before packing (a reader then saw indexCount 0, "behind
+    its commit", and failed; CI saw it twice). Here another process puts one key over and over
+    (its count set back each time), and every read of the header's count here must be the count
+    before or after a put, and of the key's slot never 0."""
+    path = tmp_path / "20240101000000000"
+    index = IndexFile.create(path, 53, 1500)
+    index.put_hashes(np.arange(1, 573, dtype=np.int32), np.arange(572, dtype=np.int64),
+                     1_700_000_000_000 + np.arange(572, dtype=np.int64))
+    committed = index.header.index_count  # (entry 0 is never written: 573)
+    index.flush()
+    index.close()
+    slot_at = HEADER_SIZE + index_hash("t#k") % 53 * SLOT_SIZE
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import os
+from msgindex.storage.hash_index.index_file import IndexFile
+index = IndexFile.open({str(path)!r}, 53, 1500)
+committed = index.header
+print("ready", flush=True)
+while not os.path.exists({str(stop)!r}):
+    for _ in range(1000):
+        index._write_header(committed)  # (back to 572 entries: the put below goes on forever)
+        index.put_key("t#k", 572, 1_700_000_001_000)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            reads, deadline = 0, time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                for _ in range(500):
+                    count = struct.unpack(">i", os.pread(fd, 4, HEADER_SIZE - 4))[0]
+                    slot = struct.unpack(">i", os.pread(fd, SLOT_SIZE, slot_at))[0]
+                    assert count in (committed, committed + 1) and slot != 0, \
+                        f"read mid-rewrite: indexCount {count}, slot {slot}"
+                reads += 500
+        finally:
+            os.close(fd)
+    finally:
+        stop.touch()
+        writer.wait(timeout=30)
+    assert writer.returncode == 0 and reads > 10_000

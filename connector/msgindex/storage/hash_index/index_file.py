@@ -355,7 +355,10 @@ class IndexFile:
         return fields[0], max(fields[1], FIRST_INDEX)
 
     def _write_header(self, header: IndexHeader) -> None:
-        HEADER_STRUCT.pack_into(self._mm, 0, *astuple(header))
+        # Packed apart, then copied in one piece: readers map the active file while the writer
+        # puts, and Struct.pack_into first zeroes its whole span in place, so a reader could see
+        # indexCount 0 (a file "behind its commit") for as long as the fields took to pack.
+        self._mm[:HEADER_SIZE] = HEADER_STRUCT.pack(*astuple(header))
 
     begin_timestamp = _header_field("begin_timestamp", "ms of the first put (or inherited)")
     end_timestamp = _header_field("end_timestamp", "ms of the last put (not the maximum)")
@@ -400,7 +403,7 @@ class IndexFile:
         diff = time_diff_seconds(store_timestamp, h.begin_timestamp)
         ENTRY_STRUCT.pack_into(self._mm, self._entries_offset + count * ENTRY_SIZE,
                                key_hash, phy_offset, diff, prev)
-        _SLOT_STRUCT.pack_into(self._mm, slot_pos, count)
+        self._mm[slot_pos : slot_pos + SLOT_SIZE] = _SLOT_STRUCT.pack(count)  # (never zeroed in place: _write_header)
         first = count <= FIRST_INDEX
         self._write_header(IndexHeader(
             begin_timestamp=store_timestamp if first else h.begin_timestamp,
