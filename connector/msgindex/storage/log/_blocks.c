@@ -103,6 +103,18 @@ static void sum_steps(uint8_t *planes, int64_t count, int64_t width) {
     }
 }
 
+/* Where a block's sections end and its heap starts, as its header (decompressed in `block`) gives
+ * its counts and widths; -1 when a width is none of 0, 1, 2, 4, 8. */
+static int64_t sections_end(const uint8_t *block) {
+    int64_t records = read_u32(block), texts = read_u32(block + 4), at = BLOCK_HEADER_SIZE;
+    for (int i = 0; i < SECTIONS; i++) {
+        int64_t width = block[12 + i];
+        if (width != 0 && width != 1 && width != 2 && width != 4 && width != 8) return -1;
+        at += width * (i == BYTE_END ? texts : records);
+    }
+    return at;
+}
+
 /* Whether a block of `length` bytes, as decompressed, is in its stored form (1) or its read form
  * (0); -1 when its header gives a form there is none of, or (a stored form) widths and counts its
  * length does not hold: what restore_block refuses (batch_format.read_form, its oracle). */
@@ -110,14 +122,8 @@ static int stored_form_of(const uint8_t *block, size_t length) {
     if (length < BLOCK_HEADER_SIZE || (block[STORED_FORM_AT] | block[STORED_FORM_AT + 1] | block[STORED_FORM_AT + 2]) == 0)
         return 0;
     if (block[STORED_FORM_AT] != ENDS_AS_STEPS || block[STORED_FORM_AT + 1] || block[STORED_FORM_AT + 2]) return -1;
-    int64_t records = read_u32(block), texts = read_u32(block + 4), heap_bytes = read_u32(block + 8);
-    int64_t at = BLOCK_HEADER_SIZE;
-    for (int i = 0; i < SECTIONS; i++) {
-        int64_t width = block[12 + i];
-        if (width != 0 && width != 1 && width != 2 && width != 4 && width != 8) return -1;
-        at += width * (i == BYTE_END ? texts : records);
-    }
-    return (size_t)(at + heap_bytes) == length ? 1 : -1;
+    int64_t at = sections_end(block);
+    return at >= 0 && (size_t)(at + read_u32(block + 8)) == length ? 1 : -1;
 }
 
 /* A block of `length` bytes, as decompressed, turned into the layout readers read, in place:
@@ -375,10 +381,8 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t availa
  * short, and the whole block is decompressed then). The heap is most of a block of long keys
  * (60% on bench_vs_parquet's long-keys): a point read's LZ4 decodes a third less. */
 static int64_t prefix_for(const uint8_t *raw, int64_t raw_length, int64_t last_row) {
-    int64_t records = read_u32(raw), texts = read_u32(raw + 4), heap_bytes = read_u32(raw + 8);
-    int64_t at = BLOCK_HEADER_SIZE;
-    for (int i = 0; i < SECTIONS; i++) at += (int64_t)raw[12 + i] * (i == BYTE_END ? texts : records);
-    if (records <= 0 || last_row < 0 || last_row >= records || at + heap_bytes != raw_length) return raw_length;
+    int64_t records = read_u32(raw), heap_bytes = read_u32(raw + 8), at = sections_end(raw);
+    if (at < 0 || records <= 0 || last_row < 0 || last_row >= records || at + heap_bytes != raw_length) return raw_length;
     int64_t wanted = at + heap_bytes * (last_row + 1) / records + 512 + heap_bytes / 16;
     return wanted < raw_length ? wanted : raw_length;
 }
