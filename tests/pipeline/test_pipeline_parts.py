@@ -294,6 +294,34 @@ def test_sigterm_and_sigint_request_a_graceful_stop():
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
 
 
+def test_a_lost_gateway_is_printed_unless_a_stop_was_asked_for():
+    """Py4J logs "Exception while sending command." to the root logger, traceback and all, when
+    the JVM's end of a call closes: after a signal to the whole process group that is the JVM
+    stopping with the driver (the CI failure of stop 38); before one, a failure worth printing."""
+    import logging
+    import sys
+
+    from py4j.protocol import Py4JNetworkError
+
+    def record_of(error: BaseException) -> logging.LogRecord:
+        try:
+            raise error
+        except BaseException:
+            return logging.LogRecord("root", logging.ERROR, __file__, 1, "Exception while sending command.", None,
+                                     sys.exc_info())
+
+    stopping = threading.Event()
+    quiet = pipeline._LostGatewayAfterStop(stopping)
+    lost = record_of(Py4JNetworkError("Error while sending or receiving"))
+    reset = record_of(ConnectionResetError(104, "Connection reset by peer"))
+    other = record_of(ValueError("a bug"))
+    assert quiet.filter(lost) and quiet.filter(reset) and quiet.filter(other)
+    stopping.set()
+    assert not quiet.filter(lost) and not quiet.filter(reset)
+    assert quiet.filter(other)
+    assert quiet.filter(logging.LogRecord("root", logging.WARNING, __file__, 1, "no exception", None, None))
+
+
 def _records_task_rows(offsets: list[int], slices: list[int], partition: int = 0, broker: str = "1") -> pa.RecordBatch:
     n = len(offsets)
     return pa.RecordBatch.from_pydict({

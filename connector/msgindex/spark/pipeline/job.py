@@ -15,6 +15,7 @@ one of them still keeps).
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -258,7 +259,6 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                     store_urls=[options.path] if options.on_object_store else [],
                                     storage_options=options.storage_options or None)
         check_hadoop_path(spark, options.checkpoint)
-        _quiet_when_the_jvm_ends(spark)
         cleared = clear_interrupted_first_batch(options.checkpoint)
         if cleared:
             say(f"checkpoint {options.checkpoint}: removed Spark's unfinished first offset-log entry "
@@ -284,6 +284,8 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                                           .queryName(options.query_name), options)
         started = time.perf_counter()
         jvm_gone = False
+        stop = stop or threading.Event()
+        quiet = _quiet_when_the_jvm_ends(spark, after=stop)
         try:
             with _StopOnSignal(stop) as stop_request, lenient_expressions(spark, config.fields, options.spark_conf):
                 query = stream_writer.start()
@@ -293,6 +295,8 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                 jvm_gone = _wait(query, sink, stop_request, spark)
         finally:
             sink.close()
+            if not jvm_gone:  # with the JVM gone, the process ends: PySpark's exit may lose it again
+                logging.getLogger().removeFilter(quiet)
             if listener is not None and not jvm_gone:
                 if sink.history:
                     listener.wait_for(sink.history[-1].batch_id)
@@ -342,20 +346,41 @@ def configure_trigger(stream_writer, options: IndexJobOptions):
     return stream_writer
 
 
-def _quiet_when_the_jvm_ends(spark) -> None:
-    """PySpark's accumulator server (a thread of the driver) prints a traceback when the JVM's end
-    of its socket closes, which is how a JVM ended by a signal looks to it (``_wait``): that
-    case alone is not printed. (A private attribute of PySpark's: nothing happens without it.)"""
+def _quiet_when_the_jvm_ends(spark, after: threading.Event) -> logging.Filter:
+    """A JVM ended by a signal (``_wait``) makes two parts of PySpark print a traceback: its
+    accumulator server (a thread of the driver) when the JVM's end of its socket closes, and
+    Py4J's gateway client, which logs "Exception while sending command." to the root logger
+    (shown by logging's last-resort handler) when the call in flight loses its connection. That
+    case alone is not printed: the accumulator server's always (a private attribute of PySpark's:
+    nothing happens without it), the gateway's once a stop was asked for (`after` set); a lost
+    connection without a signal is a failure, reported by ``_wait``'s caller. Returns the root
+    logger's filter, for the caller to remove."""
     server = getattr(spark.sparkContext, "_accumulatorServer", None)
-    if server is None or not hasattr(server, "handle_error"):
-        return
-    printed = server.handle_error
+    if server is not None and hasattr(server, "handle_error"):
+        printed = server.handle_error
 
-    def handle_error(request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):
-            printed(request, client_address)
+        def handle_error(request, client_address) -> None:
+            if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):
+                printed(request, client_address)
 
-    server.handle_error = handle_error
+        server.handle_error = handle_error
+    quiet = _LostGatewayAfterStop(after)
+    logging.getLogger().addFilter(quiet)
+    return quiet
+
+
+class _LostGatewayAfterStop(logging.Filter):
+    """Drops a log record about a lost Py4J connection once `stopping` is set."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        super().__init__()
+        self.stopping = stopping
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from py4j.protocol import Py4JNetworkError
+
+        error = record.exc_info[1] if record.exc_info else None
+        return not (self.stopping.is_set() and isinstance(error, (Py4JNetworkError, ConnectionError)))
 
 
 def _wait(query, sink, stop: _StopOnSignal, spark) -> bool:
