@@ -47,20 +47,16 @@ from tests.adversarial.tally import GAP, RIGHT, WRONG  # noqa: E402
 from tests.storage import damage
 from tests.storage.shard_model import model_lookup, model_scan, table_rows
 
-# Silent wrong answers that readers cannot see cheaply, and inspect must. Readers compare a hash
-# index file with the checkpoint (header, slot count), its newest few entries with the log
-# (verify._check_newest_entries), and every entry a lookup follows with its record: it must carry
-# a key of the entry's hash (VerifiedReads._check_entry_target), and as many keys of that hash as
-# entries of it point there (VerifiedReads._check_repeated_entries: an entry moved to another record
-# that carries the same key). None is left; the set stays for the tally's sake.
-# Damage a reader or tool meets with a safe answer (an error, nothing written) that names another
-# file than the damaged one; tallied as gaps, not failures.
-KNOWN_GAPS: set[str] = {
-    # b2's active log swapped into b1 (a log of the same length in batches): `msgindex repair`
-    # refuses (the files disagree, nothing written) but names the hash index file whose entries
-    # no longer match the log, not the log; the readers name the log
-    "log_active:swap",
-}
+# Tallied as gaps, not failures: damage readers miss and only inspect finds, and damage a reader
+# or tool meets with a safe answer (an error, nothing written) naming another file than the
+# damaged one. None is left. Readers compare a hash index file with the checkpoint (header, slot
+# count), its newest few entries with the log (verify._check_newest_entries), and every entry a
+# lookup follows with its record: it must carry a key of the entry's hash
+# (VerifiedReads._check_entry_target), and as many keys of that hash as entries of it point there
+# (VerifiedReads._check_repeated_entries: an entry moved to another record that carries the same
+# key). An entry and its record that disagree are named both (verify.ExpectedEntries.record_file):
+# another shard's log swapped in is then named by `msgindex repair` too, not only the hash file.
+KNOWN_GAPS: set[str] = set()
 VICTIM_SHARD = "b1"
 # segments of 1,000 bytes: b1's log has three, so one is in the middle
 SETTINGS = dataclasses.replace(damage.SMALL, segment_bytes=1000)

@@ -42,7 +42,7 @@ class Tally:
         gaps = counts.pop(GAP, 0)
         lines = [f"adversarial: {len(self.outcomes)} attacks, {counts.pop(RIGHT, 0)} right answers, "
                  f"{sum(n for r, n in counts.items() if r != WRONG)} clear errors, {counts.pop(WRONG, 0)} wrong, "
-                 f"{gaps} known gaps (silent misses that only msgindex inspect finds)"]
+                 f"{gaps} known gaps (silent misses only msgindex inspect finds, or errors naming another file)"]
         lines.append("  errors by class: " + ", ".join(f"{result} {n}" for result, n in sorted(counts.items())))
         lines.append("  attacks by group: " + ", ".join(f"{group} {n}" for group, n in sorted(by_group.items())))
         lines += [f"  known gap {outcome.attack}: {outcome.detail[:160]!r}" for outcome in self.outcomes

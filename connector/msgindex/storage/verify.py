@@ -334,8 +334,8 @@ def _verify_index_file(state: IndexFileState, index_file: IndexFile, previous: t
         return mask
 
     report(regenerated(hashes[mine] != expected.hashes),
-           lambda at: f"keyHash {hashes[at]}, but the key it indexes (record seq {expected.phys[at - first]}) "
-                      f"hashes to {expected.hashes[at - first]}")
+           lambda at: f"keyHash {hashes[at]}, but the key it indexes (record seq {expected.phys[at - first]} in "
+                      f"{stream.record_file(int(expected.phys[at - first]))}) hashes to {expected.hashes[at - first]}")
     report(regenerated(phys[mine] != expected.phys),
            lambda at: f"phyOffset {phys[at]}, but the log puts this entry's key at seq {expected.phys[at - first]}")
     if n:
@@ -461,6 +461,17 @@ class ExpectedEntries:
         self._chunks = self._generate(log, checkpoint.log_start_seq, checkpoint.record_count)
         self._pending: list[_Entries] = []
         self._pending_size = 0
+        self._log = log
+
+    def record_file(self, seq: int) -> str:
+        """Where the log keeps record `seq`: its segment file (the directory for a log that lists
+        no segments). An entry and its record that disagree name both files: either may be the
+        one damaged or copied in from elsewhere."""
+        listed = getattr(self._log, "segments", None)
+        for segment in listed() if listed is not None else ():
+            if segment.base_seq <= seq < segment.next_seq:
+                return str(segment.path)
+        return str(self._log.directory)
 
     @staticmethod
     def _generate(log: MetadataLog, start: int, end: int) -> Iterator[_Entries]:
