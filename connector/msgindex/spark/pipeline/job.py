@@ -296,7 +296,7 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
         finally:
             sink.close()
             if not jvm_gone:  # with the JVM gone, the process ends: PySpark's exit may lose it again
-                logging.getLogger().removeFilter(quiet)
+                _remove_quiet_filter(quiet)
             if listener is not None and not jvm_gone:
                 if sink.history:
                     listener.wait_for(sink.history[-1].batch_id)
@@ -347,14 +347,14 @@ def configure_trigger(stream_writer, options: IndexJobOptions):
 
 
 def _quiet_when_the_jvm_ends(spark, after: threading.Event) -> logging.Filter:
-    """A JVM ended by a signal (``_wait``) makes two parts of PySpark print a traceback: its
-    accumulator server (a thread of the driver) when the JVM's end of its socket closes, and
-    Py4J's gateway client, which logs "Exception while sending command." to the root logger
-    (shown by logging's last-resort handler) when the call in flight loses its connection. That
+    """A JVM ended by a signal (``_wait``) makes PySpark print tracebacks: its accumulator server
+    (a thread of the driver) when the JVM's end of its socket closes, and Py4J when the call in
+    flight loses its connection ("Exception while sending command.", logged to the root logger
+    and shown by logging's last-resort handler) or a closing one fails (its own loggers). That
     case alone is not printed: the accumulator server's always (a private attribute of PySpark's:
-    nothing happens without it), the gateway's once a stop was asked for (`after` set); a lost
-    connection without a signal is a failure, reported by ``_wait``'s caller. Returns the root
-    logger's filter, for the caller to remove."""
+    nothing happens without it), Py4J's once a stop was asked for (`after` set); a lost connection
+    without a signal is a failure, reported by ``_wait``'s caller. Returns the log filter, for
+    ``_remove_quiet_filter`` to remove."""
     server = getattr(spark.sparkContext, "_accumulatorServer", None)
     if server is not None and hasattr(server, "handle_error"):
         printed = server.handle_error
@@ -365,8 +365,17 @@ def _quiet_when_the_jvm_ends(spark, after: threading.Event) -> logging.Filter:
 
         server.handle_error = handle_error
     quiet = _LostGatewayAfterStop(after)
-    logging.getLogger().addFilter(quiet)
+    for name in _PY4J_LOGGERS:  # a logger's filters see only the records logged on it
+        logging.getLogger(name).addFilter(quiet)
     return quiet
+
+
+def _remove_quiet_filter(quiet: logging.Filter) -> None:
+    for name in _PY4J_LOGGERS:
+        logging.getLogger(name).removeFilter(quiet)
+
+
+_PY4J_LOGGERS = ("", "py4j.java_gateway", "py4j.clientserver")  # "": the root logger
 
 
 class _LostGatewayAfterStop(logging.Filter):
@@ -380,7 +389,7 @@ class _LostGatewayAfterStop(logging.Filter):
         from py4j.protocol import Py4JNetworkError
 
         error = record.exc_info[1] if record.exc_info else None
-        return not (self.stopping.is_set() and isinstance(error, (Py4JNetworkError, ConnectionError)))
+        return not (self.stopping.is_set() and isinstance(error, (Py4JNetworkError, OSError)))
 
 
 def _wait(query, sink, stop: _StopOnSignal, spark) -> bool:
