@@ -22,7 +22,7 @@ RECORD_TOPICS = {"demo-orders": 3, "demo-payments": 2}  # (order events, payment
 METADATA_TOPIC = ("demo-rmq-dispatch", 2)
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `demo` subcommand."""
     parser = subparsers.add_parser(
         "demo", help="run the whole pipeline on a local broker and look keys up (a few minutes)",

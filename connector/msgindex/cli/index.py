@@ -36,7 +36,7 @@ SIZING_FLAGS = {"hash_slots": "hash_slot_num", "index_num": "index_num", "segmen
 _TRIGGER_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|millisecond|milliseconds|s|second|seconds|min|minute|minutes)$")
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `index` subcommand."""
     parser = subparsers.add_parser(
         "index", help="index Kafka topics continuously (or --available-now)",

@@ -42,7 +42,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 
@@ -53,6 +53,10 @@ from msgindex.storage.fields import store_fields
 from msgindex.storage.hash_index.index_file import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.query import Query
 from msgindex.times import current_ms, format_ms, format_window, read_time
+
+if TYPE_CHECKING:
+    from msgindex.storage.objects.store import ObjectStore
+    from msgindex.storage.store import Store
 
 FORMATS = ("table", "json", "csv")
 VALUE_FORMATS = ("auto", "json", "text", "hex")
@@ -177,7 +181,7 @@ def window_of(args: argparse.Namespace) -> tuple[int | None, int | None]:
     return begin, end
 
 
-def index_topics(store) -> list[str]:
+def index_topics(store: Store | ObjectStore) -> list[str]:
     """Every topic the index holds messages of (the shards' committed topic lists)."""
     topics: set[str] = set()
     for broker in store.brokers():
@@ -186,7 +190,7 @@ def index_topics(store) -> list[str]:
     return sorted(topics)
 
 
-def check_names(store, topics: list[str] | None, brokers: list[str] | None) -> None:
+def check_names(store: Store | ObjectStore, topics: list[str] | None, brokers: list[str] | None) -> None:
     """InvalidOptionError naming a --topic or --broker the index does not have, and the ones it has."""
     for option, given, present in (("--broker", brokers, lambda: store.brokers()),
                                    ("--topic", topics, lambda: index_topics(store))):

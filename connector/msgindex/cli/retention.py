@@ -22,7 +22,7 @@ from msgindex.times import parse_duration_ms
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``retention`` subcommand."""
     parser = subparsers.add_parser(
         "retention", help="delete a store's expired log segments and index files now",

@@ -264,6 +264,8 @@ class SearchApp:
         routes = {"/api/info": self.info, "/api/search": self.search, "/api/payload": self.payload}
 
         class Handler(BaseHTTPRequestHandler):
+            """The page at / and the JSON API under /api/ (the `routes`), for one request."""
+
             server_version = "msgindex"
 
             def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)

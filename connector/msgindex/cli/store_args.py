@@ -5,8 +5,13 @@ object-store URL (s3://, gs://, az://; ``storage.location``), and ``--storage-op
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from msgindex.errors import InvalidOptionError
+
+if TYPE_CHECKING:
+    from msgindex.storage.objects.store import ObjectStore
+    from msgindex.storage.store import Store
 
 PATH_HELP = "the store: a local directory, or s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"
 
@@ -41,7 +46,7 @@ def storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     return options or None
 
 
-def open_store_of(args: argparse.Namespace, *, create: bool = False):
+def open_store_of(args: argparse.Namespace, *, create: bool = False) -> Store | ObjectStore:
     """``msgindex.open(args.path, storage_options=...)``."""
     import msgindex
 

@@ -19,10 +19,14 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
 
 DEFAULT_KEY_POOL = 50_000
 ZIPF_EXPONENT = 1.2
@@ -183,7 +187,7 @@ def metadata_events(topic: str, count: int, *, brokers: tuple[str, ...] = ("brok
         yield Message(topic, None, json.dumps(event).encode())
 
 
-def producer(bootstrap_servers: str):
+def producer(bootstrap_servers: str) -> KafkaProducer:
     """A kafka-python producer tuned for bulk loading (big batches; leader acks suffice here)."""
     from kafka import KafkaProducer
 
@@ -192,7 +196,8 @@ def producer(bootstrap_servers: str):
                          enable_idempotence=False, retries=5)
 
 
-def produce(bootstrap_servers: str, messages, *, partition_of=None) -> int:
+def produce(bootstrap_servers: str, messages: Iterable[Message], *,
+            partition_of: Callable[[int, Message], int] | None = None) -> int:
     """Send every message (keyless ones round-robin, or `partition_of(n, message)`) and flush."""
     sent = 0
     with_producer = producer(bootstrap_servers)

@@ -64,6 +64,7 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -354,8 +355,8 @@ class CopiedRows:
         return seqs[~done], who[~done]
 
 
-def read_copies(copies: list[HotKeyCopy], fits, key_numbers: dict[bytes, list[int]], wanted_count: int,
-                log_start_seq: int, wanted_keys: int) -> CopiedRows:
+def read_copies(copies: list[HotKeyCopy], fits: Callable[[HotKeyCopy], bool], key_numbers: dict[bytes, list[int]],
+                wanted_count: int, log_start_seq: int, wanted_keys: int) -> CopiedRows:
     """The groups of `copies` (by stretch, not overlapping) holding wanted keys (`key_numbers`:
     each key's numbers; keys no copy holds may be left out), read and checked; a copy that does
     not `fits` the log or fails a check is left out (logged: the log answers for its stretch).

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from msgindex.spark.pipeline.field_values import merged_counts
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ def commits_batch(commits: list[TaskCommit]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(columns, schema=COMMIT_ARROW_SCHEMA)
 
 
-def commit_of_row(row) -> TaskCommit:
+def commit_of_row(row: TaskCommit | Row | dict) -> TaskCommit:
     """A collected Spark Row (or dict) back to the value type (a TaskCommit is returned as is)."""
     if isinstance(row, TaskCommit):
         return row

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msgindex.errors import InvalidOptionError
 from msgindex.spark.pipeline.field_values import DeclaredField, lenient_expressions
@@ -34,6 +35,15 @@ from msgindex.spark.pipeline.shard_owner import (
     longest_retention,
 )
 from msgindex.storage.location import parse_location
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from msgindex.spark.pipeline.task_writer import SinkConfig
+    from msgindex.storage.fields import FieldDefinition
+    from msgindex.storage.objects.store import ObjectStore
+    from msgindex.storage.store import Store
 
 DEFAULT_QUERY_NAME = "msgindex-index"
 __all__ = ["KAFKA_OPTION_PREFIX", "IndexJobOptions", "index_kafka"]
@@ -87,7 +97,7 @@ class IndexJobOptions:
         )
 
 
-def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
+def upgrade_legacy_shards(store: Store | ObjectStore, input_kind: str) -> list[str]:
     """Shards written by msgindex before exactly-once-by-offsets (version-1 checkpoints: batch
     ids) cannot skip replayed records as they are. With --input records the log's own
     topic/partition/offset are the source offsets: they become the committed ranges (returns the
@@ -115,7 +125,7 @@ def upgrade_legacy_shards(store, input_kind: str) -> list[str]:
     return upgraded
 
 
-def open_index(options: IndexJobOptions):
+def open_index(options: IndexJobOptions) -> Store | ObjectStore:
     """The store at --path (created with the sizing flags when new; an existing store keeps its
     settings, and sizing flags that contradict them are an error)."""
     from msgindex.storage.store import StoreSettings, open_store
@@ -130,7 +140,7 @@ def open_index(options: IndexJobOptions):
     return store
 
 
-def kafka_stream(spark, options: IndexJobOptions):
+def kafka_stream(spark: SparkSession, options: IndexJobOptions) -> DataFrame:
     """The streaming DataFrame of Spark's own Kafka source."""
     return options.kafka_source().stream(spark)
 
@@ -156,7 +166,7 @@ def check_and_plan(options: IndexJobOptions) -> JobStart:
     return JobStart(tuple(topics), retention, line)
 
 
-def held_topics(store) -> set[str]:
+def held_topics(store: Store | ObjectStore) -> set[str]:
     """The topics any shard of `store` holds committed source offsets of."""
     held = set()
     for broker in store.brokers():
@@ -166,7 +176,7 @@ def held_topics(store) -> set[str]:
     return held
 
 
-def check_source_identity(options: IndexJobOptions, start: JobStart, store) -> None:
+def check_source_identity(options: IndexJobOptions, start: JobStart, store: Store | ObjectStore) -> None:
     """Refuse topics deleted and created again since the index was built from them
     (topic_identity.py), recording the ids of new ones; not where the Python client cannot ask
     Kafka (SASL/SSL settings the Java client alone takes)."""
@@ -308,7 +318,8 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
     return sink.history
 
 
-def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy, fields: tuple = ()):
+def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy,
+                fields: tuple[FieldDefinition, ...] = ()) -> SinkConfig:
     """What the tasks need (sink.SinkConfig)."""
     from msgindex.spark.pipeline.sink import SinkConfig
 
@@ -317,7 +328,7 @@ def sink_config(options: IndexJobOptions, root: str, retention: RetentionPolicy,
                       storage_options=tuple(sorted(options.storage_options.items())), fields=tuple(fields))
 
 
-def declare_fields(spark, options: IndexJobOptions, store) -> tuple:
+def declare_fields(spark: SparkSession, options: IndexJobOptions, store: Store | ObjectStore) -> tuple[FieldDefinition, ...]:
     """The job's field definitions, each expression analysed by Spark against the Kafka source
     (field_values.analysed_definitions) and checked against what the index's shards already
     index under those names (a field keeps its definition): InvalidOptionError before the query
@@ -337,7 +348,7 @@ def declare_fields(spark, options: IndexJobOptions, store) -> tuple:
     return definitions
 
 
-def configure_trigger(stream_writer, options: IndexJobOptions):
+def configure_trigger(stream_writer: DataStreamWriter, options: IndexJobOptions) -> DataStreamWriter:
     """The query's trigger: available-now, a processing-time interval, or as fast as possible."""
     if options.available_now:
         return stream_writer.trigger(availableNow=True)

@@ -18,11 +18,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql.streaming import StreamingQueryListener
 
 from msgindex.storage.location import parse_location
 from msgindex.storage.root_files import root_files
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 BATCH_LOG_FILE = "_batches.jsonl"
 BATCH_LOG_DIR = "_batches"  # object stores: one object per batch
@@ -63,7 +67,7 @@ def read_batch_log(root: str | os.PathLike[str], storage_options: Mapping[str, s
 _PHASES = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
 
 
-def progress_line(progress) -> str:
+def progress_line(progress: StreamingQueryProgress) -> str:
     """One readable line of a StreamingQueryProgress."""
     durations = progress.durationMs or {}
     phases = ", ".join(f"{name} {durations[name] / 1000:.2f} s" for name in _PHASES if durations.get(name))

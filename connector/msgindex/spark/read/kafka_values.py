@@ -16,12 +16,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from msgindex.errors import BrokerError, KafkaUnreachableError, TopicNotFoundError
 from msgindex.kafka.admin import bootstrap_addresses
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
 
 HEADER_TYPE = pa.struct([
     pa.field("key", pa.string(), nullable=False),
@@ -45,7 +48,7 @@ MessageId = tuple[str, int, int]  # (topic, partition, offset)
 _consumers: dict[str, Any] = {}
 
 
-def consumer_for(bootstrap_servers: str, *, what: str = OPTION):
+def consumer_for(bootstrap_servers: str, *, what: str = OPTION) -> KafkaConsumer:
     """A (cached) consumer of `bootstrap_servers`; KafkaUnreachableError naming `what` and the
     address when no broker answers within CONNECT_TIMEOUT_S."""
     consumer = _consumers.get(bootstrap_servers)

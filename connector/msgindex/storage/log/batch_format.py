@@ -286,18 +286,19 @@ class BatchProblem:
     torn: bool  # True: the batch runs past the end of the bytes (a write that never finished)
 
 
-def read_header(buf, position: int = 0) -> BatchHeader:
+def read_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
     """The header at `position`, unchecked."""
     fields = HEADER_STRUCT.unpack_from(buf, position)
     return BatchHeader(*fields[1:])
 
 
-def head_length_at(buf, position: int = 0) -> int:
+def head_length_at(buf: bytes | bytearray | memoryview, position: int = 0) -> int:
     """The head length the (unchecked) header at `position` announces."""
     return read_header(buf, position).head_length
 
 
-def check_head(buf, position: int, end: int, expected_seq: int | None = None) -> BatchHead | BatchProblem:
+def check_head(buf: bytes | bytearray | memoryview, position: int, end: int,
+               expected_seq: int | None = None) -> BatchHead | BatchProblem:
     """Validate the head of the batch at `position` in `buf[:end]` (`buf` must hold its head: up
     to `end` or head_length bytes): header fields, head checksum, block table, topic table."""
     left = end - position
@@ -356,7 +357,8 @@ def _parse_topics(buf, start: int, end: int) -> tuple[bytes, ...] | None:
     return tuple(topics) if at == end and topics else None
 
 
-def check_batch(buf, position: int, end: int, expected_seq: int | None = None) -> BatchHead | BatchProblem:
+def check_batch(buf: bytes | bytearray | memoryview, position: int, end: int,
+                expected_seq: int | None = None) -> BatchHead | BatchProblem:
     """Validate the whole batch at `position` in `buf[:end]`: its head (``check_head``) and the
     checksums of its annotation and of every block."""
     head = check_head(buf, position, end, expected_seq)

@@ -88,7 +88,8 @@ class RecordProblem:
     torn: bool  # True: the record runs past the end of the bytes (a write that never finished)
 
 
-def check_record(buf, position: int, end: int, expected_seq: int | None = None) -> int | RecordProblem:
+def check_record(buf: bytes | bytearray | memoryview, position: int, end: int,
+                 expected_seq: int | None = None) -> int | RecordProblem:
     """Validate the record at `position` in `buf[:end]`; its total size, or the problem found."""
     if end - position < LENGTH_SIZE:
         return RecordProblem(position, f"{end - position} bytes left, too few for a length prefix", True)
@@ -111,8 +112,8 @@ def check_record(buf, position: int, end: int, expected_seq: int | None = None) 
     return total
 
 
-def walk_records(buf, start: int, end: int, *, verify: bool, name: object, first_seq: int | None = None,
-                 limit: int | None = None) -> list[int]:
+def walk_records(buf: bytes | bytearray | memoryview, start: int, end: int, *, verify: bool, name: object,
+                 first_seq: int | None = None, limit: int | None = None) -> list[int]:
     """Start positions of the consecutive records from `start`: all of them up to `end` (which
     they must fill exactly), or the first `limit`.
 
@@ -154,13 +155,13 @@ def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[
     return data[index], offsets
 
 
-def header_columns(buf, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+def header_columns(buf: bytes | bytearray | memoryview, positions: Sequence[int] | np.ndarray) -> np.ndarray:
     """The fixed headers of the records at `positions` as a numpy structured array."""
     windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
     return windows[np.asarray(positions, dtype=np.int64)].view(HEADER_DTYPE).reshape(len(positions))
 
 
-def log_columns(buf, positions: np.ndarray, headers: np.ndarray) -> LogColumns:
+def log_columns(buf: bytes | bytearray | memoryview, positions: np.ndarray, headers: np.ndarray) -> LogColumns:
     """The (already validated) records at `positions` as the format-2 writer's LogColumns, texts
     kept as their exact on-disk bytes (no decoding, so lone surrogates survive the upgrade)."""
     starts = np.asarray(positions, dtype=np.int64)

@@ -455,7 +455,8 @@ class CommitLog:
         return f"CommitLog({str(self.directory)!r}, {len(self.files)} files)"
 
 
-def decode_message(record, offset: int, *, with_body: bool = False, where: str = "") -> StoredMessage:
+def decode_message(record: bytes | bytearray | memoryview, offset: int, *, with_body: bool = False,
+                   where: str = "") -> StoredMessage:
     """Decode one whole record (`record` holds exactly TOTALSIZE bytes) stored at `offset`."""
     where = where or f"message at offset {offset}"
     record = bytes(record)  # one small copy: slicing and unpacking bytes is faster than a mapped view
