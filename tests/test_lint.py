@@ -3,6 +3,7 @@ bugbear, pyupgrade), held on the whole tree. ruff comes with the dev extra (`mak
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,7 @@ UNANNOTATED = {
 
 def test_public_functions_and_classes_say_what_they_take():
     """Type hints on every public function of a library module, a docstring on every public
-    class (the README's house rules): checked on the source, none imported."""
-    import ast
-
+    class (the project's house rules): checked on the source, none imported."""
     unannotated, undocumented = [], []
     for path in sorted((ROOT / "connector" / "msgindex").rglob("*.py")):
         module = ".".join(path.relative_to(ROOT / "connector").with_suffix("").parts)

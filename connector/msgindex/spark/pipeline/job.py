@@ -305,12 +305,12 @@ def index_kafka(options: IndexJobOptions, stop: threading.Event | None = None) -
                 jvm_gone = _wait(query, sink, stop_request, spark)
         finally:
             sink.close()
-            if not jvm_gone:  # with the JVM gone, the process ends: PySpark's exit may lose it again
+            if not jvm_gone:  # (with the JVM gone, the process ends: PySpark's exit may lose it again)
                 _remove_quiet_filter(quiet)
-            if listener is not None and not jvm_gone:
-                if sink.history:
-                    listener.wait_for(sink.history[-1].batch_id)
-                spark.streams.removeListener(listener)
+                if listener is not None:
+                    if sink.history:
+                        listener.wait_for(sink.history[-1].batch_id)
+                    spark.streams.removeListener(listener)
         if jvm_gone:
             say("Spark's JVM ended on the same signal (sent to the whole process group, as systemd and `kill -- "
                 "-PGID` do): a batch it was running is replayed on the next run, exactly once")
