@@ -1,5 +1,5 @@
 """Test oracle: a scalar, reference-faithful reader of the metadata log (format 2: batches of
-versions 2 and 3, the stored form of blocks included), written straight from ``batch_format``'s
+versions 2, 3 and 4, the stored form of blocks included), written straight from ``batch_format``'s
 layout table, one batch and one record at a time, plus Kafka's
 LogSegment.append index rule applied batch by batch. The vectorized reader (batch directory,
 searchsorted, Arrow kernels) and the writer's index files must agree with it exactly.
@@ -17,7 +17,8 @@ from msgindex.storage.message import MessageRecord
 
 HEADER = struct.Struct("<4sIIBBHqiIqqIIII")
 BLOCK_ENTRY = struct.Struct("<IIII")
-BLOCK_HEADER = struct.Struct("<III9B3B9q")  # ..., widths, stored_form, 2 spare bytes, bases
+BLOCK_HEADER = struct.Struct("<III9B3B9q")  # ..., widths, stored form, partition span - 1, a spare byte, bases
+ENDS_AS_STEPS, SOURCE_IN_TOPIC, OFFSETS_AS_STEPS = 1, 2, 4
 COLUMNS = ("flags", "topic", "partition", "offset", "timestamp", "commit_log_offset", "size", "text_end")
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -38,26 +39,50 @@ def read_block(raw: bytes, topics: list[str]) -> list[MessageRecord]:
     fields = BLOCK_HEADER.unpack_from(raw, 0)
     count, texts, heap_bytes = fields[:3]
     widths = dict(zip((*COLUMNS, "byte_end"), fields[3:12]))
-    stored_form, spare = fields[12], fields[13:15]
+    stored_form, span_less_one, spare = fields[12:15]
     bases = dict(zip((*COLUMNS, "byte_end"), fields[15:24]))
-    assert stored_form in (0, 1) and spare == (0, 0)
+    assert stored_form & ~7 == 0 and spare == 0 and (span_less_one == 0 or stored_form & SOURCE_IN_TOPIC)
+    ends_as_steps = bool(stored_form & ENDS_AS_STEPS)
     at = BLOCK_HEADER.size
 
-    def values(name: str, n: int, steps: bool = False) -> list[int]:
-        """A column of n values: `width` byte planes (plane i: byte i of every value, little endian);
-        with `steps` (the stored form), each delta is its step from the one before, mod 2^(8 width)."""
+    def deltas(name: str, n: int) -> list[int]:
+        """A section's n stored deltas: `width` byte planes (plane i: byte i of every value, little endian)."""
         nonlocal at
-        width, out, delta = widths[name], [], 0
-        for i in range(n):
-            stored = int.from_bytes(bytes(raw[at + plane * n + i] for plane in range(width)), "little")
-            delta = (delta + stored) % (1 << (8 * width)) if steps else stored
-            signed = delta - (1 << 64) if width == 8 and delta >= 1 << 63 else delta
-            out.append(wrap64(bases[name] + signed))
+        width = widths[name]
+        out = [int.from_bytes(bytes(raw[at + plane * n + i] for plane in range(width)), "little") for i in range(n)]
         at += width * n
         return out
 
-    column = {name: values(name, count, steps=bool(stored_form) and name == "text_end") for name in COLUMNS}
-    byte_ends = values("byte_end", texts, steps=bool(stored_form))
+    def values(name: str, stored: list[int]) -> list[int]:
+        width = widths[name]
+        signed = [d - (1 << 64) if width == 8 and d >= 1 << 63 else d for d in stored]
+        return [wrap64(bases[name] + d) for d in signed]
+
+    def summed(name: str, steps: list[int]) -> list[int]:
+        """Each delta its step from the one before (the stored form), mod 2^(8 width)."""
+        out, delta = [], 0
+        for step in steps:
+            delta = (delta + step) % (1 << (8 * widths[name]))
+            out.append(delta)
+        return out
+
+    stored = {name: deltas(name, count) for name in COLUMNS}
+    if stored_form & SOURCE_IN_TOPIC:  # the topic's byte holds topic x span + partition
+        assert widths["topic"] == widths["partition"] == 1
+        span = span_less_one + 1
+        stored["topic"], stored["partition"] = [c // span for c in stored["topic"]], [c % span for c in stored["topic"]]
+    if stored_form & OFFSETS_AS_STEPS:  # each offset's step from the one before of its topic and partition
+        assert widths["topic"] <= 4 and widths["partition"] <= 4
+        last: dict[tuple[int, int], int] = {}
+        for i, step in enumerate(stored["offset"]):
+            source = (stored["topic"][i], stored["partition"][i])
+            stored["offset"][i] = (last[source] + step) % (1 << (8 * widths["offset"])) if source in last else step
+            last[source] = stored["offset"][i]
+    if ends_as_steps:
+        stored["text_end"] = summed("text_end", stored["text_end"])
+    column = {name: values(name, stored[name]) for name in COLUMNS}
+    byte_ends = values("byte_end", summed("byte_end", deltas("byte_end", texts)) if ends_as_steps
+                       else deltas("byte_end", texts))
     heap = raw[at : at + heap_bytes]
     assert at + heap_bytes == len(raw)
     assert (byte_ends[-1] if texts else 0) == heap_bytes
@@ -81,7 +106,7 @@ def read_batches(data: bytes) -> list[dict]:
     while position < len(data):
         (magic, head_crc, length, version, codec, block_count, base_seq, count, annotation_length, low, high,
          body_length, raw_length, annotation_crc, topics_length) = HEADER.unpack_from(data, position)
-        assert magic == b"MXB2" and version in (2, 3) and codec == 1, position
+        assert magic == b"MXB2" and version in (2, 3, 4) and codec == 1, position
         head_length = HEADER.size + BLOCK_ENTRY.size * block_count + topics_length
         assert length == head_length + annotation_length + body_length
         assert zlib.crc32(data[position + 8 : position + head_length]) == head_crc
@@ -104,7 +129,7 @@ def read_batches(data: bytes) -> list[dict]:
             compressed = data[at : at + block_length]
             assert zlib.crc32(compressed) == crc
             raw = pa.Codec("lz4_raw").decompress(compressed, block_raw_length, asbytes=True)
-            assert raw[21] == 0 or version == 3  # only version 3 writes blocks in their stored form
+            assert raw[21] in (0, 1) if version == 3 else raw[21] == 0 if version == 2 else True  # forms by version
             block = read_block(raw, topics)
             assert len(block) == block_records
             records += block

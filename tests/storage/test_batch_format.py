@@ -1,4 +1,4 @@
-"""The metadata-log record batch (log format 2: batch versions 2 and 3): round trips, the stored
+"""The metadata-log record batch (log format 2: batch versions 2, 3 and 4): round trips, the stored
 form, the vectorized reader against the scalar oracle (``record_oracle``), the writer's sparse
 indexes against Kafka's rule applied batch by batch, torn and corrupt bytes, bad input."""
 
@@ -38,6 +38,33 @@ def record_strategy(texts):
         commit_log_offset=st.integers(-1, 2**62),
         size=st.integers(-1, 2**31 - 1),
     )
+
+
+@st.composite
+def sourced_records(draw, texts, min_size: int = 1, max_size: int = 40) -> list[MessageRecord]:
+    """Records as a shard holds them: a few topics and partitions interleaved, each partition's
+    offsets rising from a base of its own (partitions of different ages, near int64's ends too),
+    mostly by 1: what the stored form's SOURCE_IN_TOPIC and OFFSETS_AS_STEPS rewrite."""
+    topics = draw(st.lists(texts, min_size=2, max_size=5, unique=True))
+    partitions = draw(st.sampled_from([st.integers(0, 7), st.integers(0, 7), st.integers(0, 300),
+                                       st.integers(-(2**31), 2**31 - 1)]))
+    sources = draw(st.lists(st.tuples(st.sampled_from(topics), partitions), min_size=1, max_size=12, unique=True))
+    next_offset = {source: draw(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 10**6)) for source in sources}
+    records = []
+    for source in draw(st.lists(st.sampled_from(sources), min_size=min_size, max_size=max_size)):
+        topic, partition = source
+        offset = next_offset[source]
+        next_offset[source] = max(-(2**63), min(offset + draw(st.sampled_from([1, 1, 1, 2, -5])), 2**63 - 1))
+        key = draw(st.none() | texts)
+        records.append(MessageRecord(topic, partition, offset, draw(st.integers(0, 2**41)), key,
+                                     (key,) if key is not None else (), -1, -1))
+    return records
+
+
+def batches(texts, min_size: int = 1, max_size: int = 40):
+    """Lists of records: any values (record_strategy), or as a shard holds them (sourced_records)."""
+    return st.lists(record_strategy(texts), min_size=min_size, max_size=max_size) | sourced_records(
+        texts, min_size, max_size)
 
 
 def lead_keys(records: list[MessageRecord]) -> list[MessageRecord]:
@@ -91,7 +118,7 @@ def decode(data: bytes) -> bf.DecodedRows:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(record_strategy(any_text), min_size=1, max_size=12), st.integers(0, 2**40), st.booleans())
+@given(batches(any_text, max_size=12), st.integers(0, 2**40), st.booleans())
 def test_round_trip_against_the_oracle(batch, first_seq, lead):
     batch = lead_keys(batch) if lead else batch
     data = bf.encode_batch(first_seq, LogColumns.of(batch), annotation=b"note")
@@ -109,19 +136,19 @@ def test_round_trip_against_the_oracle(batch, first_seq, lead):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(record_strategy(any_text), min_size=1, max_size=40), st.integers(1, 8))
-def test_the_stored_form_reads_as_the_version_2_block(batch, block_records):
-    """Version 3 writes blocks in their stored form; once restored (Python and compiled) each is
-    the block version 2 writes, byte for byte, and the version-2 batch still reads."""
+@given(batches(any_text), st.integers(1, 8), st.sampled_from([3, 4]))
+def test_the_stored_form_reads_as_the_version_2_block(batch, block_records, version):
+    """Versions 3 and 4 write blocks in their stored form; once restored (Python and compiled)
+    each is the block version 2 writes, byte for byte, and the older batches still read."""
     columns = LogColumns.of(batch)
-    old, new = (bf.encode_batch(5, columns, block_records=block_records, version=v) for v in (2, 3))
-    assert bf.read_header(old).version == 2 and bf.read_header(new).version == 3
+    old, new = (bf.encode_batch(5, columns, block_records=block_records, version=v) for v in (2, version))
+    assert bf.read_header(old).version == 2 and bf.read_header(new).version == version
     (_, old_raws, old_head), (_, new_raws, new_head) = _blocks_and_raws(old), _blocks_and_raws(new)
     assert new_raws == old_raws
     assert (old_head.blocks["raw_length"] == new_head.blocks["raw_length"]).all()
     assert decompressed_all(new, *_blocks_of(new))[0].tobytes() == b"".join(old_raws)  # compiled where built
     assert bf.records(decode(old)) == bf.records(decode(new)) == batch
-    assert [r["records"] for r in read_batches(old)] == [batch]
+    assert [r["records"] for r in read_batches(old)] == [r["records"] for r in read_batches(new)] == [batch]
 
 
 def test_the_stored_form_takes_fewer_bytes():
@@ -134,8 +161,39 @@ def test_the_stored_form_takes_fewer_bytes():
     assert new < 0.93 * old, (new, old)
 
 
+@pytest.mark.parametrize("aged", [False, True])
+def test_sources_and_offsets_as_steps_take_fewer_bytes(aged):
+    """What version 4 adds: records of 4 topics x 8 partitions interleaved, each partition's
+    offsets rising by 1 (from bases of their own when `aged`, as a real broker's partitions are),
+    in a tenth fewer bytes; its blocks carry both rewrites."""
+    rng = np.random.default_rng(5)
+    sources = rng.integers(0, 32, 20_000)
+    bases = rng.integers(0, 2**40, 32) if aged else np.zeros(32, np.int64)
+    offsets = bases[sources] + _ranks(sources)
+    keys = [f"acct:{k:07d}:v2" for k in rng.zipf(1.2, len(sources)) % 300_000]
+    batch = [MessageRecord(f"topic-{s // 8}", int(s % 8), int(offsets[i]), 1_700_000_000_000 + i, key, (key,), -1, -1)
+             for i, (s, key) in enumerate(zip(sources.tolist(), keys))]
+    old, new = (bf.encode_batch(0, LogColumns.of(batch), version=v) for v in (3, 4))
+    assert len(new) < (0.8 if aged else 0.92) * len(old), (len(new), len(old))
+    compressed, _, _ = _blocks_and_raws(new)
+    forms = {_stored_form(c, int(r))[bf.STORED_FORM_AT]
+             for c, r in zip(compressed, bf.check_head(new, 0, len(new)).blocks["raw_length"])}
+    assert forms == {bf.ENDS_AS_STEPS | bf.SOURCE_IN_TOPIC | bf.OFFSETS_AS_STEPS}
+    assert bf.records(decode(new)) == batch
+
+
+def _ranks(sources: np.ndarray) -> np.ndarray:
+    """Each record's count of earlier records of its source."""
+    order = np.argsort(sources, kind="stable")
+    ranks = np.empty(len(sources), np.int64)
+    ordered = sources[order]
+    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+    ranks[order] = np.arange(len(sources)) - np.repeat(starts, np.diff(np.r_[starts, len(sources)]))
+    return ranks
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(record_strategy(any_text), min_size=1, max_size=40), st.data())
+@given(batches(any_text), st.data())
 def test_a_damaged_stored_form_reads_as_python_reads_it(batch, data):
     """Bytes of a block's stored form changed (its header's stored-form bytes, widths, steps),
     compressed again with a checksum that matches: restoring it never reads or writes past a
@@ -157,12 +215,19 @@ def test_a_damaged_stored_form_reads_as_python_reads_it(batch, data):
     assert _outcome(_into_or_error(damaged, starts, blocks)) == _outcome(_python_or_error(damaged, starts, blocks))
 
 
+VALID_EMPTY_FORMS = [bytes([bf.ENDS_AS_STEPS, 0, 0]), bytes([bf.ENDS_AS_STEPS | bf.OFFSETS_AS_STEPS, 0, 0]),
+                     bytes([bf.OFFSETS_AS_STEPS, 0, 0])]
+
+
 @pytest.mark.parametrize("records, texts", [(1, 2**32 - 1), (2**32 - 1, 2**32 - 1), (2**32 - 1, 0)])
-@pytest.mark.parametrize("form", [bytes([bf.ENDS_AS_STEPS, 0, 0]), bytes([2, 0, 0]), bytes([bf.ENDS_AS_STEPS, 0, 1])])
+@pytest.mark.parametrize("form", [*VALID_EMPTY_FORMS,
+                                  bytes([bf.SOURCE_IN_TOPIC, 0, 0]),  # its widths must be 1
+                                  bytes([bf.ENDS_AS_STEPS, 3, 0]),  # a partition span without SOURCE_IN_TOPIC
+                                  bytes([bf.ENDS_AS_STEPS, 0, 1]), bytes([8, 0, 0])])  # no such byte, no such form
 def test_a_stored_form_of_billions_in_no_bytes_or_of_no_known_kind(records, texts, form):
     """A damaged header (its checksum made to match): billions of records and texts in width 0
-    restore at once (no step to sum), and a stored form there is none of does not decode; both
-    paths alike."""
+    restore at once (no step to sum, no source to split), and a stored form there is none of does
+    not decode; both paths alike."""
     stored = bytearray(bf.BLOCK_HEADER_STRUCT.pack(records, texts, 0, *[0] * len(bf.SECTIONS), *[0] * len(bf.SECTIONS)))
     stored[bf.STORED_FORM_AT : bf.STORED_FORM_AT + 3] = form
     compressed = bf.LZ4.compress(bytes(stored), asbytes=True)
@@ -170,10 +235,25 @@ def test_a_stored_form_of_billions_in_no_bytes_or_of_no_known_kind(records, text
     starts = np.zeros(1, dtype=np.int64)
     python, compiled = _python_or_error(compressed, starts, blocks), _into_or_error(compressed, starts, blocks)
     assert _outcome(python) == _outcome(compiled)
-    if form[0] == bf.ENDS_AS_STEPS and not any(form[1:]):
+    if form in VALID_EMPTY_FORMS:
         assert python == bytes(stored[: bf.STORED_FORM_AT]) + bytes(3) + bytes(stored[bf.STORED_FORM_AT + 3 :])
     else:
         assert python.endswith("a block does not decode (its stored form)")
+
+
+def test_a_source_in_topic_needs_one_byte_of_each():
+    """SOURCE_IN_TOPIC with a topic or partition section of another width is no stored form (a
+    damaged header, its checksum made right): both paths refuse it alike."""
+    batch = [MessageRecord("t", p, 10 + i, 5, "k", ("k",), -1, -1) for i, p in enumerate([0, 3, 1, 3])]
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    stored = bytearray(_stored_form(compressed[0], len(raws[0])))
+    assert stored[bf.STORED_FORM_AT] & bf.OFFSETS_AS_STEPS and not stored[bf.STORED_FORM_AT] & bf.SOURCE_IN_TOPIC
+    stored[bf.STORED_FORM_AT] |= bf.SOURCE_IN_TOPIC  # one topic: width 0
+    again = bf.LZ4.compress(bytes(stored), asbytes=True)
+    blocks = np.array([(4, len(again), len(stored), zlib.crc32(again))], dtype=bf.BLOCK_ENTRY_DTYPE)
+    starts = np.zeros(1, dtype=np.int64)
+    python, compiled = _python_or_error(again, starts, blocks), _into_or_error(again, starts, blocks)
+    assert _outcome(python) == _outcome(compiled) and python.endswith("a block does not decode (its stored form)")
 
 
 def test_edge_keys_empty_huge_unicode():
@@ -451,18 +531,19 @@ def _short_read(read: int, wanted: int, position: int) -> None:
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(record_strategy(any_text), min_size=1, max_size=40),
-       st.sampled_from(["none", "scribble", "raw", "section", "stored", "truncate"]), st.data())
+@given(batches(any_text), st.sampled_from(["none", "scribble", "raw", "section", "stored", "truncate"]), st.data())
 def test_compiled_record_reader_answers_as_python(tmp_path_factory, batch, damage, data):
     """read_records through the compiled reader (_blocks.read_records) and its oracle
     (python_read_records, BlockRecords): the same records for any rows of any blocks, the same
     error on any damage: bytes of a block changed (its checksum catches them), its decompressed
     bytes changed and its checksum made right (the decoders' own checks must catch widths, counts,
     ends, texts, topics; "stored": bytes of its stored form, which restoring it must catch or
-    hand on), the file cut short."""
+    hand on), the file cut short. Blocks of 4 records and of more (where more than DIRECT_ROWS
+    rows of one block are read: their offsets are restored in place, not chained row by row)."""
     if bf.compiled_blocks is None:
         pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
-    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    block_records = data.draw(st.sampled_from([4, 4, 40]))
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=block_records))
     crcs = [zlib.crc32(c) for c in compressed]
     victim = data.draw(st.integers(0, len(compressed) - 1))
     if damage == "scribble":

@@ -13,7 +13,7 @@
  *
  * A block (batch_format.py) is one LZ4 *block* (the raw format, no frame), checksummed with
  * zlib's CRC-32 over its compressed bytes, and restored to the layout readers read as soon as it
- * is decompressed (``restore_block``: a version-3 block's ends are stored as steps). The LZ4
+ * is decompressed (``restore_block``: its ends, offsets and sources rewritten). The LZ4
  * decoder is the LZ4 library's own
  * (``LZ4_decompress_safe``: bounds-checked, never reads or writes past the buffers it is given),
  * found at import in the shared library the system has (it has no header here, so it is opened by
@@ -68,8 +68,15 @@ static uint32_t block_checksum(const uint8_t *data, size_t length) {
 #define SECTIONS 9 /* flags, topic, partition, offset, timestamp, commit_log_offset, size, text_end, byte_end */
 #define TEXT_END 7
 #define BYTE_END 8
+#define TOPIC 1
+#define PARTITION 2
+#define OFFSET 3
 #define STORED_FORM_AT 21 /* batch_format.py, "Stored form" */
+#define PARTITION_SPAN_AT 22
 #define ENDS_AS_STEPS 1
+#define SOURCE_IN_TOPIC 2
+#define OFFSETS_AS_STEPS 4
+#define STORED_FORMS (ENDS_AS_STEPS | SOURCE_IN_TOPIC | OFFSETS_AS_STEPS)
 
 static uint32_t read_u32(const uint8_t *at) { return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24; }
 
@@ -115,28 +122,175 @@ static int64_t sections_end(const uint8_t *block) {
     return at;
 }
 
-/* Whether a block of `length` bytes, as decompressed, is in its stored form (1) or its read form
- * (0); -1 when its header gives a form there is none of, or (a stored form) widths and counts its
- * length does not hold: what restore_block refuses (batch_format.read_form, its oracle). */
+/* The rewrites a block of `length` bytes, as decompressed, is stored with (its STORED_FORMS
+ * bits; 0: its read form); -1 when its header gives a form there is none of, or (a stored form)
+ * widths and counts its length does not hold or widths a rewrite does not take: what
+ * restore_block refuses (batch_format.read_form, its oracle). */
 static int stored_form_of(const uint8_t *block, size_t length) {
     if (length < BLOCK_HEADER_SIZE || (block[STORED_FORM_AT] | block[STORED_FORM_AT + 1] | block[STORED_FORM_AT + 2]) == 0)
         return 0;
-    if (block[STORED_FORM_AT] != ENDS_AS_STEPS || block[STORED_FORM_AT + 1] || block[STORED_FORM_AT + 2]) return -1;
+    int form = block[STORED_FORM_AT];
+    if (form == 0 || (form & ~STORED_FORMS) || block[STORED_FORM_AT + 2] ||
+        (block[PARTITION_SPAN_AT] && !(form & SOURCE_IN_TOPIC)))
+        return -1;
     int64_t at = sections_end(block);
-    return at >= 0 && (size_t)(at + read_u32(block + 8)) == length ? 1 : -1;
+    if (at < 0 || (size_t)(at + read_u32(block + 8)) != length) return -1;
+    int topic_width = block[12 + TOPIC], partition_width = block[12 + PARTITION];
+    if ((form & SOURCE_IN_TOPIC) && !(topic_width == 1 && partition_width == 1)) return -1;
+    if ((form & OFFSETS_AS_STEPS) && (topic_width > 4 || partition_width > 4)) return -1;
+    return form;
+}
+
+/* The value at `index` of a section of `width` byte planes, `count` values a plane, at `planes`. */
+static uint64_t plane_value(const uint8_t *planes, int64_t count, int64_t width, int64_t index) {
+    uint64_t value = 0;
+    for (int64_t plane = width - 1; plane >= 0; plane--) value = value << 8 | planes[plane * count + index];
+    return value;
+}
+
+/* A block's SOURCE_IN_TOPIC and OFFSETS_AS_STEPS undone (batch_format.py, "Stored form"), in
+ * place, for its records [0, rows): a point read restores only as far as its last row. Its
+ * header, as stored_form_of accepted it with `form`, must be decompressed in `block` and its
+ * sections as far as the offsets'. Each source's running sum is kept by the byte that names it
+ * where the block has one (source_names: a 256-entry table, ~1 ns a record), else in an
+ * open-addressing table of 64-bit sources, on the stack for blocks of up to 512 records
+ * (DEFAULT_BLOCK_RECORDS); 0 when a larger one cannot be allocated. */
+#define STACK_SLOTS 1024
+#define DIRECT_ROWS 8 /* a point read's rows of one block chained one by one (chained_offset) up to this many */
+typedef struct {
+    uint64_t source, sum;
+    int used;
+} chain_t;
+
+static void store_value(uint8_t *planes, int64_t count, int64_t width, int64_t index, uint64_t value) {
+    for (int64_t plane = 0; plane < width; plane++) planes[plane * count + index] = (uint8_t)(value >> (8 * plane));
+}
+
+/* Whether a byte names each record's source in a block of `form` whose sections start at
+ * `first` (SOURCE_IN_TOPIC's topic byte, a bijection of topic and partition; else a lone topic's
+ * or partition's byte): 1 and *names (NULL: every record has the same source), or 0. */
+static int source_names(const uint8_t *block, int form, const int64_t *first, const uint8_t **names) {
+    int64_t topic_width = block[12 + TOPIC], partition_width = block[12 + PARTITION];
+    *names = NULL;
+    if (form & SOURCE_IN_TOPIC) *names = block + first[TOPIC];
+    else if (topic_width == 0 && partition_width <= 1) *names = partition_width ? block + first[PARTITION] : NULL;
+    else if (partition_width == 0 && topic_width == 1) *names = block + first[TOPIC];
+    else return 0;
+    return 1;
+}
+
+/* The offset delta of `row` under OFFSETS_AS_STEPS where `names` name the sources: the sum of its
+ * source's stored steps up to it (a source's first holds its delta, each later one its step: the
+ * sum telescopes), wrapping in the width `mask` gives. Branch-free byte loops, for a point read's
+ * one or few rows of a block: ~0.3 ns a record before it, where restoring writes every one. */
+static uint64_t chained_offset(const uint8_t *planes, int64_t records, int64_t width, const uint8_t *names,
+                               int64_t row, uint64_t mask) {
+    uint8_t name = names ? names[row] : 0;
+    uint64_t sum = 0;
+    if (width == 1 || width == 2) {
+        uint32_t low = 0, high = 0;
+        for (int64_t k = 0; k <= row; k++) {
+            uint32_t same = names ? -(uint32_t)(names[k] == name) : ~(uint32_t)0;
+            low += planes[k] & same;
+            if (width == 2) high += planes[records + k] & same;
+        }
+        sum = (uint64_t)low + ((uint64_t)high << 8);
+    } else {
+        for (int64_t k = 0; k <= row; k++)
+            if (!names || names[k] == name) sum += plane_value(planes, records, width, k);
+    }
+    return sum & mask;
+}
+
+static int sum_offset_chains(uint8_t *block, int form, int64_t rows, const int64_t *first) {
+    int64_t records = read_u32(block), topic_width = block[12 + TOPIC], partition_width = block[12 + PARTITION];
+    int64_t offset_width = block[12 + OFFSET];
+    uint64_t mask = offset_width == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * offset_width)) - 1;
+    uint8_t *offsets = block + first[OFFSET];
+    const uint8_t *names;
+    if (source_names(block, form, first, &names)) {
+        uint64_t sums[256] = {0}; /* each source's steps so far: they telescope to its delta */
+        if (offset_width == 2) { /* (the usual width: the spread of a block's offsets; unrolled, ~1 ns a record) */
+            uint8_t *low = offsets, *high = offsets + records;
+            for (int64_t k = 0; k < rows; k++) {
+                uint8_t name = names ? names[k] : 0;
+                uint64_t sum = sums[name] + (uint64_t)(low[k] | high[k] << 8);
+                sums[name] = sum, low[k] = (uint8_t)sum, high[k] = (uint8_t)(sum >> 8);
+            }
+        } else if (offset_width == 1) {
+            for (int64_t k = 0; k < rows; k++) {
+                uint8_t name = names ? names[k] : 0;
+                sums[name] += offsets[k];
+                offsets[k] = (uint8_t)sums[name];
+            }
+        } else {
+            for (int64_t k = 0; k < rows; k++) {
+                uint8_t name = names ? names[k] : 0;
+                sums[name] += plane_value(offsets, records, offset_width, k);
+                store_value(offsets, records, offset_width, k, sums[name] & mask);
+            }
+        }
+        return 1;
+    }
+    int64_t slots = 16;
+    while (slots < 2 * rows) slots *= 2;
+    chain_t stack[STACK_SLOTS], *table = stack;
+    if (slots > STACK_SLOTS) {
+        table = calloc((size_t)slots, sizeof *table);
+        if (table == NULL) return 0;
+    } else {
+        memset(table, 0, (size_t)slots * sizeof *table);
+    }
+    int shift = 64;
+    for (int64_t s = slots; s > 1; s >>= 1) shift--;
+    for (int64_t k = 0; k < rows; k++) {
+        uint64_t topic = topic_width ? plane_value(block + first[TOPIC], records, topic_width, k) : 0;
+        uint64_t partition = partition_width ? plane_value(block + first[PARTITION], records, partition_width, k) : 0;
+        uint64_t source = topic << 32 | partition; /* (widths <= 4: stored_form_of) */
+        int64_t slot = (int64_t)((source * UINT64_C(0x9E3779B97F4A7C15)) >> shift);
+        while (table[slot].used && table[slot].source != source) slot = (slot + 1) & (slots - 1);
+        table[slot].used = 1, table[slot].source = source;
+        table[slot].sum += plane_value(offsets, records, offset_width, k); /* (telescopes, as above) */
+        store_value(offsets, records, offset_width, k, table[slot].sum & mask);
+    }
+    if (table != stack) free(table);
+    return 1;
+}
+
+static int restore_sources(uint8_t *block, int form, int64_t rows) {
+    int64_t records = read_u32(block), at = BLOCK_HEADER_SIZE, first[OFFSET + 1];
+    if (rows > records) rows = records;
+    if (rows <= 0) return 1;
+    for (int i = 0; i <= OFFSET; i++) first[i] = at, at += block[12 + i] * records;
+    if ((form & OFFSETS_AS_STEPS) && block[12 + OFFSET] && !sum_offset_chains(block, form, rows, first)) return 0;
+    if (form & SOURCE_IN_TOPIC) { /* after the chains, which name a source by its combined byte */
+        uint8_t *topic = block + first[TOPIC], *partition = block + first[PARTITION];
+        uint32_t span = (uint32_t)block[PARTITION_SPAN_AT] + 1;
+        /* c / span as c x ceil(2^16 / span) >> 16: exact for every byte c and span <= 256 (2^16 >=
+         * 2^8 x span), where a division a record cost ~10 us a block */
+        uint32_t reciprocal = (65536 + span - 1) / span;
+        for (int64_t k = 0; k < rows; k++) {
+            uint32_t combined = topic[k], quotient = (combined * reciprocal) >> 16;
+            topic[k] = (uint8_t)quotient, partition[k] = (uint8_t)(combined - quotient * span);
+        }
+    }
+    return 1;
 }
 
 /* A block of `length` bytes, as decompressed, turned into the layout readers read, in place:
- * its two ends sections' steps summed when it is in its stored form; 0 when stored_form_of
- * refuses it. */
+ * every rewrite of its stored form undone; 0 when stored_form_of refuses it (or, for a block of
+ * thousands of records, memory runs out). */
 static int restore_block(uint8_t *block, size_t length) {
-    int stored = stored_form_of(block, length);
-    if (stored <= 0) return stored == 0;
+    int form = stored_form_of(block, length);
+    if (form <= 0) return form == 0;
     int64_t records = read_u32(block), texts = read_u32(block + 4), at = BLOCK_HEADER_SIZE;
-    for (int i = 0; i < TEXT_END; i++) at += block[12 + i] * records;
-    sum_steps(block + at, records, block[12 + TEXT_END]);
-    sum_steps(block + at + records * block[12 + TEXT_END], texts, block[12 + BYTE_END]);
-    block[STORED_FORM_AT] = 0;
+    if (!restore_sources(block, form, records)) return 0;
+    if (form & ENDS_AS_STEPS) {
+        for (int i = 0; i < TEXT_END; i++) at += block[12 + i] * records;
+        sum_steps(block + at, records, block[12 + TEXT_END]);
+        sum_steps(block + at + records * block[12 + TEXT_END], texts, block[12 + BYTE_END]);
+    }
+    block[STORED_FORM_AT] = 0, block[PARTITION_SPAN_AT] = 0;
     return 1;
 }
 
@@ -321,11 +475,11 @@ static int64_t end_at(const uint8_t *raw, ends_t *ends, int64_t index) {
 /* Decodes the records `rows` (sorted, all of this block) of one block of `raw_length` bytes (in
  * either form: stored_form_of) whose first `available` bytes are decompressed, into the outputs;
  * OK, the reason it is damaged, or NEED_MORE when a wanted byte lies past `available`. */
-static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t available, int64_t topic_count,
+static int decode_records(uint8_t *raw, int64_t raw_length, int64_t available, int64_t topic_count,
                           const int64_t *rows, Py_ssize_t count, int64_t *ints, int64_t *text_counts,
                           growing_t *heap_out, growing_t *lengths_out, int *no_memory) {
-    int stored = stored_form_of(raw, (size_t)raw_length);
-    if (stored < 0) return BAD_BLOCK; /* as restore_block refuses it */
+    int form = stored_form_of(raw, (size_t)raw_length);
+    if (form < 0) return BAD_BLOCK; /* as restore_block refuses it */
     if (raw_length < BLOCK_HEADER_SIZE) return BAD_LAYOUT;
     int64_t records = read_u32(raw), texts = read_u32(raw + 4), heap_bytes = read_u32(raw + 8);
     section_t sections[SECTIONS];
@@ -341,14 +495,39 @@ static int decode_records(const uint8_t *raw, int64_t raw_length, int64_t availa
     }
     if (at + heap_bytes != raw_length) return BAD_LAYOUT;
     if (at > available) return NEED_MORE;
+    /* The rows' sources and offsets: for a few rows where a byte names each record's source, each
+     * row's own (chained_offset) as it is read; else restored in place, up to the last of them
+     * (rows are sorted: one out of range is refused below). Ends are summed as they are read. */
+    int64_t firsts_of[OFFSET + 1];
+    for (int i = 0; i <= OFFSET; i++) firsts_of[i] = sections[i].first;
+    const uint8_t *names = NULL;
+    int direct = (form & OFFSETS_AS_STEPS) && sections[OFFSET].width && count <= DIRECT_ROWS &&
+                 source_names(raw, form, firsts_of, &names);
+    int64_t last = count > 0 ? rows[count - 1] : -1;
+    if (!direct && last >= 0 && !restore_sources(raw, form, last < records ? last + 1 : records)) {
+        *no_memory = 1;
+        return OK;
+    }
+    uint64_t offset_mask = sections[OFFSET].width == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * sections[OFFSET].width)) - 1;
+    unsigned span = (unsigned)raw[PARTITION_SPAN_AT] + 1;
     const uint8_t *heap = raw + at;
     int64_t heap_available = available - at;
-    ends_t text_ends = {sections[TEXT_END], stored, 0, 0}, byte_ends = {sections[BYTE_END], stored, 0, 0};
+    int summed = (form & ENDS_AS_STEPS) != 0;
+    ends_t text_ends = {sections[TEXT_END], summed, 0, 0}, byte_ends = {sections[BYTE_END], summed, 0, 0};
     for (Py_ssize_t r = 0; r < count; r++) {
         int64_t row = rows[r];
         if (row < 0 || row >= records) return BAD_LAYOUT;
         int64_t *fields = ints + r * INT_FIELDS;
         for (int i = 0; i < INT_FIELDS; i++) fields[i] = section_value(raw, &sections[i], row);
+        if (direct) {
+            if (form & SOURCE_IN_TOPIC) {
+                fields[TOPIC] = (int64_t)((uint64_t)sections[TOPIC].base + raw[sections[TOPIC].first + row] / span);
+                fields[PARTITION] = (int64_t)((uint64_t)sections[PARTITION].base + raw[sections[TOPIC].first + row] % span);
+            }
+            fields[OFFSET] = (int64_t)((uint64_t)sections[OFFSET].base +
+                                       chained_offset(raw + sections[OFFSET].first, records, sections[OFFSET].width, names,
+                                                      row, offset_mask));
+        }
         int64_t flags = fields[0], topic = fields[1];
         int64_t first = row ? end_at(raw, &text_ends, row - 1) : 0;
         int64_t end = end_at(raw, &text_ends, row);

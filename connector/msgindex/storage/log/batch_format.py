@@ -12,7 +12,7 @@ Header::
     4      4     head_crc          u32  zlib.crc32 of bytes [8, head_length): the rest of the header,
                                         the block table and the topic table
     8      4     batch_length      u32  bytes of the whole batch, this header included
-    12     1     version           u8   BATCH_VERSION (3); READ_VERSIONS are read (2: no stored form)
+    12     1     version           u8   BATCH_VERSION (4); READ_VERSIONS are read (2: no stored form)
     13     1     codec             u8   CODEC_LZ4: every block is one LZ4 block (raw, no frame;
                                         written by LZ4HC, LZ4_WRITER)
     14     2     block_count       u16  >= 1
@@ -69,25 +69,46 @@ compresses. Deltas of a range wider than int64 wrap, and adding the base back in
 (which wraps too) restores every value exactly. Texts stay bytes: a key decoded from non-UTF-8
 Kafka bytes holds lone surrogates, which Arrow strings cannot carry.
 
-**Stored form** (batch version 3). Readers want ends (any record's texts and any text's bytes at
-once, without summing what comes before); compression wants lengths: a record's text count (1,
-mostly) repeats and a key's length takes a few values, where the low byte of an end is new on
-every record. So a block is compressed in its *stored form*: the layout above, of the same
-length, but for the two ends sections, each of whose deltas (end - base, in its width) is stored
-as its *step* from the delta before (the first as is), modulo 2^(8 x width). Readers sum the
-steps back, in place, right after decompressing the block (``read_form``, and ``restore_block``
-in ``_blocks.c``), before anything else reads it: nothing past decompression knows the stored
-form exists. Header byte ``STORED_FORM_AT`` (21; it and the two after it are zero in the layout
-above, and left zero by version-2 writers) is ENDS_AS_STEPS in a stored block. Summing modulo
-the width restores any deltas exactly, so the read form is the block a version-2 writer would
-have written, byte for byte; a damaged step gives damaged ends, which the decoders' checks catch
-as they catch damaged ends. A reader restores any block whose header gives the stored form,
-whatever its batch's version (a version-2 block with byte 21 changed, its checksum made to
-match, is damage). On bench_vs_parquet.py's four shapes the stored form takes 0.9-1.5 B/record
-off 11-17 (8-12% of the log); restoring costs a running sum over the block's records and texts:
-~0.5-1 us a block of 512 records on top of ~2.5-4 us for its checksum and decompression, which a
-read of every block pays (a hot key from the log, a window); a point read sums only as far as
-the rows it wants (``read_records``).
+**Stored form** (batch versions 3 and 4). Readers want values (any record's fields, texts and
+bytes at once, without summing what comes before); compression wants what repeats. So a block is
+compressed in its *stored form*: the layout above, of the same length, but for up to three of its
+sections, each rewritten as below. Readers restore them, in place, right after decompressing the
+block (``read_form``, and ``restore_block`` in ``_blocks.c``), before anything else reads it:
+nothing past decompression knows the stored form exists. Header byte ``STORED_FORM_AT`` (21) holds
+which rewrites a block has (zero in the read form, and left zero by version-2 writers), byte 22
+the partition span of SOURCE_IN_TOPIC less one, byte 23 is zero:
+
+    ENDS_AS_STEPS     (version 3 on) each delta of the two ends sections (end - base, in its width)
+                      is its *step* from the delta before (the first as is), modulo 2^(8 x width):
+                      a record's text count (1, mostly) and a key's length repeat, where the low
+                      byte of an end is new on every record.
+    OFFSETS_AS_STEPS  (version 4) each offset delta is its step from the delta of the record before
+                      it *of the same source* (topic and partition) in the block, modulo 2^(8 x
+                      width); a source's first record holds its delta as is. A shard holds every
+                      record of a partition, in order, so the steps are 1: one repeated byte where
+                      offset - base is a spread of partitions' offsets (and 4 random bytes when
+                      partitions are of different ages, as a real broker's are). Only where the
+                      topic and partition widths are <= 4 (a source is then one 64-bit key).
+    SOURCE_IN_TOPIC   (version 4) where topic and partition both take one byte and (topic deltas)
+                      x (partition span) <= 256: the topic section holds topic delta x span +
+                      partition delta, span being byte 22 + 1, and the partition section zeros
+                      (restoring overwrites them). One byte of ~5 random bits for LZ4 instead of two.
+
+Restoring any of them restores the deltas exactly (sums modulo the width), so the read form is the
+block a version-2 writer would have written, byte for byte. Damage is the block checksum's to
+catch; a stored block rewritten with a checksum made to match gives damaged values exactly as a
+rewritten read form does (the decoders' checks catch ends and topics out of range), and restoring
+never fails on a section's contents, only on a header that gives no form there is or widths a
+rewrite does not take. A reader restores any block whose header gives a stored form, whatever its batch's
+version. On bench_vs_parquet.py's four shapes (100,000 records each) version 3 took 0.9-1.5
+B/record off 11-17 (8-12% of the log), and version 4 takes 1.3-1.5 more (11-13%: long keys 11.82
+-> 10.33 B/record, project 9.70 -> 8.22), 3.9-4.1 more with partitions of different ages (27-32%:
+14.83 -> 10.76). Restoring costs running sums over the block's records and texts, each offset's
+through a table of its source's: checked, decompressed and restored, a block of 512 long-keys
+records takes 5.6-6.4 us in version 4 against 5.4 in version 3 (``decompress_all`` of 200,000
+records), which a read of every block pays (a hot key from the log, a window); a point read
+restores only as far as the rows it wants, and the offsets of a few rows of a block by summing
+their sources' steps alone (``read_records``).
 
 Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
 ~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
@@ -145,8 +166,8 @@ except ImportError:
     compiled_blocks = None
 
 BATCH_MAGIC = b"MXB2"
-BATCH_VERSION = 3  # what writers write: blocks in their stored form
-READ_VERSIONS = (2, 3)
+BATCH_VERSION = 4  # what writers write: blocks in their stored form, every rewrite of it
+READ_VERSIONS = (2, 3, 4)
 # The log's format, recorded with its committed position (LogPosition.log_format): batches of any of
 # READ_VERSIONS. Format 1 (row-per-record segments) is read only by `msgindex upgrade`.
 LOG_FORMAT = 2
@@ -205,8 +226,13 @@ BLOCK_HEADER_DTYPE = np.dtype(
 BLOCK_HEADER_SIZE = 96
 # The stored form (module docstring): the first of the 3 bytes BLOCK_HEADER_STRUCT skips.
 STORED_FORM_AT = 12 + len(SECTIONS)
+PARTITION_SPAN_AT = STORED_FORM_AT + 1
 ENDS_AS_STEPS = 0x01
+SOURCE_IN_TOPIC = 0x02
+OFFSETS_AS_STEPS = 0x04
+STORED_FORMS = ENDS_AS_STEPS | SOURCE_IN_TOPIC | OFFSETS_AS_STEPS
 TEXT_END, BYTE_END = SECTIONS.index("text_end"), SECTIONS.index("byte_end")
+TOPIC, PARTITION, OFFSET = SECTIONS.index("topic"), SECTIONS.index("partition"), SECTIONS.index("offset")
 assert BLOCK_HEADER_STRUCT.size == BLOCK_HEADER_DTYPE.itemsize == BLOCK_HEADER_SIZE
 assert STORED_FORM_AT == BLOCK_HEADER_DTYPE.fields["pad"][1] and TEXT_END + 1 == BYTE_END == len(COLUMNS)
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # a section's values by width
@@ -409,8 +435,8 @@ def annotation_of(data: bytes, head: BatchHead) -> bytes:
 def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
                  block_records: int = DEFAULT_BLOCK_RECORDS, version: int = BATCH_VERSION) -> bytes:
     """The bytes of one batch holding all of `columns` from `base_seq` on, in blocks of at most
-    `block_records` records; `version` 2 writes blocks without their stored form (what stores
-    written before version 3 hold: the tests read them)."""
+    `block_records` records; `version` 2 writes blocks without their stored form, 3 with their
+    ends as steps only (what stores written before version 3 or 4 hold: the tests read them)."""
     if version not in READ_VERSIONS:
         raise ValueError(f"batch version {version}: writers write one of {READ_VERSIONS}")
     n = len(columns)
@@ -424,7 +450,7 @@ def encode_batch(base_seq: int, columns: LogColumns, annotation: bytes = b"",
     timestamps = columns.ints["timestamp_ms"]
     blocks, entries = [], []
     for start in range(0, n, block_records):
-        stored = record.block(start, min(start + block_records, n), stored_form=version >= 3)
+        stored = record.block(start, min(start + block_records, n), version)
         compressed = LZ4_WRITER.compress(stored, asbytes=True)
         blocks.append(compressed)
         entries.append(BLOCK_ENTRY_STRUCT.pack(min(block_records, n - start), len(compressed), len(stored),
@@ -495,25 +521,79 @@ class _RecordColumns:
         }
         return cls(per_record, text_starts, text_offsets, heap, tuple(topic.dictionary.to_pylist()))
 
-    def block(self, start: int, stop: int, stored_form: bool = True) -> bytes:
-        """The uncompressed bytes of the block of records [start, stop), in its stored form
-        unless not `stored_form` (module docstring)."""
+    def block(self, start: int, stop: int, version: int = BATCH_VERSION) -> bytes:
+        """The uncompressed bytes of the block of records [start, stop), in the stored form batch
+        `version` writes (module docstring; version 2: the read form)."""
         first_text, end_text = int(self.text_starts[start]), int(self.text_starts[stop])
         offsets = self.text_offsets[first_text : end_text + 1]
         heap = self.heap[int(offsets[0]) : int(offsets[-1])]
         per_record = {name: self.per_record[name][start:stop] for name in COLUMNS}
         per_record["text_end"] = per_record["text_end"] - first_text  # ends within the block
-        widths, bases, sections = [], [], []
-        for section, values in enumerate([*per_record.values(), offsets[1:] - offsets[0]]):
-            width, base, deltas = _narrow(values)
-            if stored_form and section >= TEXT_END and width:
-                deltas = np.diff(deltas, prepend=deltas.dtype.type(0))  # steps, wrapping in the width
-            widths.append(width)
-            bases.append(base)
-            sections.append(_planes(deltas) if width else b"")
+        narrowed = [_narrow(values) for values in [*per_record.values(), offsets[1:] - offsets[0]]]
+        widths, bases, deltas = [w for w, _, _ in narrowed], [b for _, b, _ in narrowed], [d for _, _, d in narrowed]
+        form, span = 0, 0
+        if version >= 3:
+            form |= ENDS_AS_STEPS
+            for section in (TEXT_END, BYTE_END):
+                if widths[section]:
+                    deltas[section] = np.diff(deltas[section], prepend=deltas[section].dtype.type(0))  # wrapping
+        if version >= 4:
+            records = stop - start
+            topic, partition = (deltas[s] if widths[s] else np.zeros(records, np.uint8) for s in (TOPIC, PARTITION))
+            if widths[OFFSET] and widths[TOPIC] <= 4 and widths[PARTITION] <= 4:
+                form |= OFFSETS_AS_STEPS
+                deltas[OFFSET] = _offset_steps(deltas[OFFSET], _sources(topic, partition))
+            if widths[TOPIC] == widths[PARTITION] == 1:
+                span = int(partition.max()) + 1
+                if (int(topic.max()) + 1) * span <= 256:
+                    form |= SOURCE_IN_TOPIC
+                    deltas[TOPIC] = (topic.astype(np.uint16) * span + partition).astype(np.uint8)
+                    deltas[PARTITION] = np.zeros_like(partition)
         header = bytearray(BLOCK_HEADER_STRUCT.pack(stop - start, end_text - first_text, len(heap), *widths, *bases))
-        header[STORED_FORM_AT] = ENDS_AS_STEPS if stored_form else 0
-        return b"".join((header, *sections, heap))
+        header[STORED_FORM_AT] = form
+        if form & SOURCE_IN_TOPIC:
+            header[PARTITION_SPAN_AT] = span - 1
+        return b"".join((header, *(_planes(d) if w else b"" for w, d in zip(widths, deltas)), heap))
+
+
+def _sources(topic: np.ndarray, partition: np.ndarray) -> np.ndarray:
+    """Each record's source, (topic delta, partition delta) as one uint64 (both < 2^32: widths <= 4)."""
+    return topic.astype(np.uint64) << np.uint64(32) | partition.astype(np.uint64)
+
+
+def _source_runs(sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, first): the records in order of source, stably (each source's records in block
+    order), and whether each of them, in that order, is its source's first."""
+    order = np.argsort(sources, kind="stable")
+    ordered = sources[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return order, first
+
+
+def _offset_steps(deltas: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """OFFSETS_AS_STEPS (module docstring): each delta less the one before it of its source,
+    wrapping in the deltas' width; a source's first as is."""
+    order, first = _source_runs(sources)
+    ordered = deltas[order]
+    steps = ordered.copy()
+    steps[1:] -= ordered[:-1]  # (unsigned: wraps in the width)
+    steps[first] = ordered[first]
+    out = np.empty_like(deltas)
+    out[order] = steps
+    return out
+
+
+def _offset_sums(steps: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """The deltas _offset_steps took `steps` from: each source's running sum, in the width."""
+    order, first = _source_runs(sources)
+    ordered = steps[order]
+    sums = np.cumsum(ordered, dtype=steps.dtype)  # wraps in the width
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(first)), 0))
+    before = sums[run_start] - ordered[run_start]  # the sum of the runs before this one's
+    out = np.empty_like(steps)
+    out[order] = sums - before
+    return out
 
 
 def _narrow(values: np.ndarray) -> tuple[int, int, np.ndarray]:
@@ -538,30 +618,49 @@ def _planes(values: np.ndarray) -> bytes:
 
 
 def read_form(raw: bytes) -> bytes | None:
-    """A block as decompressed, in the layout readers read: itself unless its header gives the
-    stored form (module docstring), else its steps summed back; None when its header gives a form
-    there is none of, or widths and counts its length does not hold. The oracle of
-    ``restore_block`` in ``_blocks.c``."""
+    """A block as decompressed, in the layout readers read: itself unless its header gives a
+    stored form (module docstring), else its rewrites undone; None when its header gives a form
+    there is none of, or widths and counts its length does not hold, or widths a rewrite does not
+    take. The oracle of ``restore_block`` in ``_blocks.c``."""
     if len(raw) < BLOCK_HEADER_SIZE or not any(raw[STORED_FORM_AT : STORED_FORM_AT + 3]):
         return raw
-    if raw[STORED_FORM_AT] != ENDS_AS_STEPS or any(raw[STORED_FORM_AT + 1 : STORED_FORM_AT + 3]):
+    form, span_less_one = raw[STORED_FORM_AT], raw[PARTITION_SPAN_AT]
+    if (not form or form & ~STORED_FORMS or raw[STORED_FORM_AT + 2]
+            or (span_less_one and not form & SOURCE_IN_TOPIC)):
         return None
     fields = BLOCK_HEADER_STRUCT.unpack_from(raw, 0)
     records, texts, heap_bytes, widths = fields[0], fields[1], fields[2], fields[3 : 3 + len(SECTIONS)]
     if any(w not in (0, 1, 2, 4, 8) for w in widths):
         return None
-    at = BLOCK_HEADER_SIZE + records * sum(widths[:TEXT_END])
-    if at + records * widths[TEXT_END] + texts * widths[BYTE_END] + heap_bytes != len(raw):
+    if (form & SOURCE_IN_TOPIC and not widths[TOPIC] == widths[PARTITION] == 1) or (
+            form & OFFSETS_AS_STEPS and max(widths[TOPIC], widths[PARTITION]) > 4):
+        return None
+    starts = np.cumsum([BLOCK_HEADER_SIZE] + [w * (texts if s == BYTE_END else records) for s, w in enumerate(widths)])
+    if int(starts[-1]) + heap_bytes != len(raw):
         return None
     block = bytearray(raw)
-    block[STORED_FORM_AT] = 0
-    for count, width in ((records, widths[TEXT_END]), (texts, widths[BYTE_END])):
-        if width and count:
-            planes = np.frombuffer(block, np.uint8, count * width, at).reshape(width, count)
-            steps = np.ascontiguousarray(planes.T).view(_UNSIGNED[width]).reshape(count)
-            sums = np.cumsum(steps, dtype=_UNSIGNED[width])  # wraps in the width
-            planes[:] = sums.view(np.uint8).reshape(count, width).T
-        at += count * width
+    block[STORED_FORM_AT : STORED_FORM_AT + 2] = bytes(2)
+
+    def section(s: int) -> np.ndarray:  # a view of section s's byte planes, (width, count)
+        count = texts if s == BYTE_END else records
+        return np.frombuffer(block, np.uint8, count * widths[s], int(starts[s])).reshape(widths[s], count)
+
+    def values(s: int) -> np.ndarray:
+        return np.ascontiguousarray(section(s).T).view(_UNSIGNED[widths[s]]).reshape(-1)
+
+    if form & SOURCE_IN_TOPIC and records:
+        combined = section(TOPIC)[0].astype(np.uint16)  # (a span of 256 is no uint8)
+        section(TOPIC)[0] = combined // (span_less_one + 1)
+        section(PARTITION)[0] = combined % (span_less_one + 1)
+    if form & OFFSETS_AS_STEPS and records and widths[OFFSET]:
+        topic, partition = (values(s) if widths[s] else np.zeros(records, np.uint8) for s in (TOPIC, PARTITION))
+        sums = _offset_sums(values(OFFSET), _sources(topic, partition))
+        section(OFFSET)[:] = sums.view(np.uint8).reshape(records, widths[OFFSET]).T
+    if form & ENDS_AS_STEPS:
+        for s in (TEXT_END, BYTE_END):
+            if widths[s] and (texts if s == BYTE_END else records):
+                sums = np.cumsum(values(s), dtype=_UNSIGNED[widths[s]])  # wraps in the width
+                section(s)[:] = sums.view(np.uint8).reshape(-1, widths[s]).T
     return bytes(block)
 
 
