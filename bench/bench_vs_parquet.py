@@ -98,6 +98,9 @@ class Shape:
     extra_prefix: str = "ext-"
     extra_digits: int = 0
     jitter_ms: int = 5000  # timestamps spread evenly over SPAN_MS, each moved by up to +-jitter
+    # each partition's first offset is drawn from [0, partition_ages) (0: every partition starts at
+    # 0): partitions of different ages, as a real broker's are (a topic created years before another)
+    partition_ages: int = 0
 
     def describe(self) -> str:
         keys = (f"{self.distinct_keys:,} keys" if self.distinct_keys else "unbounded keys")
@@ -105,7 +108,8 @@ class Shape:
         return (f"{self.topics} topics x {self.partitions} partitions; {keys} like "
                 f"{self.key(1234)!r} drawn {drawn}; {self.extra_share:.0%} of records with 1-{self.extra_max} extra "
                 f"keys like {self.extra(12345)!r} from a pool of "
-                f"{f'{self.extra_pool:,}' if self.extra_pool else 'one per record'}; timestamps +-{self.jitter_ms / 1000:g} s")
+                f"{f'{self.extra_pool:,}' if self.extra_pool else 'one per record'}; timestamps +-{self.jitter_ms / 1000:g} s"
+                + (f"; partitions' first offsets drawn from [0, {self.partition_ages:,})" if self.partition_ages else ""))
 
     def key(self, number: int) -> str:
         return f"{self.key_prefix}{number:0{self.key_digits}d}{self.key_suffix}" if self.key_digits else \
@@ -165,6 +169,8 @@ def generate(count: int, seed: int, shape: Shape = SHAPES["project"]) -> pa.Tabl
     per_group = np.bincount(group, minlength=shape.topics * shape.partitions)
     offsets = np.empty(count, np.int64)
     offsets[order] = np.arange(count) - np.repeat(np.cumsum(per_group) - per_group, per_group)
+    if shape.partition_ages:  # (a generator of its own: the other columns stay those of the shape without ages)
+        offsets += np.random.default_rng(seed + 1).integers(0, shape.partition_ages, len(per_group))[group]
     timestamps = BASE_MS + (np.arange(count) * (SPAN_MS / count)).astype(np.int64) + rng.integers(
         -shape.jitter_ms, shape.jitter_ms, count)
     keys = _rendered(ids, shape.key_prefix, shape.key_digits, shape.key_suffix)
@@ -292,6 +298,9 @@ def cpu_timed(fn) -> float:
 
 
 def median_time(fn, runs: int) -> tuple[float, object]:
+    """The median of `runs` timed calls and the first answer, started after a pause: whichever
+    side ran before (DuckDB's lingering workers, see LATENCY_PAUSE_S) is idle again."""
+    time.sleep(LATENCY_PAUSE_S)
     results = [timed(fn) for _ in range(runs)]
     return statistics.median(t for t, _ in results), results[0][1]
 
