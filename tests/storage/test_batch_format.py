@@ -288,6 +288,20 @@ def test_every_truncation_is_torn_and_every_flipped_byte_detected():
     assert isinstance(problem, bf.BatchProblem) and "base sequence 3" in problem.reason
 
 
+def test_a_batch_of_a_newer_version_is_refused_by_its_number():
+    """What an older msgindex does with batches a newer one wrote (README, "Upgrading"): a version
+    it does not read, its head checksum right, is refused naming the version, never read as
+    damage to repair nor as a torn tail to cut."""
+    data = bytearray(bf.encode_batch(3, LogColumns.of([MessageRecord("t", 0, 1, 2, "k", ("k",))])))
+    newer = max(bf.READ_VERSIONS) + 1
+    data[12] = newer
+    head_length = bf.read_header(data).head_length
+    data[4:8] = zlib.crc32(bytes(data[bf.CRC_START:head_length])).to_bytes(4, "little")
+    problem = bf.check_batch(bytes(data), 0, len(data), 3)
+    assert isinstance(problem, bf.BatchProblem) and not problem.torn
+    assert problem.reason == f"unknown batch version {newer}"
+
+
 batch_sizes = st.lists(st.integers(1, 40), min_size=1, max_size=8)
 
 
@@ -322,6 +336,33 @@ def test_log_files_match_the_oracle(tmp_path_factory, records, sizes, interval, 
                           max_index_bytes=index_bytes, writable=True):
         pass
     assert {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.endswith(".summary")} == written
+
+
+def test_a_log_of_older_batches_takes_new_ones(tmp_path, monkeypatch):
+    """A store written before batch version 4 (its batches version 2 and 3), then appended to by
+    this version: every record reads back through both readers and the oracle, each batch in the
+    version it was written in."""
+    rng = np.random.default_rng(9)
+    records = [MessageRecord(f"t{int(rng.integers(3))}", int(rng.integers(8)), i, 1_700_000_000_000 + i, f"k{i % 37}",
+                             (f"k{i % 37}",)) for i in range(3_000)]
+    encode = bf.encode_batch
+    options = dict(segment_bytes=1 << 20, index_interval_bytes=4096, writable=True, batch_records=400)
+    for version, part in zip((2, 3, None), (records[:1_000], records[1_000:2_000], records[2_000:])):
+        monkeypatch.setattr(bf, "encode_batch", encode if version is None else
+                            lambda *args, version=version, **kwargs: encode(*args, **kwargs, version=version))
+        with MetadataLog.open(tmp_path, **options) as log:
+            log.append(part)
+    with MetadataLog.open(tmp_path, **options) as log:
+        assert log.read_many(range(len(records))) == records
+        assert log.read_few(range(0, len(records), 7)) == records[::7]
+    assert read_log(tmp_path) == records
+    data = b"".join(path.read_bytes() for path in sorted(tmp_path.glob("*.log")))
+    versions, at = [], 0
+    while at < len(data):
+        header = bf.read_header(data, at)
+        versions.append(header.version)
+        at += header.batch_length
+    assert versions == [2] * 3 + [3] * 3 + [bf.BATCH_VERSION] * 3
 
 
 def test_annotations_ride_on_the_last_batch_of_an_append(tmp_path):
