@@ -520,6 +520,62 @@ def _outcome(result: bytes | str) -> bytes | str:
     return result.split(" (")[0] if isinstance(result, str) else result
 
 
+def _point_reads_agree(tmp_path, data: bytes, rows: list[int]) -> bf.RawRecords:
+    """`rows` of the first block of batch `data` through the compiled point reader and its Python
+    oracle (``python_read_records``): the same records; the compiled ones."""
+    path = tmp_path / "batch"
+    path.write_bytes(data)
+    starts, blocks = _blocks_of(data)
+    head = bf.check_head(data, 0, len(data))
+    locations = bf.BlockLocations(starts[:1], blocks["length"][:1].astype(np.int64),
+                                  blocks["raw_length"][:1].astype(np.int64), blocks["crc"][:1].astype(np.int64),
+                                  np.zeros(1, np.int64), [head.topics])
+    wanted, firsts = np.array(rows, dtype=np.int64), np.array([0, len(rows)], dtype=np.int64)
+    with open(path, "rb") as f:
+        compiled = bf.read_raw_records(f.fileno(), "file", locations, firsts, wanted, _short_read)
+        python = bf.python_read_records(f.fileno(), "file", locations, firsts, wanted, _short_read)
+    assert compiled == python
+    return compiled
+
+
+def test_every_source_byte_and_span_restores(tmp_path):
+    """SOURCE_IN_TOPIC over every byte a block can hold, for every partition span a writer writes
+    (the compiled reader splits the byte by a multiplication: exact for each of them), through both
+    readers and both decompressions."""
+    for span in range(1, 129):
+        topics = 256 // span
+        batch = [MessageRecord(f"t{t}", p, 100 * t + p, 5, "k", ("k",), -1, -1)
+                 for t in range(topics) for p in range(span)]
+        data = bf.encode_batch(0, LogColumns.of(batch), block_records=len(batch))
+        compressed, _, _ = _blocks_and_raws(data)
+        form = _stored_form(compressed[0], int(bf.check_head(data, 0, len(data)).blocks["raw_length"][0]))
+        assert bool(form[bf.STORED_FORM_AT] & bf.SOURCE_IN_TOPIC) == (span > 1 and topics > 1), span
+        assert bf.records(decode(data)) == batch  # compiled and Python decompression agree (decode)
+        rows = sorted({0, len(batch) // 2, len(batch) - 1})
+        assert [tuple(r[1:4]) for r in _point_reads_agree(tmp_path, data, rows).ints] == \
+            [(int(batch[r].topic[1:]), batch[r].partition, batch[r].offset) for r in rows]
+
+
+def test_a_block_of_thousands_of_sources(tmp_path):
+    """A block of 3,000 records from 1,500 partitions of int32 ids: its offsets' chains need a
+    table larger than the one on the stack. Both decompressions agree, and so do point reads of
+    rows in any order (the compiled reader restores up to the largest)."""
+    rng = np.random.default_rng(4)
+    ids = rng.integers(-(2**31), 2**31 - 1, 1_500)
+    sources = rng.integers(0, len(ids), 3_000)
+    bases = rng.integers(0, 2**40, len(ids))
+    batch = [MessageRecord(f"t{s % 3}", int(ids[s]), int(bases[s] + rank), 7, f"k{i}", (f"k{i}",), -1, -1)
+             for i, (s, rank) in enumerate(zip(sources.tolist(), _ranks(sources).tolist()))]
+    data = bf.encode_batch(0, LogColumns.of(batch), block_records=len(batch))
+    compressed, _, _ = _blocks_and_raws(data)
+    form = _stored_form(compressed[0], int(bf.check_head(data, 0, len(data)).blocks["raw_length"][0]))
+    assert form[bf.STORED_FORM_AT] == bf.ENDS_AS_STEPS | bf.OFFSETS_AS_STEPS  # partitions of 4 bytes
+    assert bf.records(decode(data)) == batch
+    for rows in ([2_999, 5, 1_400, 17, 2_000, 3, 9, 11, 12, 2_500], [2_999, 0], list(range(0, 3_000, 97))):
+        got = _point_reads_agree(tmp_path, data, rows)
+        assert [tuple(r[2:4]) for r in got.ints] == [(batch[r].partition, batch[r].offset) for r in rows]
+
+
 def test_compiled_blocks_are_built_where_a_compiler_is() -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: msgindex installs without its compiled block reader")

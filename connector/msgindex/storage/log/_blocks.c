@@ -38,6 +38,7 @@
 #define OK 0
 #define BAD_CHECKSUM 1
 #define BAD_BLOCK 2
+#define NO_MEMORY 8 /* (decompress_blocks: a MemoryError, not damage) */
 
 /* LZ4_decompress_safe(source, dest, compressed size, dest capacity) -> bytes written, or < 0 */
 typedef int (*lz4_decompress_safe)(const char *, char *, int, int);
@@ -278,13 +279,13 @@ static int restore_sources(uint8_t *block, int form, int64_t rows) {
 }
 
 /* A block of `length` bytes, as decompressed, turned into the layout readers read, in place:
- * every rewrite of its stored form undone; 0 when stored_form_of refuses it (or, for a block of
- * thousands of records, memory runs out). */
+ * every rewrite of its stored form undone; 0 when stored_form_of refuses it, -1 when memory runs
+ * out (restore_sources, for a block of more than 512 records). */
 static int restore_block(uint8_t *block, size_t length) {
     int form = stored_form_of(block, length);
     if (form <= 0) return form == 0;
     int64_t records = read_u32(block), texts = read_u32(block + 4), at = BLOCK_HEADER_SIZE;
-    if (!restore_sources(block, form, records)) return 0;
+    if (!restore_sources(block, form, records)) return -1;
     if (form & ENDS_AS_STEPS) {
         for (int i = 0; i < TEXT_END; i++) at += block[12 + i] * records;
         sum_steps(block + at, records, block[12 + TEXT_END]);
@@ -302,9 +303,10 @@ static int lz4_exactly(const uint8_t *in, size_t in_length, uint8_t *out, size_t
     return written >= 0 && (size_t)written == raw_length;
 }
 
-/* lz4_exactly, then the block's read form restored (restore_block); 0 when either fails. */
+/* lz4_exactly, then the block's read form restored (restore_block): 1, 0 when either refuses
+ * it, -1 when memory runs out. */
 static int lz4_block(const uint8_t *in, size_t in_length, uint8_t *out, size_t raw_length) {
-    return lz4_exactly(in, in_length, out, raw_length) && restore_block(out, raw_length);
+    return lz4_exactly(in, in_length, out, raw_length) ? restore_block(out, raw_length) : 0;
 }
 
 /* Takes `object`'s buffer as int64 values (8-byte items, aligned, contiguous; writable when
@@ -382,13 +384,15 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
                 bad = i, reason = BAD_CHECKSUM;
                 break;
             }
-            if (!lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i])) {
-                bad = i, reason = BAD_BLOCK;
+            int restored = lz4_block(block, (size_t)lengths[i], dest + out_starts[i], (size_t)raw_lengths[i]);
+            if (restored <= 0) {
+                bad = i, reason = restored < 0 ? NO_MEMORY : BAD_BLOCK;
                 break;
             }
         }
         Py_END_ALLOW_THREADS
-        result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
+        if (reason == NO_MEMORY) PyErr_NoMemory();
+        else result = bad < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ni)", bad, reason);
     }
     for (int i = 0; i < held; i++) PyBuffer_Release(&arrays[i]);
     PyBuffer_Release(&data);
@@ -496,14 +500,15 @@ static int decode_records(uint8_t *raw, int64_t raw_length, int64_t available, i
     if (at + heap_bytes != raw_length) return BAD_LAYOUT;
     if (at > available) return NEED_MORE;
     /* The rows' sources and offsets: for a few rows where a byte names each record's source, each
-     * row's own (chained_offset) as it is read; else restored in place, up to the last of them
-     * (rows are sorted: one out of range is refused below). Ends are summed as they are read. */
+     * row's own (chained_offset) as it is read; else restored in place, up to the largest of
+     * them. Ends are summed as they are read. */
     int64_t firsts_of[OFFSET + 1];
     for (int i = 0; i <= OFFSET; i++) firsts_of[i] = sections[i].first;
     const uint8_t *names = NULL;
     int direct = (form & OFFSETS_AS_STEPS) && sections[OFFSET].width && count <= DIRECT_ROWS &&
                  source_names(raw, form, firsts_of, &names);
-    int64_t last = count > 0 ? rows[count - 1] : -1;
+    int64_t last = -1; /* the largest row (callers sort them; one out of range is refused below) */
+    for (Py_ssize_t r = 0; r < count; r++) last = rows[r] > last ? rows[r] : last;
     if (!direct && last >= 0 && !restore_sources(raw, form, last < records ? last + 1 : records)) {
         *no_memory = 1;
         return OK;
