@@ -95,20 +95,21 @@ the partition span of SOURCE_IN_TOPIC less one, byte 23 is zero:
                       (restoring overwrites them). One byte of ~5 random bits for LZ4 instead of two.
 
 Restoring any of them restores the deltas exactly (sums modulo the width), so the read form is the
-block a version-2 writer would have written, byte for byte. Damage is the block checksum's to
-catch; a stored block rewritten with a checksum made to match gives damaged values exactly as a
-rewritten read form does (the decoders' checks catch ends and topics out of range), and restoring
-never fails on a section's contents, only on a header that gives no form there is or widths a
-rewrite does not take. A reader restores any block whose header gives a stored form, whatever its batch's
-version. On bench_vs_parquet.py's four shapes (100,000 records each) version 3 took 0.9-1.5
-B/record off 11-17 (8-12% of the log), and version 4 takes 1.3-1.5 more (11-13%: long keys 11.82
--> 10.33 B/record, project 9.70 -> 8.22), 3.9-4.1 more with partitions of different ages (27-32%:
-14.83 -> 10.76). Restoring costs running sums over the block's records and texts, each offset's
-through a table of its source's: checked, decompressed and restored, a block of 512 long-keys
-records takes 5.6-6.4 us in version 4 against 5.4 in version 3 (``decompress_all`` of 200,000
-records), which a read of every block pays (a hot key from the log, a window); a point read
-restores only as far as the rows it wants, and the offsets of a few rows of a block by summing
-their sources' steps alone (``read_records``).
+block a version-2 writer would have written, byte for byte. Damage is the block checksum's to catch;
+a stored block rewritten with a checksum made to match gives damaged values exactly as a rewritten
+read form does (the decoders' checks catch ends and topics out of range), and restoring never fails
+on a section's contents, only on a header that gives no form there is or widths a rewrite does not
+take (and, in C, on memory for the chains of a block of thousands of sources: a MemoryError). A
+reader restores any block whose header gives a stored form, whatever its batch's version. On
+bench_vs_parquet.py's four shapes (100,000 records each) version 3 took 0.9-1.5 B/record off 11-17
+(8-12% of the log), and version 4 takes 1.3-1.5 more (11-13%: long keys 11.82 -> 10.33 B/record,
+project 9.70 -> 8.22), 3.9-4.1 more with partitions of different ages (27-32%: 14.83 -> 10.76).
+Restoring costs running sums over the block's records and texts, each offset's through a table of
+its source's: checked, decompressed and restored, a block of 512 long-keys records takes 5.6-6.4 us
+in version 4 against 5.4 in version 3 (``decompress_all`` of 200,000 records), which a read of every
+block pays (a hot key from the log, a window); a point read restores only as far as the rows it
+wants, and the offsets of a few rows of a block by summing their sources' steps alone
+(``read_records``).
 
 Why this shape (measurements in BENCHMARKS.md): LZ4 decompresses ~5-10x faster than zstd for
 ~20% more bytes (the log stays well under the size of a zstd Parquet file of the same rows);
