@@ -87,6 +87,18 @@ static int64_t read_le64(const uint8_t *at) {
     return (int64_t)value;
 }
 
+/* The value at `index` of a section of `width` byte planes, `count` values a plane, at `planes`. */
+static uint64_t plane_value(const uint8_t *planes, int64_t count, int64_t width, int64_t index) {
+    uint64_t value = 0;
+    for (int64_t plane = width - 1; plane >= 0; plane--) value = value << 8 | planes[plane * count + index];
+    return value;
+}
+
+/* ... and `value` stored there. */
+static void store_value(uint8_t *planes, int64_t count, int64_t width, int64_t index, uint64_t value) {
+    for (int64_t plane = 0; plane < width; plane++) planes[plane * count + index] = (uint8_t)(value >> (8 * plane));
+}
+
 /* The `count` values of `width` byte planes at `planes` (each its step from the one before) made
  * their running sums, modulo 2^(8 width), in place. */
 static void sum_steps(uint8_t *planes, int64_t count, int64_t width) {
@@ -103,10 +115,8 @@ static void sum_steps(uint8_t *planes, int64_t count, int64_t width) {
     } else if (width > 0) {
         uint64_t sum = 0, mask = width == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * width)) - 1;
         for (int64_t k = 0; k < count; k++) {
-            uint64_t step = 0;
-            for (int64_t plane = width - 1; plane >= 0; plane--) step = step << 8 | planes[plane * count + k];
-            sum = (sum + step) & mask;
-            for (int64_t plane = 0; plane < width; plane++) planes[plane * count + k] = (uint8_t)(sum >> (8 * plane));
+            sum = (sum + plane_value(planes, count, width, k)) & mask;
+            store_value(planes, count, width, k, sum);
         }
     }
 }
@@ -142,13 +152,6 @@ static int stored_form_of(const uint8_t *block, size_t length) {
     return form;
 }
 
-/* The value at `index` of a section of `width` byte planes, `count` values a plane, at `planes`. */
-static uint64_t plane_value(const uint8_t *planes, int64_t count, int64_t width, int64_t index) {
-    uint64_t value = 0;
-    for (int64_t plane = width - 1; plane >= 0; plane--) value = value << 8 | planes[plane * count + index];
-    return value;
-}
-
 /* A block's SOURCE_IN_TOPIC and OFFSETS_AS_STEPS undone (batch_format.py, "Stored form"), in
  * place, for its records [0, rows): a point read restores only as far as its last row. Its
  * header, as stored_form_of accepted it with `form`, must be decompressed in `block` and its
@@ -162,10 +165,6 @@ typedef struct {
     uint64_t source, sum;
     int used;
 } chain_t;
-
-static void store_value(uint8_t *planes, int64_t count, int64_t width, int64_t index, uint64_t value) {
-    for (int64_t plane = 0; plane < width; plane++) planes[plane * count + index] = (uint8_t)(value >> (8 * plane));
-}
 
 /* Whether a byte names each record's source in a block of `form` whose sections start at
  * `first` (SOURCE_IN_TOPIC's topic byte, a bijection of topic and partition; else a lone topic's
@@ -422,10 +421,7 @@ typedef struct {
 
 /* value - base stored in `width` byte planes `planes` apart: adding the base back wraps as int64 */
 static int64_t section_value(const uint8_t *raw, const section_t *s, int64_t index) {
-    if (s->width == 0) return s->base;
-    uint64_t delta = 0;
-    for (int64_t plane = s->width - 1; plane >= 0; plane--) delta = delta << 8 | raw[s->first + plane * s->planes + index];
-    return (int64_t)((uint64_t)s->base + delta);
+    return (int64_t)((uint64_t)s->base + plane_value(raw + s->first, s->planes, s->width, index));
 }
 
 typedef struct {
@@ -465,12 +461,7 @@ static int64_t end_at(const uint8_t *raw, ends_t *ends, int64_t index) {
     if (s->width == 1) {
         for (; ends->next <= index; ends->next++) ends->sum += raw[s->first + ends->next];
     } else {
-        for (; ends->next <= index; ends->next++) {
-            uint64_t step = 0;
-            for (int64_t plane = s->width - 1; plane >= 0; plane--)
-                step = step << 8 | raw[s->first + plane * s->planes + ends->next];
-            ends->sum += step;
-        }
+        for (; ends->next <= index; ends->next++) ends->sum += plane_value(raw + s->first, s->planes, s->width, ends->next);
     }
     uint64_t delta = s->width == 8 ? ends->sum : ends->sum & (((uint64_t)1 << (8 * s->width)) - 1);
     return (int64_t)((uint64_t)s->base + delta);
