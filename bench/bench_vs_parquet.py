@@ -9,9 +9,9 @@ hottest key on ~18% of the records), ~12% with an extra key, timestamps over 3 h
 
 * msgindex: one store, one shard, written through ``Store.writer().append(arrow_table)`` in
   batches of `--append-rows`; queried with ``Store.lookup`` / ``Store.scan`` (Arrow results).
-  The hot key is measured twice: on the store as written, and after deleting any hash runs
-  (derived files; writers seal none since hot keys' rows come from their copies, so both lines
-  should agree: a second sample of the same lookup).
+  The hot key is measured twice: on the store as written, and after deleting its hash runs
+  (derived files, which leave out a hot key's own entries, so both lines should agree: a second
+  sample of the same lookup).
 * Parquet, two files, queried with DuckDB (``.to_arrow_table()`` results, 2 threads), which
   prunes row groups by key statistics: the *compact* copy (the same rows, one per message,
   sorted by key, zstd, written by DuckDB itself: the bytes baseline, and the faster file for the
@@ -270,7 +270,7 @@ class Duck:
 
 def write_store(table: pa.Table, root: Path, append_rows: int, fields: tuple[FieldDefinition, ...] = ()) -> None:
     """Write the store as the pipeline does: appends of `append_rows`, each committed (and its
-    hash index file's committed entries sealed into hash runs when due); `fields`: the
+    hash index files' committed entries sealed into hash runs when due); `fields`: the
     definitions of the ``fields`` column's values (with_fields)."""
     with open_store(root, create=True, settings=StoreSettings()) as store, store.writer("b0") as writer:
         for start in range(0, table.num_rows, append_rows):
@@ -514,7 +514,7 @@ def main() -> None:
         line(f"random key after an idle pause, median of {len(after_idle['msgindex'])}",
              {name: statistics.median(times) for name, times in after_idle.items()}, "")
         line(f"hot key ({rows['hot']:,} rows, median of {args.runs}), {runs} hash runs as written", t_hot, "<= 2")
-        line("hot key again, hash runs deleted (writers seal none any more)", t_bare, "<= 2")
+        line("hot key again, hash runs deleted (they leave a hot key's own entries out)", t_bare, "<= 2")
         line(f"1,000 keys (median of {args.runs})", medians(many), "<= 0.5")
         line(f"1% time window (median of {args.runs})", medians(win), "<= 2")
         goal = store_bytes_goal(args.records)

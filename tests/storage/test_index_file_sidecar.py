@@ -1,9 +1,10 @@
 """Hash runs (``<index file>.hashrun``): derived, checksummed, never trusted when they do not fit.
 
 A run must change no answer: lookups with it equal the plain walk, and a missing, torn, corrupt,
-stale or foreign run is ignored. In a shard it only ever covers committed entries (sealed in
-``ShardWriter._roll`` from the last checkpoint), survives recovery only for listed files, and goes
-with its file when retention drops it.
+stale or foreign run is ignored. It lists a hot slot's entries but its dominant hash's, whose walk
+never jumps. In a shard it only ever covers committed entries (sealed after each commit from the
+checkpoint just written), survives recovery only for listed files, and goes with its file when
+retention drops it.
 """
 
 from __future__ import annotations
@@ -49,14 +50,17 @@ def lookups(f: IndexFile, limit: int | None = None) -> list:
     return expected
 
 
-def run_hits(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Record whether each HashRun.hits call answered (True) or refused (None -> False)."""
+def run_hits(monkeypatch: pytest.MonkeyPatch, asked: list[int] | None = None) -> list[bool]:
+    """Record whether each HashRun.hits call answered (True) or refused (None -> False), and the
+    key hash it was asked for in `asked`."""
     calls: list[bool] = []
     real = HashRun.hits
 
     def spy(self, key_hash, limit):
         result = real(self, key_hash, limit)
         calls.append(result is not None)
+        if asked is not None:
+            asked.append(key_hash)
         return result
 
     monkeypatch.setattr(HashRun, "hits", spy)
@@ -80,6 +84,71 @@ def test_a_run_answers_hot_slots_exactly(tmp_path: Path, monkeypatch) -> None:
         assert lookups(f) == without and calls and all(calls)
         # a reader whose committed count is older than the run: entries past it are left out
         assert lookups(f, limit=1500) == [[c for c in chain if c[0] < 1500] for chain in without]
+
+
+def test_a_run_leaves_out_the_hash_that_dominates_a_slot(tmp_path: Path, monkeypatch) -> None:
+    """HOT holds most of its slot's entries: the run lists only the others' entries there, a key
+    sharing the slot jumps over HOT's chain, and HOT's own walk never asks the run."""
+    path = tmp_path / "f"
+    hot_file(path)
+    hot, sharing = index_hash(HOT), index_hash(HOT) + SLOTS
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        f.put_keys(["t#k1"] * 3, [9000, 9001, 9002], [T0] * 3)  # cold keys in HOT's slot too
+        expected = lookups(f)
+        assert hash_run.write(f, 1, f.index_count, min_chain=8)
+        f.forget_hash_runs()
+        (run,) = f._hash_runs().runs
+        row = run.slots.tolist().index(hot % SLOTS)
+        assert run.left_out[row] == hot and hot not in run.key_hashes.tolist()
+        slot_entries = sum(1 for e in f.iter_entries() if e.key_hash % SLOTS == hot % SLOTS)
+        hot_entries = len(reference_candidates(f, hot))
+        assert run.entry_rows == f.index_count - 1 - hot_entries and 2 * hot_entries >= slot_entries
+        # the cold slots have no dominant hash: all of their entries are listed
+        assert sorted(set(run.left_out.tolist())) == [hash_run.NO_LEFT_OUT, hot]
+        asked: list[int] = []
+        calls = run_hits(monkeypatch, asked)
+        assert lookups(f) == expected
+        assert sharing in asked and hot not in asked and all(calls)
+        # many keys at once (RunSet.jumping's numpy form): the same answers, the sharing key's jump taken
+        asked.clear()
+        many = sorted({index_hash(f"t#k{i}") for i in range(400)} | {hot, sharing})
+        assert per_key(f.candidate_arrays(np.array(many)), len(many)) == [reference_candidates(f, h) for h in many]
+        assert sharing in asked and hot not in asked
+        # a walk of HOT goes through the run's range entry by entry: it touches HOT's whole chain
+        asked.clear()
+        assert f.candidates(hot) == expected[sorted({hot, sharing, index_hash("t#k1"), index_hash("t#k2"),
+                                                     index_hash("missing"), 0}).index(hot)]
+        assert asked == []
+
+
+def test_a_version_1_run_is_still_read(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "f"
+    hot_file(path)
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        expected = lookups(f)
+        run_path(path).write_bytes(hash_run.build(f, 1, f.index_count, version=1))
+        f.forget_hash_runs()
+        (run,) = f._hash_runs().runs
+        assert run.version == 1 and run.entry_rows == f.index_count - 1  # every entry of the hot slots
+        assert set(run.left_out.tolist()) == {hash_run.NO_LEFT_OUT}
+        asked: list[int] = []
+        run_hits(monkeypatch, asked)
+        assert lookups(f) == expected and index_hash(HOT) in asked
+
+
+def test_a_run_of_a_newer_version_is_ignored(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "f"
+    hot_file(path)
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        expected = lookups(f)
+        data = bytearray(hash_run.build(f, 1, f.index_count))
+        struct.pack_into("<I", data, 8, 3)
+        struct.pack_into("<I", data, hash_run.HEADER_CRC_OFFSET, __import__("zlib").crc32(data[:hash_run.HEADER_CRC_OFFSET]))
+        run_path(path).write_bytes(bytes(data))
+        f.forget_hash_runs()
+        assert not f._hash_runs().runs
+        calls = run_hits(monkeypatch)
+        assert lookups(f) == expected and not calls
 
 
 def test_entries_past_the_run_are_walked_or_scanned(tmp_path: Path, monkeypatch) -> None:
@@ -156,7 +225,10 @@ def test_a_damaged_run_is_ignored(tmp_path: Path, monkeypatch, damage: str) -> N
     elif damage == "directory":
         data[HEADER_SIZE + 4] ^= 0x10
     elif damage == "column":
-        data[HEADER_SIZE + 12 * slot_rows + 8 * 700 + 3] ^= 0x40  # a phyOffset of row 700
+        entry_rows = struct.unpack_from("<i", data, 36)[0]
+        key_hashes = np.frombuffer(bytes(data), "<i4", entry_rows, HEADER_SIZE + 16 * slot_rows + 8 * entry_rows)
+        row = int(np.flatnonzero(key_hashes == index_hash("t#k2"))[0])  # a row lookups read
+        data[HEADER_SIZE + 16 * slot_rows + 8 * row + 3] ^= 0x40  # its phyOffset
     elif damage == "block table":
         data[-2] ^= 1
     elif damage == "truncated":
@@ -249,7 +321,7 @@ def test_verified_blocks_are_remembered_per_sidecar(tmp_path: Path) -> None:
         hash_run.write(f, 1, f.index_count, block_rows=50)
     hash_run._verified_by_run.clear()
     with IndexFile.open(path, SLOTS, NUM, read_only=True) as f:
-        f.candidates(HOT)
+        f.candidates("t#k2")  # (HOT is left out of its slot's run: its walk reads no block)
         verified = set(f._hash_runs().runs[0]._verified)
         assert verified
     with IndexFile.open(path, SLOTS, NUM, read_only=True) as g:
@@ -260,6 +332,7 @@ def test_verified_blocks_are_remembered_per_sidecar(tmp_path: Path) -> None:
 @pytest.fixture
 def sealing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hash_run, "MIN_SEAL_ENTRIES", 1)  # TINY files hold 8 entries
+    monkeypatch.setattr(hash_run, "TAIL_ENTRIES", 1)
 
 
 def all_keys_lookup(reader) -> list:
@@ -269,32 +342,23 @@ def all_keys_lookup(reader) -> list:
 def assert_runs_cover_only_committed(index_dir: Path, index_files) -> None:
     committed = {state.name: state.index_count for state in index_files}
     for run in index_dir.glob("*" + hash_run.SUFFIX):
-        index_name = run.name[: -len(hash_run.SUFFIX)]
+        index_name = run.name[: -len(hash_run.SUFFIX)].split(".")[0]  # (<name>.<start>.hashrun: a tail run)
         assert index_name in committed and hash_run.covered_count_of(index_dir / index_name) <= committed[index_name]
 
 
 @pytest.fixture
 def shard_store(tmp_path: Path, sealing):
     """A TINY store whose shard "b" committed 4 batches of 20 records (files roll every 8 entries),
-    with the hash runs a writer sealed before writers stopped sealing them (hash_run's docstring):
-    over each file's committed entries."""
+    with the hash runs its writer sealed after each commit: over each file's committed entries."""
     rng = random.Random(5)
     with open_store(tmp_path / "store", create=True, settings=TINY) as store:
         with store.writer("b") as writer:
             for batch_id in range(4):
                 writer.append(make_batch(rng, batch_id * 20, 20))
-            assert not list((tmp_path / "store" / "broker=b" / "index").glob("*" + hash_run.SUFFIX))
-            committed = {state.name: state.index_count for state in writer.checkpoint.index_files}
-            files = [IndexFile.open(path, TINY.hash_slot_num, TINY.index_num) for path in writer.index_file_paths()]
-            try:
-                hash_run.seal_committed(files, committed)
-            finally:
-                for index_file in files:
-                    index_file.close()
         yield store
 
 
-def test_runs_of_an_older_writer_cover_committed_entries_and_answer_alike(shard_store) -> None:
+def test_runs_a_writer_seals_cover_committed_entries_and_answer_alike(shard_store) -> None:
     shard = shard_store.root / "broker=b"
     index_dir = shard / "index"
     runs = sorted(index_dir.glob("*" + hash_run.SUFFIX))
@@ -343,11 +407,39 @@ def test_a_run_that_cannot_be_written_does_not_fail_the_sealing(tmp_path: Path, 
     assert "hash run not written" in caplog.text and not run_path(path).exists()
 
 
-def test_writers_no_longer_seal_runs(shard_store) -> None:
-    """Appends that fill and roll files leave the runs there are and add none."""
+def test_each_commit_seals_runs_of_the_files_it_wrote(shard_store) -> None:
+    """Appends that fill and roll files get runs over each file's committed entries, of version 2."""
     index_dir = shard_store.root / "broker=b" / "index"
-    before = sorted(index_dir.glob("*" + hash_run.SUFFIX))
+    before = set(index_dir.glob("*" + hash_run.SUFFIX))
     with shard_store.writer("b") as writer:
         writer.append(make_batch(random.Random(3), 500, 30))
         writer.append(make_batch(random.Random(4), 600, 30))
-    assert sorted(index_dir.glob("*" + hash_run.SUFFIX)) == before
+        states = writer.checkpoint.index_files
+    assert set(index_dir.glob("*" + hash_run.SUFFIX)) > before
+    for state in states:
+        assert hash_run.covered_count_of(index_dir / state.name) == state.index_count
+    assert {struct.unpack_from("<I", run.read_bytes(), 8)[0] for run in index_dir.glob("*" + hash_run.SUFFIX)} == {2}
+
+
+def test_inspect_checks_runs_of_either_version(shard_store) -> None:
+    """`msgindex inspect` rebuilds each run as its version lists entries: the runs a writer
+    seals and a version-1 run pass; a version-1 run relabelled as version 2 is reported, naming it."""
+    from msgindex.storage.maintenance.inspect import inspect_path
+
+    shard = shard_store.root / "broker=b"
+    assert inspect_path(shard_store.root)["problems"] == []
+    state = read_checkpoint(shard / CHECKPOINT_FILE).index_files[-1]
+    path = shard / "index" / state.name
+    hash_run.remove_runs(path)
+    with IndexFile.open(path, TINY.hash_slot_num, TINY.index_num, read_only=True) as f:
+        version_1 = hash_run.build(f, 1, state.index_count, min_chain=1, version=1)
+        version_2 = hash_run.build(f, 1, state.index_count, min_chain=1)
+    assert version_1 != version_2
+    run_path(path).write_bytes(version_1)
+    assert inspect_path(shard_store.root)["problems"] == []
+    # version 1's rows under a version-2 header: its header checksum and its size no longer hold
+    forged = bytearray(version_1)
+    struct.pack_into("<I", forged, 8, 2)
+    run_path(path).write_bytes(bytes(forged))
+    problems = inspect_path(shard_store.root)["problems"]
+    assert problems and all(run_path(path).name in problem for problem in problems)

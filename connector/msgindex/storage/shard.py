@@ -759,14 +759,15 @@ class ShardWriter(_Committed):
             source_ranges=ranges,
             extra=self._checkpoint.extra if extra is None else extra,
         ))
-        # (No hash runs: hot keys' rows come from their copies and their walks end where the
-        # copies do, ShardReader._floor_entry; runs would add 20 bytes per hot entry for nothing.)
         # entry checksums over what this commit added to each file (entry_sums: after the checkpoint)
         counts = {state.name: state.index_count for state in self._states}
         for index_file in touched:
             name = Path(index_file.path).name
             entry_sums.extend(index_file, counts[name], self._entries_checker(index_file, self._checkpoint.log_start_seq),
                               put_from=committed_before.get(name, 1))
+        # hash runs (derived, never required) over the committed entries of the files this commit
+        # wrote: the keys sharing a hot key's slot then skip its chain (hash_run)
+        hash_run.seal_committed(touched, counts)
         self._seal_hot_keys()
 
     def _entries_checker(self, index_file: IndexFile, log_start_seq: int):

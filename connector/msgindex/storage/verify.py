@@ -409,7 +409,7 @@ def _verify_runs(index_file: IndexFile, state: IndexFileState) -> list[Problem]:
                                                    f"{state.index_count} committed", harmless=True))
                 continue
             right = hash_run.build(index_file, run.start_count, run.end_count, min_chain=run.min_chain,
-                                   block_rows=run.block_rows)
+                                   block_rows=run.block_rows, version=run.version)
             if right != path.read_bytes():
                 problems.append(Problem(str(path), "hash run differs from the run its index file's entries give "
                                                    "(lookups may use it while its checksums hold)", harmless=True))

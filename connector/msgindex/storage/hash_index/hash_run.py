@@ -17,11 +17,17 @@ oldest one leaves the range or ends the walk). A file's runs form a chain of ran
 that a growing file (the active one) gets a run for each new committed stretch instead of
 rebuilding one over everything (``seal_committed`` merges them back when there are many).
 
-Writers no longer seal runs (20 bytes per entry of a hot slot, ~1 B/record of a Zipf workload's
-store): a shard's hot keys come from their hot-key copies, and walks end where the copies do
-(``ShardReader._floor_entry``), so a run saved ~nothing its bytes paid for (BENCHMARKS.md).
-Readers still use the runs a store holds (those written before, or by ``seal_committed`` from a
-tool: bench_index_file.py), and verification checks them.
+Version 2 leaves out each hot slot's *dominant* hash: the one holding at least half the slot's
+entries in the range (``left_out`` in its directory row), a hot key's as a rule. A walk of that
+hash does not jump at the slot's top; it walks the range as if the run were not there, which costs
+it at most twice its own entries (and a hot key's walk ends where its copies do:
+``ShardReader._floor_entry``). Every other key of the slot, which a hot key's chain would make
+walk tens of thousands of entries for a few hits of its own (4-10 ms on a 5M-record Zipf store),
+takes its hits from the run. So a run holds the few entries of the keys that share hot slots, not
+the hot keys' own: version 1 listed every entry of a hot slot, 20 bytes each (~1 B a record of a
+Zipf store, 64-70 MB at 5M), which is why writers stopped sealing them; version 2 runs take about
+a hundredth of that, and writers seal them after each commit (``ShardWriter``). Version-1 runs are
+still read (their ``left_out`` is none), and an older msgindex ignores version 2 runs (it walks).
 
 Runs are derived and never required: a lookup uses a run only when it is intact (checksums),
 fits the index file (sizing, a fingerprint of its entries, the file still holds them) and the walk
@@ -34,9 +40,11 @@ Layout of one run (little-endian: msgindex's own format, read by numpy without b
 
     header     64 B     see HEADER_STRUCT (magic, version, sizing, range, row counts,
                         fingerprint of the range's entries, checksums)
-    directory  L x 12   hot slot i32, top i32, exit i32; sorted by slot
+    directory  L x 16   hot slot i32, top i32, exit i32, left_out i32 (its dominant key hash, -1
+                        when none); sorted by slot (version 1: L x 12, no left_out)
     phy_offset M x 8    i64  \\
-    key_hash   M x 4    i32   | the M entries of the hot slots in the range, sorted by
+    key_hash   M x 4    i32   | the M entries of the hot slots in the range but their left_out
+                              | hash's, sorted by
     entry      M x 4    i32   | (key_hash, entry)
     time_diff  M x 4    i32  /
     block_crc  B x 4    u32  zlib.crc32 of rows [b*block_rows, (b+1)*block_rows) of the four
@@ -57,7 +65,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -89,15 +97,19 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".hashrun"
 MAGIC = b"MIHSHRUN"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
 HEADER_SIZE = 64
 # magic, version, hash_slot_num, index_num, start_count, end_count, min_chain, slot_rows (L),
 # entry_rows (M), block_rows, fingerprint, directory_crc, block_crc_crc | header_crc | spare
 _HEADER_FIELDS_BEFORE_CRC = "<8sIiiiiiiiiIII"
 HEADER_STRUCT = struct.Struct(_HEADER_FIELDS_BEFORE_CRC + "I4x")
 HEADER_CRC_OFFSET = struct.calcsize(_HEADER_FIELDS_BEFORE_CRC)  # header_crc covers every byte before it
-DIRECTORY_DTYPE = np.dtype([("slot", "<i4"), ("top", "<i4"), ("exit", "<i4")])
-DIRECTORY_ROW = 12
+DIRECTORY_DTYPES = {1: np.dtype([("slot", "<i4"), ("top", "<i4"), ("exit", "<i4")]),
+                    2: np.dtype([("slot", "<i4"), ("top", "<i4"), ("exit", "<i4"), ("left_out", "<i4")])}
+DIRECTORY_DTYPE = DIRECTORY_DTYPES[VERSION]
+DIRECTORY_ROW = 16
+NO_LEFT_OUT = -1  # (stored key hashes are >= 0: build refuses a file with a negative one)
 COLUMNS = (("phy_offset", np.dtype("<i8")), ("key_hash", np.dtype("<i4")), ("entry", np.dtype("<i4")),
            ("time_diff", np.dtype("<i4")))
 BLOCK_CRC_DTYPE = np.dtype("<u4")
@@ -106,15 +118,19 @@ DEFAULT_BLOCK_ROWS = 1 << 16
 FINGERPRINT_SAMPLES = 64  # entry rows of the range hashed into the fingerprint
 # Sealing policy (seal_committed): a file gets its first run at MIN_SEAL_ENTRIES committed entries
 # (a verified scan of fewer takes well under a millisecond), then a run for each further
-# TAIL_ENTRIES committed ones; past MAX_RUNS runs they are merged into one.
+# TAIL_ENTRIES committed ones (the entries past the last run are walked: a key sharing a hot
+# key's slot walks that key's entries there, ~0.1 us each); past MAX_RUNS runs they are merged
+# into one (a build costs ~0.4 us an entry of its range: a merge is rare, a run per commit would
+# cost more than the walks it saves).
 MIN_SEAL_ENTRIES = 1 << 16
 TAIL_ENTRIES = 1 << 20
 MAX_RUNS = 16
 _VERIFIED_RUNS = 256  # run files whose verified blocks a process remembers
+_FEW_WALKS = 64
 _FIRST_INDEX = 1  # index_file.FIRST_INDEX (entry 0 is never written); index_file imports this module
 
 assert HEADER_STRUCT.size == HEADER_SIZE and DIRECTORY_DTYPE.itemsize == DIRECTORY_ROW
-assert COLUMNS[0][1].itemsize == 8 and (HEADER_SIZE + DIRECTORY_ROW) % 4 == 0  # columns stay aligned
+assert COLUMNS[0][1].itemsize == 8 and (HEADER_SIZE + DIRECTORY_ROW) % 8 == 0  # columns stay aligned
 
 
 def run_path(index_path: str | os.PathLike, start: int = _FIRST_INDEX) -> Path:
@@ -165,16 +181,19 @@ class HashRun:
     for entries outside [start_count, end_count)."""
 
     def __init__(self, path: Path, mm, fields: tuple, identity: tuple[int, ...]) -> None:
-        (_magic, _version, self.hash_slot_num, self.index_num, self.start_count, self.end_count, self.min_chain,
+        (_magic, self.version, self.hash_slot_num, self.index_num, self.start_count, self.end_count, self.min_chain,
          slot_rows, entry_rows, self.block_rows, self.fingerprint, _dir_crc, _blocks_crc, _crc) = fields
         self.path = path
         self._mm = mm
         offset = HEADER_SIZE
-        directory = np.frombuffer(mm, DIRECTORY_DTYPE, slot_rows, offset)
+        directory_dtype = DIRECTORY_DTYPES[self.version]
+        directory = np.frombuffer(mm, directory_dtype, slot_rows, offset)
         self.slots = directory["slot"]
         self.tops = directory["top"]
         self.exits = directory["exit"]
-        offset += slot_rows * DIRECTORY_ROW
+        self.left_out = directory["left_out"] if "left_out" in directory_dtype.names else np.full(slot_rows, NO_LEFT_OUT,
+                                                                                                  np.int32)
+        offset += slot_rows * directory_dtype.itemsize
         columns = {}
         for name, dtype in COLUMNS:
             columns[name] = np.frombuffer(mm, dtype, entry_rows, offset)
@@ -215,7 +234,7 @@ class HashRun:
         if self._mm is None:
             return
         mm, self._mm = self._mm, None
-        del self.slots, self.tops, self.exits, self.phy_offsets, self.key_hashes, self.entries, self.time_diffs
+        del self.slots, self.tops, self.exits, self.left_out, self.phy_offsets, self.key_hashes, self.entries, self.time_diffs
         del self._block_crcs
         try:
             mm.close()
@@ -266,11 +285,13 @@ class RunSet:
     def __init__(self, runs: list[HashRun]) -> None:
         self.runs = runs
         self.covered_count = runs[-1].end_count if runs else _FIRST_INDEX
-        # slot -> {top: (run, exit)}: a walk at a top of its slot jumps over that run's range
-        self._jumps: dict[int, dict[int, tuple[HashRun, int]]] = {}
+        # slot -> {top: Jump}: a walk at a top of its slot jumps over that run's range (but a walk
+        # of the hash the run leaves out there)
+        self._jumps: dict[int, dict[int, Jump]] = {}
         for run in runs:
-            for slot, top, exit_ in zip(run.slots.tolist(), run.tops.tolist(), run.exits.tolist()):
-                self._jumps.setdefault(slot, {})[top] = (run, exit_)
+            for slot, top, exit_, left_out in zip(run.slots.tolist(), run.tops.tolist(), run.exits.tolist(),
+                                                  run.left_out.tolist()):
+                self._jumps.setdefault(slot, {})[top] = Jump(run, exit_, left_out)
 
     @classmethod
     def load(cls, index_file: IndexFile) -> RunSet:
@@ -287,9 +308,24 @@ class RunSet:
             start = run.end_count
         return cls(runs)
 
-    def jumps(self, slot: int) -> dict[int, tuple[HashRun, int]]:
-        """{top: (run, exit)} of the runs holding `slot` (empty when none does)."""
+    def jumps(self, slot: int) -> dict[int, Jump]:
+        """{top: Jump} of the runs holding `slot` (empty when none does)."""
         return self._jumps.get(slot, _NO_JUMPS)
+
+    def jumping(self, hashes: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Whether a run may answer part of the walk of each of `hashes` (in `slots`): a run holds
+        the slot and does not leave that hash out there. The other walks never jump."""
+        if len(hashes) <= _FEW_WALKS:  # a lookup's few keys: dict probes cost less than numpy calls per run
+            return np.array([any(jump.left_out != key_hash and not jump.run.corrupt
+                                 for jump in self._jumps.get(slot, _NO_JUMPS).values())
+                             for key_hash, slot in zip(np.asarray(hashes).tolist(), np.asarray(slots).tolist())], dtype=bool)
+        slots32 = np.asarray(slots, dtype=np.int64).astype(np.int32)  # slots are < hash_slot_num
+        out = np.zeros(slots32.size, dtype=bool)
+        for run in self.runs:
+            if run.slots.size and not run.corrupt:
+                at = np.minimum(run.slots.searchsorted(slots32), run.slots.size - 1)
+                out |= (run.slots[at] == slots32) & (run.left_out[at] != hashes)
+        return out
 
     def tops(self, slots: np.ndarray) -> np.ndarray:
         """(runs, len(slots)) int64: each run's top of each slot, 0 where the run has none."""
@@ -309,14 +345,26 @@ class RunSet:
         self._jumps = {}
 
 
-_NO_JUMPS: dict[int, tuple[HashRun, int]] = {}
+class Jump(NamedTuple):
+    """Where a walk at a run's top of its slot goes: the run's hits, then on at `exit` (0: the
+    walk ends), unless it walks the hash the run leaves out there (`left_out`)."""
+
+    run: HashRun
+    exit: int
+    left_out: int
+
+
+_NO_JUMPS: dict[int, Jump] = {}
 
 
 # --- building ---------------------------------------------------------------------------------------
 def build(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAULT_MIN_CHAIN,
-          block_rows: int = DEFAULT_BLOCK_ROWS) -> bytes | None:
+          block_rows: int = DEFAULT_BLOCK_ROWS, version: int = VERSION) -> bytes | None:
     """The bytes of `index_file`'s run over entries [start, end), or None when those entries
-    cannot have one (a negative key hash: not a file RocketMQ or msgindex wrote)."""
+    cannot have one (a negative key hash: not a file RocketMQ or msgindex wrote). `version` 1
+    lists every entry of a hot slot (for checking a version-1 run)."""
+    if version not in READ_VERSIONS:
+        raise InvalidArgumentError(f"hash run version {version}: this msgindex writes {READ_VERSIONS}")
     n_slots = index_file.hash_slot_num
     if not _FIRST_INDEX <= start <= end <= min(index_file.index_count, index_file.index_num):
         raise InvalidArgumentError(f"{index_file.path}: cannot cover entries [{start}, {end}) of {index_file.index_count}")
@@ -350,13 +398,19 @@ def build(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAU
     group_starts = np.flatnonzero(first)
     clean = np.logical_and.reduceat(linked, group_starts) if slot.size else np.zeros(0, bool)
     keep = clean[group] if slot.size else np.zeros(0, bool)
-    directory = np.empty(int(np.count_nonzero(clean)), dtype=DIRECTORY_DTYPE)
+    directory = np.empty(int(np.count_nonzero(clean)), dtype=DIRECTORY_DTYPES[version])
     directory["slot"] = slot[last & keep]
     directory["top"] = entry[last & keep]
     oldest_prev = prev[first & keep]
     oldest = entry[first & keep]
     directory["exit"] = np.where(oldest_prev >= oldest, 0, np.maximum(oldest_prev, 0))  # 0: the walk ends
     kept_position = position[keep]
+    if version >= 2:
+        directory["left_out"] = left_out = _dominant_hashes(slot[keep], stored[kept_position])
+        # the left-out hash's entries are not listed: its walk never jumps (Jump)
+        slot_rows = np.diff(np.append(np.flatnonzero(first[keep]), kept_position.size))
+        listed = stored[kept_position] != np.repeat(left_out, slot_rows)
+        kept_position = kept_position[listed]
     order = np.sort((stored[kept_position].astype(np.int64) << 32) | (kept_position + start))
     sorted_entry = (order & 0xFFFFFFFF).astype(np.int64)
     sorted_rows = rows[sorted_entry - start]
@@ -366,7 +420,28 @@ def build(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAU
         "entry": sorted_entry.astype("<i4"),
         "time_diff": sorted_rows["time_diff"].astype("<i4"),
     }
-    return _encode(index_file, start, end, min_chain, block_rows, directory, columns)
+    return _encode(index_file, start, end, min_chain, block_rows, directory, columns, version)
+
+
+def _dominant_hashes(slots: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """Per distinct slot of `slots` (ascending, runs of equal values) the hash of `hashes` that
+    holds at least half of that slot's rows, the larger count winning and the smaller hash on a
+    tie; NO_LEFT_OUT where none does."""
+    pair = (slots.astype(np.int64) << 32) | hashes.astype(np.int64)  # hashes >= 0 (build)
+    pairs, counts = np.unique(pair, return_counts=True)
+    if not pairs.size:
+        return np.zeros(0, dtype=np.int32)
+    pair_slot = pairs >> 32
+    slot_start = np.flatnonzero(np.append(True, pair_slot[1:] != pair_slot[:-1]))
+    slot_rows = np.add.reduceat(counts, slot_start)
+    best = np.maximum.reduceat(counts, slot_start)
+    # the first pair of each slot reaching its best count: the smallest such hash
+    group = np.repeat(np.arange(slot_start.size), np.diff(np.append(slot_start, pairs.size)))
+    is_best = counts == best[group]
+    first_best = np.full(slot_start.size, pairs.size, dtype=np.int64)
+    np.minimum.at(first_best, group[is_best], np.flatnonzero(is_best))
+    dominant = (pairs[first_best] & 0xFFFFFFFF).astype(np.int32)
+    return np.where(2 * best >= slot_rows, dominant, np.int32(NO_LEFT_OUT)).astype(np.int32)
 
 
 def write(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAULT_MIN_CHAIN,
@@ -408,8 +483,8 @@ def seal_committed(index_files: Iterable[IndexFile], committed_counts: Mapping[s
     hold nothing committed and are left alone). A file gets its first run at MIN_SEAL_ENTRIES
     committed entries, then a run over each further TAIL_ENTRIES committed ones (a shorter
     uncovered tail is walked or scanned at lookup time); past MAX_RUNS runs they are merged into
-    one. Runs never cover uncommitted entries, so a crash at any point leaves only runs that are
-    right. Returns the number of runs written."""
+    one. Runs never cover uncommitted entries, so a crash at
+    any point leaves only runs that are right. Returns the number of runs written."""
     written = 0
     for index_file in index_files:
         committed = committed_counts.get(Path(index_file.path).name)
@@ -452,7 +527,7 @@ def fingerprint(index_file: IndexFile, start: int, end: int, samples: int = FING
 
 
 def _encode(index_file: IndexFile, start: int, end: int, min_chain: int, block_rows: int,
-            directory: np.ndarray, columns: dict[str, np.ndarray]) -> bytes:
+            directory: np.ndarray, columns: dict[str, np.ndarray], version: int) -> bytes:
     entry_rows = columns["key_hash"].size
     block_crcs = np.empty(_block_count(entry_rows, block_rows), dtype=BLOCK_CRC_DTYPE)
     for block in range(block_crcs.size):
@@ -463,7 +538,7 @@ def _encode(index_file: IndexFile, start: int, end: int, min_chain: int, block_r
         block_crcs[block] = crc
     directory_bytes = directory.tobytes()
     block_crc_bytes = block_crcs.tobytes()
-    fields = [MAGIC, VERSION, index_file.hash_slot_num, index_file.index_num, start, end, min_chain,
+    fields = [MAGIC, version, index_file.hash_slot_num, index_file.index_num, start, end, min_chain,
               directory.size, entry_rows, block_rows, fingerprint(index_file, start, end),
               zlib.crc32(directory_bytes), zlib.crc32(block_crc_bytes), 0]
     fields[-1] = zlib.crc32(HEADER_STRUCT.pack(*fields)[:HEADER_CRC_OFFSET])
@@ -474,11 +549,12 @@ def _encode(index_file: IndexFile, start: int, end: int, min_chain: int, block_r
 
 
 def _header_fields(head: bytes) -> tuple | None:
-    """The header fields if `head` is an intact version-1 run header, else None."""
+    """The header fields if `head` is an intact run header of a version this msgindex reads,
+    else None."""
     if len(head) < HEADER_SIZE or head[:8] != MAGIC:
         return None
     fields = HEADER_STRUCT.unpack(head[:HEADER_SIZE])
-    if fields[1] != VERSION or zlib.crc32(head[:HEADER_CRC_OFFSET]) != fields[13]:
+    if fields[1] not in READ_VERSIONS or zlib.crc32(head[:HEADER_CRC_OFFSET]) != fields[13]:
         return None
     return fields
 
@@ -497,8 +573,8 @@ def _check_header(mm, size: int, index_file: IndexFile, start: int) -> tuple[str
     """(None, header fields) when the run may be used with `index_file`, else (why not, ())."""
     fields = _header_fields(mm[:HEADER_SIZE]) if size >= HEADER_SIZE else None
     if fields is None:
-        return "not an intact version-1 hash run header", ()
-    (_magic, _version, slots, num, first, end, _min_chain, slot_rows, entry_rows, block_rows, print_, dir_crc,
+        return f"not an intact hash run header of version {' or '.join(map(str, READ_VERSIONS))}", ()
+    (_magic, version, slots, num, first, end, _min_chain, slot_rows, entry_rows, block_rows, print_, dir_crc,
      blocks_crc, _header_crc) = fields
     if (slots, num) != (index_file.hash_slot_num, index_file.index_num):
         return f"made for {slots} slots / {num} entries, the index file has other sizing", ()
@@ -507,14 +583,15 @@ def _check_header(mm, size: int, index_file: IndexFile, start: int) -> tuple[str
     if slot_rows < 0 or entry_rows < 0 or block_rows < 1:
         return "impossible row counts", ()
     block_table = BLOCK_CRC_DTYPE.itemsize * _block_count(entry_rows, block_rows)
-    expected = HEADER_SIZE + slot_rows * DIRECTORY_ROW + sum(d.itemsize for _, d in COLUMNS) * entry_rows + block_table
+    directory_bytes = slot_rows * DIRECTORY_DTYPES[version].itemsize
+    expected = HEADER_SIZE + directory_bytes + sum(d.itemsize for _, d in COLUMNS) * entry_rows + block_table
     if size != expected:
         return f"{size} bytes where its header implies {expected} (torn or corrupt)", ()
     if end > index_file.index_count:
         return f"covers up to {end}, the index file holds {index_file.index_count} (stale)", ()
     if print_ != fingerprint(index_file, first, end):
         return "fingerprint differs from the index file's entries (stale)", ()
-    if zlib.crc32(mm[HEADER_SIZE : HEADER_SIZE + slot_rows * DIRECTORY_ROW]) != dir_crc:
+    if zlib.crc32(mm[HEADER_SIZE : HEADER_SIZE + directory_bytes]) != dir_crc:
         return "directory checksum mismatch", ()
     if zlib.crc32(mm[size - block_table :]) != blocks_crc:
         return "block checksum table mismatch", ()

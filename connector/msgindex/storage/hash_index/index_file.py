@@ -54,7 +54,7 @@ import pyarrow as pa
 
 from msgindex.errors import CorruptFileError, InvalidOptionError, MsgIndexError
 from msgindex.storage.hash_index import entry_sums, hash_run
-from msgindex.storage.hash_index.hash_run import HashRun, RunSet
+from msgindex.storage.hash_index.hash_run import Jump, RunSet
 from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 from msgindex.storage.hash_index.rocketmq_sizing import DEFAULT_HASH_SLOT_NUM, DEFAULT_INDEX_NUM
 from msgindex.storage.int_limits import INT32_MAX, INT64_MAX, INT64_MIN
@@ -715,9 +715,9 @@ class IndexFile:
         fingerprint catches a run left from other bytes). With `floor_entry`, a walk ends below
         that entry (a chain only points backwards): the hits are reference_candidates' from it on.
 
-        How: where the compiled module was built and the file has no hash runs, all chains are
-        walked in one call (``_walk_compiled``). Else the chains of all keys are walked in lock-step
-        with numpy (one gather per step)
+        How: where the compiled module was built, all chains are walked in one call
+        (``_walk_compiled``) but those a hash run may shorten, which walk one by one as below.
+        Else the chains of all keys are walked in lock-step with numpy (one gather per step)
         while many keys are still walking; the few left walk on one by one (a plain Python step
         per entry costs less than a numpy step then). A walk that finds its chain dense (at least
         one entry in ``_SCAN_DENSITY`` of the file's, like a hot key's) switches to scanning
@@ -769,25 +769,38 @@ class IndexFile:
         bulk lookup's 50,000 keys walked 0.35 s in numpy steps; one key's chains in four topics
         (long-keys, 500k records) 22 against 53 us in Python steps at 60 hits, 4.2 against 8.5 ms
         for a key on 13% of the records (the Python walk's scans of dense chains included), 3 us
-        more for a key of one record. False where it does not answer (not built, hash runs to hand
-        off to, arguments C does not hold): Python or numpy walks then."""
+        more for a key of one record. The walks a hash run may shorten (``RunSet.jumping``) go
+        through ``_chain_pieces``, with their jumps. False where it does not answer (not built,
+        arguments C does not hold): Python or numpy walks then."""
         mm = self._mm
-        if _compiled_walk is None or mm is None or runs.runs:
+        if _compiled_walk is None or mm is None:
             return False
         if hashes.size and int(hashes.min()) < 0:
             return False  # not RocketMQ key hashes: numpy's modulo decides their slots
+        slots = hashes % self.hash_slot_num
         # the heads are read once, here, and the mapping grown to hold them all: a writer may link
         # newer heads meanwhile, past this mapping, which the walk must not take for empty chains
-        heads = self._slots[hashes % self.hash_slot_num].astype(np.int64)
+        heads = self._slots[slots].astype(np.int64)
         self._cover_heads(heads)  # (a chain only points backwards: only its head can be past the mapping)
-        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes, np.int64), heads,
-                                            self._entries_offset, self.capacity, limit, floor, entry_sums.CHUNK_SHIFT)
+        # a walk a hash run may shorten (a key sharing a hot key's slot) goes step by step, with
+        # its jumps; every other walk is C's, which a run would not shorten
+        jumping = runs.jumping(hashes, slots) if runs.runs else None
+        walking = None if jumping is None or not jumping.any() else np.flatnonzero(~jumping)
+        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes if walking is None else hashes[walking],
+                                                                           np.int64),
+                                            heads if walking is None else heads[walking], self._entries_offset,
+                                            self.capacity, limit, floor, entry_sums.CHUNK_SHIFT)
         if walked is None:
             return False
         who, entries, phys, diffs, chunks = (np.frombuffer(column, np.int64) for column in walked)
         touched.arrays.append(chunks)
         if len(who):
-            pieces.append((who, entries, phys, diffs))
+            pieces.append((who if walking is None else walking[who], entries, phys, diffs))
+        if walking is not None:
+            for k in np.flatnonzero(jumping).tolist():
+                key_hash, slot = int(hashes[k]), int(slots[k])
+                pieces += [(k, *piece) for piece in self._chain_pieces(key_hash, slot, int(heads[k]), limit,
+                                                                       runs.jumps(slot), touched, floor)]
         return True
 
     def _walk_lock_step(self, hashes: np.ndarray, limit: int, runs: RunSet, pieces: list,
@@ -827,11 +840,11 @@ class IndexFile:
                                                                        touched, floor)]
 
     def _chain_pieces(self, key_hash: int, slot: int, cur: int, limit: int,
-                      jumps: dict[int, tuple[HashRun, int]], touched: entry_sums.Touched,
+                      jumps: dict[int, Jump], touched: entry_sums.Touched,
                       floor: int = FIRST_INDEX) -> list[tuple]:
         """The hits of one chain from entry `cur` down to entry `floor`, newest first, as pieces
         (entries, phyOffsets, time diffs): Python lists from walking, numpy arrays from scans and
-        runs. `jumps` maps the tops runs hold of the slot to (run, where the walk goes on after it);
+        runs. `jumps` maps the tops runs hold of the slot to where the walk goes (``hash_run.Jump``);
         the chunks of the entries read (``entry_sums``) are added to `touched`."""
         pieces: list[tuple] = []
         entries: list[int] = []
@@ -844,8 +857,8 @@ class IndexFile:
         hops, probe_from, scans = 0, cur, True
         floor = max(floor, FIRST_INDEX)
         while floor <= cur < capacity:
-            if cur in jumps:
-                run, after = jumps[cur]
+            if cur in jumps and jumps[cur].left_out != key_hash:  # (the left-out hash walks the range)
+                run, after, _ = jumps[cur]
                 hits = run.hits(key_hash, limit)
                 if hits is not None:  # else the run failed its checksum: walk on
                     if entries:

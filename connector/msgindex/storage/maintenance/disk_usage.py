@@ -26,7 +26,7 @@ KINDS = {
     "sparse_indexes": "Kafka-style offset and time indexes of the log segments (derived)",
     "segment_summaries": "summaries of sealed log segments (derived)",
     "hash_index_files": "RocketMQ IndexFiles: header, slot table, one 20-byte entry per (record, key)",
-    "hash_runs": "hash runs: hot slots' entries sorted by hash (derived)",
+    "hash_runs": "hash runs: the entries of keys sharing hot keys' slots, sorted by hash (derived)",
     "hot_key_copies": "hot-key copies: hot keys' rows, rendered and sorted (derived)",
     "other": "checkpoints, manifest, locks, the indexing job's files",
 }
