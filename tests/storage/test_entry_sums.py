@@ -91,8 +91,49 @@ def test_the_writer_covers_every_committed_entry(store):
         with IndexFile.open(path, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
             sums, why = entry_sums.EntrySums.load(index)
             assert why is None and sums.covered_count == index.index_count
+            assert sums.chunk_entries == entry_sums.CHUNK_ENTRIES == 64
             assert sums.crcs.tolist() == entry_sums.chunk_crcs(index, 0, index.index_count)
     assert lookup_every_key(store) == (KEYS, 0, [])
+
+
+def rewrite_sidecars_in_chunks_of(root: Path, chunk_entries: int) -> None:
+    """The sidecars as an older msgindex wrote them: the same entries, chunks of `chunk_entries`."""
+    for path in index_files(root):
+        with IndexFile.open(path, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+            sums, _ = entry_sums.EntrySums.load(index)
+            crcs = entry_sums.chunk_crcs(index, 0, sums.covered_count, chunk_entries=chunk_entries)
+            entry_sums.sums_path(path).write_bytes(entry_sums.build(index, sums.covered_count, crcs, chunk_entries))
+
+
+@pytest.mark.parametrize("which", ["sealed", "active"])
+def test_sidecars_of_512_entry_chunks_are_still_read_checked_and_extended(store, which):
+    """Sidecars written before chunks of 64 (512 entries a chunk) keep their chunks: readers check
+    against them (and remember them) as they are, writers extend them in their own size."""
+    rewrite_sidecars_in_chunks_of(store, 512)
+    assert lookup_every_key(store) == (KEYS, 0, [])
+    sealed, active = index_files(store)
+    with open_store(store) as handle, handle.writer("b1") as writer:
+        writer.append([MessageRecord("orders", 0, RECORDS + i, BASE_MS + i, f"new{i}", (f"new{i}",), i, 1)
+                       for i in range(700)])
+    with IndexFile.open(active, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+        sums, why = entry_sums.EntrySums.load(index)
+        assert why is None and sums.chunk_entries == 512 and sums.covered_count == index.index_count
+        assert sums.crcs.tolist() == entry_sums.chunk_crcs(index, 0, index.index_count, chunk_entries=512)
+    entry_sums.forget_checked()
+    victim = sealed if which == "sealed" else active
+    scribble_entries(victim, 2000)
+    right, errors, messages = lookup_every_key(store)
+    assert errors > 0 and right + errors == KEYS
+    assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+
+
+def test_a_sidecar_of_unknown_chunks_is_unusable_not_damage(store, caplog):
+    rewrite_sidecars_in_chunks_of(store, 1024)
+    with IndexFile.open(index_files(store)[0], SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+        assert entry_sums.EntrySums.load(index) == (None, "chunks of 1024 entries (this msgindex reads 64, 128, 256, 512)")
+    with caplog.at_level(logging.WARNING):
+        assert lookup_every_key(store) == (KEYS, 0, [])
+    assert "chunks of 1024 entries" in caplog.text
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["libdeflate", "zlib"])

@@ -435,12 +435,12 @@ def _verify_entry_sums(index_file: IndexFile, state: IndexFileState) -> list[Pro
     if sums.covered_count < state.index_count:
         return [Problem(path, f"entry checksums cover {sums.covered_count - FIRST_INDEX} of the "
                               f"{state.index_count - FIRST_INDEX} committed entries: {degraded} past them", harmless=True)]
-    right = entry_sums.chunk_crcs(index_file, 0, sums.covered_count)
+    right = entry_sums.chunk_crcs(index_file, 0, sums.covered_count, chunk_entries=sums.chunk_entries)
     differ = np.flatnonzero(np.asarray(right, dtype=np.uint32) != sums.crcs)
     if differ.size:
-        low = int(differ[0]) * entry_sums.CHUNK_ENTRIES
+        low = int(differ[0]) * sums.chunk_entries
         return [Problem(path, f"entry checksums of {differ.size} chunk(s) differ from the file's entries (first: "
-                              f"entries {low}..{low + entry_sums.CHUNK_ENTRIES - 1}): lookups touching them fail",
+                              f"entries {low}..{low + sums.chunk_entries - 1}): lookups touching them fail",
                         harmless=True)]
     return []
 

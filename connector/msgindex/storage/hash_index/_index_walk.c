@@ -169,8 +169,9 @@ static PyObject *column_bytes(column_t *column) {
 
 /* walk_chains(buffer, hashes, heads, entries_at, capacity, limit, floor, chunk_shift)
  *   -> (who, entry, phy_offset, time_diff, touched_chunks) as bytes of native int64s, or None
+ * (touched_chunks: the chunks the walks read, a chunk again where a walk comes back to it)
  *
- * The numpy lock-step walk of IndexFile.candidate_arrays for files without hash runs, each chain
+ * The numpy lock-step walk of IndexFile.candidate_arrays (of the chains no hash run shortens), each chain
  * walked to its end: from the key's head (`heads`: the slot's newest entry, read by the caller
  * once, before it mapped the file far enough for all of them: a head read here could be past a
  * mapping a writer outgrew meanwhile), while floor <= cur < capacity and cur is an
@@ -209,7 +210,6 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_RETURN_NONE;
     }
     PyObject *result = NULL;
-    unsigned char *touched = NULL;
     column_t who = {0}, entry_of = {0}, phy = {0}, diff = {0}, chunks = {0};
     const int64_t *hashes = (const int64_t *)hash_view.buf;
     const int64_t *heads = (const int64_t *)head_view.buf;
@@ -223,19 +223,13 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_RETURN_NONE;
     }
     const unsigned char *file = (const unsigned char *)file_view.buf;
-    int64_t chunk_count = (capacity >> shift) + 1;
-    touched = PyMem_Calloc((size_t)chunk_count, 1);
-    if (touched == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     /* Chains are walked WALK_GROUP keys at a time, one step of each in turn: a step's read of an
      * entry is a cache (often a TLB) miss in a big file, and the misses of different keys' steps
      * overlap where one chain's, each depending on the last, cannot (50,000 keys over a 10M-entry
      * file: 0.35 s walked one chain after another, as slow as numpy's lock-step). */
     for (Py_ssize_t group = 0; group < keys; group += WALK_GROUP) {
         Py_ssize_t members = keys - group < WALK_GROUP ? keys - group : WALK_GROUP;
-        int64_t cur[WALK_GROUP];
+        int64_t cur[WALK_GROUP], last_chunk[WALK_GROUP];
         Py_ssize_t alive = 0;
         for (Py_ssize_t i = 0; i < members; i++) {
             int64_t key_hash = hashes[group + i];
@@ -245,6 +239,7 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
                 goto done;
             }
             cur[i] = heads[group + i];
+            last_chunk[i] = -1;
             alive++;
         }
         while (alive) {
@@ -253,7 +248,16 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
                 int64_t at = cur[i];
                 if (!(at >= floor && at > INVALID_INDEX && at < capacity)) continue;
                 const unsigned char *entry = file + entries_at + at * ENTRY_SIZE;
-                touched[at >> shift] = 1;
+                /* each chunk a walk enters, once per stay (the caller takes them once each: a
+                 * table of every chunk of the file, cleared and swept per call, cost more than
+                 * the walk of a short chain) */
+                if (at >> shift != last_chunk[i]) {
+                    last_chunk[i] = at >> shift;
+                    if (!push(&chunks, last_chunk[i])) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                }
                 if (at < limit && (int64_t)read_i32(entry) == hashes[group + i]) {
                     if (!push(&who, group + i) || !push(&entry_of, at) || !push(&phy, read_i64(entry + ENTRY_PHY_AT)) ||
                         !push(&diff, read_i32(entry + ENTRY_DIFF_AT))) {
@@ -270,16 +274,9 @@ static PyObject *walk_chains(PyObject *module, PyObject *const *args, Py_ssize_t
             }
         }
     }
-    for (int64_t c = 0; c < chunk_count; c++) {
-        if (touched[c] && !push(&chunks, c)) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
     result = Py_BuildValue("(NNNNN)", column_bytes(&who), column_bytes(&entry_of), column_bytes(&phy),
                            column_bytes(&diff), column_bytes(&chunks));
 done:
-    PyMem_Free(touched);
     PyMem_Free(who.data);
     PyMem_Free(entry_of.data);
     PyMem_Free(phy.data);

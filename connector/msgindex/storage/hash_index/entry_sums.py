@@ -36,7 +36,9 @@ The index files themselves stay byte-identical to RocketMQ's: nothing here touch
 Layout (little-endian, msgindex's own format)::
 
     header  40 B   magic "MIENTSUM", version u32, hash_slot_num i32, index_num i32,
-                   chunk_entries i32, covered_count i32 (entries [0, covered_count) are covered),
+                   chunk_entries i32 (a power of two: CHUNK_ENTRIES for a new sidecar, 512 for
+                   those written before; a sidecar is extended in its own size),
+                   covered_count i32 (entries [0, covered_count) are covered),
                    fingerprint u32 (``hash_run.fingerprint`` of entries [1, covered_count)),
                    table_crc u32, header_crc u32 (of every header byte before it)
     table   ceil(covered_count / chunk_entries) x u32: zlib.crc32 of the entry bytes
@@ -67,10 +69,17 @@ log = logging.getLogger(__name__)
 SUFFIX = ".entrysums"
 MAGIC = b"MIENTSUM"
 VERSION = 1
-# 10 KiB of entries: ~3 us of CRC-32 the first time a lookup touches the chunk; a one-key lookup
-# touches one to a few chunks, 1,000 keys up to 1,000; the table is 4 B per 512 entries (0.04%)
-CHUNK_SHIFT = 9
+# 1.25 KiB of entries: ~0.4 us of CRC-32 the first time a lookup touches the chunk, from memory
+# (512 entries, as sidecars were first written: ~2.7 us). A key's first lookup touches a chunk
+# per entry it walks, a hundred for a key of a hundred records: ~0.27 ms of a 5M-record store's
+# ~1.2 ms lookup at 512, ~0.04 at 64. The table is 4 B per 64 entries (0.3% of the entries).
+CHUNK_SHIFT = 6
 CHUNK_ENTRIES = 1 << CHUNK_SHIFT
+# Walks report the entries they read in chunks of 1 << TOUCH_SHIFT (Touched): the smallest chunk
+# a sidecar may have, so that one report serves sidecars of any size (OLDEST_CHUNK_SHIFT..).
+TOUCH_SHIFT = CHUNK_SHIFT
+OLDEST_CHUNK_SHIFT = 9
+CHUNK_SHIFTS = range(TOUCH_SHIFT, OLDEST_CHUNK_SHIFT + 1)
 _HEADER_BEFORE_CRC = "<8sIiiiiII"
 HEADER_STRUCT = struct.Struct(_HEADER_BEFORE_CRC + "I")
 HEADER_SIZE = 40
@@ -100,12 +109,18 @@ def is_sums_of(name: str, index_names: Iterable[str]) -> bool:
 
 
 class EntrySums:
-    """A validated sidecar: the CRC of each covered chunk (see the module docstring)."""
+    """A validated sidecar: the CRC of each covered chunk of 1 << `shift` entries (see the module
+    docstring)."""
 
-    def __init__(self, path: Path, covered_count: int, crcs: np.ndarray) -> None:
+    def __init__(self, path: Path, covered_count: int, crcs: np.ndarray, shift: int = CHUNK_SHIFT) -> None:
         self.path = path
         self.covered_count = covered_count
         self.crcs = crcs
+        self.shift = shift
+
+    @property
+    def chunk_entries(self) -> int:
+        return 1 << self.shift
 
     @classmethod
     def load(cls, index_file: IndexFile) -> tuple[EntrySums | None, str | None]:
@@ -120,29 +135,33 @@ class EntrySums:
         problem = _check(raw, index_file)
         if problem is not None:
             return None, problem
-        covered = HEADER_STRUCT.unpack_from(raw, 0)[5]
-        return cls(path, covered, np.frombuffer(raw, TABLE_DTYPE, offset=HEADER_SIZE).copy()), None
+        chunk, covered = HEADER_STRUCT.unpack_from(raw, 0)[4:6]
+        return cls(path, covered, np.frombuffer(raw, TABLE_DTYPE, offset=HEADER_SIZE).copy(),
+                   chunk.bit_length() - 1), None
 
 
-def chunk_crcs(index_file: IndexFile, start: int, end: int, first_crc: int = 0) -> list[int]:
-    """CRC-32s of the chunks overlapping entries [start, end) (`start` a chunk boundary, or
-    inside the chunk whose bytes before it `first_crc` already covers)."""
+def chunk_crcs(index_file: IndexFile, start: int, end: int, first_crc: int = 0,
+               chunk_entries: int = CHUNK_ENTRIES) -> list[int]:
+    """CRC-32s of the chunks of `chunk_entries` overlapping entries [start, end) (`start` a chunk
+    boundary, or inside the chunk whose bytes before it `first_crc` already covers)."""
     raw = _entry_bytes(index_file)
     crcs = []
     crc = first_crc
     at = start
     while at < end:
-        stop = min((at // CHUNK_ENTRIES + 1) * CHUNK_ENTRIES, end)
+        stop = min((at // chunk_entries + 1) * chunk_entries, end)
         crcs.append(zlib.crc32(raw[at * ENTRY_BYTES : stop * ENTRY_BYTES], crc))
         crc, at = 0, stop
     return crcs
 
 
-def build(index_file: IndexFile, covered_count: int, crcs: np.ndarray | list[int]) -> bytes:
-    """The bytes of a sidecar covering entries [0, covered_count) with these chunk CRCs."""
+def build(index_file: IndexFile, covered_count: int, crcs: np.ndarray | list[int],
+          chunk_entries: int = CHUNK_ENTRIES) -> bytes:
+    """The bytes of a sidecar covering entries [0, covered_count) with these CRCs of chunks of
+    `chunk_entries`."""
     table = np.asarray(crcs, dtype=TABLE_DTYPE).tobytes()
-    assert len(table) // 4 == -(-covered_count // CHUNK_ENTRIES)
-    fields = [MAGIC, VERSION, index_file.hash_slot_num, index_file.index_num, CHUNK_ENTRIES, covered_count,
+    assert len(table) // 4 == -(-covered_count // chunk_entries)
+    fields = [MAGIC, VERSION, index_file.hash_slot_num, index_file.index_num, chunk_entries, covered_count,
               hash_run.fingerprint(index_file, _FIRST_INDEX, covered_count, FINGERPRINT_SAMPLES), zlib.crc32(table)]
     head = struct.pack(_HEADER_BEFORE_CRC, *fields)
     return head + struct.pack("<I", zlib.crc32(head)) + table
@@ -183,17 +202,18 @@ def extend(index_file: IndexFile, committed_count: int, check_gap: Callable[[int
             log.warning("%s: entry checksums not extended over entries %d..%d (%s)", sums_path(index_file.path),
                         covered, unchecked_end - 1, problem)
             return False
+    chunk_entries = CHUNK_ENTRIES if sums is None else sums.chunk_entries  # (a sidecar keeps its chunks)
     if sums is None:
         crcs: list[int] = []
         start, first_crc = 0, 0  # chunk 0 starts with the never-written entry 0
     else:
         crcs = sums.crcs.tolist()
         start, first_crc = covered, 0
-        if covered % CHUNK_ENTRIES:
+        if covered % chunk_entries:
             first_crc = crcs.pop()  # the partial chunk's CRC goes on over the new entries
-    crcs += chunk_crcs(index_file, start, committed_count, first_crc)
+    crcs += chunk_crcs(index_file, start, committed_count, first_crc, chunk_entries)
     try:
-        write_atomically(sums_path(index_file.path), build(index_file, committed_count, crcs))
+        write_atomically(sums_path(index_file.path), build(index_file, committed_count, crcs, chunk_entries))
     except OSError as error:  # derived: the commit stands; readers check structure instead
         log.warning("%s: entry checksums not written (%s)", sums_path(index_file.path), error)
         return False
@@ -205,21 +225,24 @@ def remove(index_path: str | os.PathLike) -> None:
 
 
 class Touched:
-    """The chunks of entries a lookup read (``IndexFile`` walks add to it as they go)."""
+    """The chunks of 1 << TOUCH_SHIFT entries a lookup read (``IndexFile`` walks add to it as
+    they go)."""
 
     def __init__(self) -> None:
         self.chunks: list[int] = []  # one per entry a Python walk read
-        self.arrays: list[np.ndarray] = []  # from numpy steps and scans
+        self.arrays: list[np.ndarray] = []  # from numpy steps, scans and compiled walks
 
     def add_range(self, low: int, high: int) -> None:
         """Entries [low, high] were read."""
-        self.arrays.append(np.arange(low >> CHUNK_SHIFT, (high >> CHUNK_SHIFT) + 1, dtype=np.int64))
+        self.arrays.append(np.arange(low >> TOUCH_SHIFT, (high >> TOUCH_SHIFT) + 1, dtype=np.int64))
 
-    def distinct(self) -> np.ndarray:
+    def distinct(self, shift: int) -> np.ndarray:
+        """The chunks of 1 << `shift` entries touched, each once, ascending."""
         parts = self.arrays + ([np.asarray(self.chunks, dtype=np.int64)] if self.chunks else [])
         if not parts:
             return np.zeros(0, np.int64)
-        return np.unique(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        touched = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return np.unique(touched >> (shift - TOUCH_SHIFT) if shift != TOUCH_SHIFT else touched)
 
 
 class EntryGuard:
@@ -235,29 +258,37 @@ class EntryGuard:
         self._unusable: str | None = None  # why the sidecar cannot be used (None: it can, or is not needed)
         self._warned = False
         self._opened_as = _identity(index_file.path)  # the file this reader reads: its inode (see _sidecar)
-        self._whole = _whole_chunks(index_file)  # chunk -> all its entries checked
+        # chunks of 1 << _shift entries (the sidecar's, once it is read) -> all its entries checked
+        self._shift = CHUNK_SHIFT
+        self._whole: np.ndarray | None = None
         self._partial: dict[int, int] = {}  # chunk -> entries below this end are checked
 
     def check(self, touched: Touched, limit: int) -> None:
         """CorruptFileError naming the file unless the committed entries (below `limit`) of
         every chunk `touched` holds are intact."""
-        whole = self._whole
+        if self._whole is None:
+            # the sidecar first: its chunks are the ones checked (and remembered per process)
+            sums = self._sidecar()
+            self._shift = CHUNK_SHIFT if sums is None else sums.shift
+            self._whole = _whole_chunks(self.index_file, self._shift)
+        whole, shift = self._whole, self._shift
         if touched.arrays:
-            chunks = touched.distinct()
+            chunks = touched.distinct(shift)
             chunks = chunks[chunks < whole.size]
             pending = chunks[~whole[chunks]].tolist()
         else:  # a few walks one entry at a time (a one-key lookup): no numpy call
-            pending = [chunk for chunk in set(touched.chunks) if chunk < whole.size and not whole[chunk]]
+            down = shift - TOUCH_SHIFT
+            pending = [chunk for chunk in {c >> down for c in touched.chunks} if chunk < whole.size and not whole[chunk]]
         entries = None
         if pending:
-            # the sidecar first, then the entries' view (once: ~4 us, a chunk's CRC ~1): a view taken
+            # the entries' view after the sidecar (once: ~4 us, a chunk's CRC ~0.4): a view taken
             # before a commit the sidecar already covers would hold too few entries for its CRCs
-            self._sidecar()
             entries = _entry_bytes(self.index_file)
             pending = self._check_whole_covered(entries, pending, limit)
+        chunk_entries = 1 << shift
         for chunk in pending:
-            low = chunk << CHUNK_SHIFT
-            need = min(low + CHUNK_ENTRIES, limit)
+            low = chunk << shift
+            need = min(low + chunk_entries, limit)
             if need <= max(low, _FIRST_INDEX) or self._partial.get(chunk, 0) >= need:
                 continue
             self._check_chunk(entries, chunk, low, need)
@@ -271,8 +302,8 @@ class EntryGuard:
         if sums is None or len(pending) < 2:
             return pending
         chunks = np.array(pending, dtype=np.int64)
-        lows = chunks << CHUNK_SHIFT
-        ends = lows + CHUNK_ENTRIES
+        lows = chunks << sums.shift
+        ends = lows + sums.chunk_entries
         # (a chunk with no committed entry below `limit` is not checked at all: _check_chunk's skip)
         at_once = (ends <= sums.covered_count) & (ends * ENTRY_BYTES <= len(entries)) & (lows < limit) & (
             limit > _FIRST_INDEX)
@@ -281,11 +312,11 @@ class EntryGuard:
         if not at_once.any():
             return pending
         checked = chunks[at_once]
-        crcs = crc32_slices(entries, lows[at_once] * ENTRY_BYTES, np.full(len(checked), CHUNK_ENTRIES * ENTRY_BYTES))
+        crcs = crc32_slices(entries, lows[at_once] * ENTRY_BYTES, np.full(len(checked), sums.chunk_entries * ENTRY_BYTES))
         bad = np.flatnonzero(crcs != sums.crcs[checked].astype(np.int64))
         if len(bad):
             low = int(lows[at_once][bad[0]])
-            raise self._sum_mismatch(sums, low, low + CHUNK_ENTRIES)
+            raise self._sum_mismatch(sums, low, low + sums.chunk_entries)
         self._whole[checked] = True
         return chunks[~at_once].tolist()
 
@@ -298,7 +329,7 @@ class EntryGuard:
         sums = self._sidecar()
         covered = low
         if sums is not None and sums.covered_count > low:
-            covered = min(low + CHUNK_ENTRIES, sums.covered_count)
+            covered = min(low + sums.chunk_entries, sums.covered_count)
             crc = crc32(entries[low * ENTRY_BYTES : covered * ENTRY_BYTES])
             if crc != int(sums.crcs[chunk]):
                 raise self._sum_mismatch(sums, low, covered)
@@ -315,7 +346,7 @@ class EntryGuard:
                             "chains only (`msgindex repair` writes them again)", sums_path(self.index_file.path),
                             self._unusable)
         end = max(need, covered)
-        if end >= low + CHUNK_ENTRIES:
+        if end >= low + (1 << self._shift):
             self._whole[chunk] = True
         else:
             self._partial[chunk] = end
@@ -329,7 +360,8 @@ class EntryGuard:
             now = _identity(self.index_file.path)
             replaced = self._sums is None and (now is None or self._opened_as is None or now[:2] != self._opened_as[:2])
             # a new file's first commit may be read before its writer wrote the sidecar: no warning
-            if self._sums is None and not replaced and (why != "missing" or self.index_file.index_count > CHUNK_ENTRIES):
+            first_commit = why == "missing" and self.index_file.index_count <= 1 << OLDEST_CHUNK_SHIFT
+            if self._sums is None and not replaced and not first_commit:
                 self._unusable = why
         return self._sums
 
@@ -347,10 +379,13 @@ def _identity(path: os.PathLike | str) -> tuple[int, int, int, int] | None:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def _whole_chunks(index_file: IndexFile) -> np.ndarray:
-    """The process-wide flags of the chunks of `index_file` found intact, for its identity now."""
-    chunks = -(-index_file.index_num // CHUNK_ENTRIES)
+def _whole_chunks(index_file: IndexFile, shift: int) -> np.ndarray:
+    """The process-wide flags of the chunks (of 1 << `shift` entries) of `index_file` found intact,
+    for its identity now."""
+    chunks = -(-index_file.index_num >> shift)
     identity = _identity(index_file.path)
+    if identity is not None:
+        identity = (*identity, shift)
     if identity is None:
         return np.zeros(chunks, dtype=bool)
     flags = _checked_by_file.pop(identity, None)
@@ -433,11 +468,13 @@ def _check(raw: bytes, index_file: IndexFile) -> str | None:
     _magic, version, slots, num, chunk, covered, print_, table_crc, header_crc = fields
     if zlib.crc32(raw[:HEADER_CRC_OFFSET]) != header_crc or version != VERSION:
         return "damaged (header checksum)"
-    if (slots, num, chunk) != (index_file.hash_slot_num, index_file.index_num, CHUNK_ENTRIES):
+    if (slots, num) != (index_file.hash_slot_num, index_file.index_num):
         return "made for other sizing"
+    if chunk not in [1 << shift for shift in CHUNK_SHIFTS]:
+        return f"chunks of {chunk} entries (this msgindex reads {', '.join(str(1 << s) for s in CHUNK_SHIFTS)})"
     if not _FIRST_INDEX <= covered <= min(index_file.index_count, index_file.index_num):
         return f"covers {covered} entries, the file has {index_file.index_count} (stale)"
-    if len(raw) != HEADER_SIZE + 4 * -(-covered // CHUNK_ENTRIES) or zlib.crc32(raw[HEADER_SIZE:]) != table_crc:
+    if len(raw) != HEADER_SIZE + 4 * -(-covered // chunk) or zlib.crc32(raw[HEADER_SIZE:]) != table_crc:
         return "damaged (table checksum)"
     if print_ != hash_run.fingerprint(index_file, _FIRST_INDEX, covered, FINGERPRINT_SAMPLES):
         return "made for other entries (its fingerprint differs: stale, or another file's)"
@@ -446,11 +483,18 @@ def _check(raw: bytes, index_file: IndexFile) -> str | None:
 
 def covered_count_of(index_path: str | os.PathLike) -> int:
     """How many entries the sidecar of `index_path` claims to cover (0: none or unreadable)."""
+    return claimed_by(index_path)[0]
+
+
+def claimed_by(index_path: str | os.PathLike) -> tuple[int, int]:
+    """(entries covered, entries a chunk) as the sidecar of `index_path` claims ((0, 0): none or
+    unreadable)."""
     try:
         with open(sums_path(index_path), "rb") as f:
             head = f.read(HEADER_SIZE)
     except OSError:
-        return 0
+        return 0, 0
     if len(head) < HEADER_SIZE or head[:8] != MAGIC:
-        return 0
-    return HEADER_STRUCT.unpack(head)[5]
+        return 0, 0
+    fields = HEADER_STRUCT.unpack(head)
+    return fields[5], fields[4]

@@ -789,7 +789,7 @@ class IndexFile:
         walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes if walking is None else hashes[walking],
                                                                            np.int64),
                                             heads if walking is None else heads[walking], self._entries_offset,
-                                            self.capacity, limit, floor, entry_sums.CHUNK_SHIFT)
+                                            self.capacity, limit, floor, entry_sums.TOUCH_SHIFT)
         if walked is None:
             return False
         who, entries, phys, diffs, chunks = (np.frombuffer(column, np.int64) for column in walked)
@@ -824,7 +824,7 @@ class IndexFile:
             who, cur, tops = who[alive], cur[alive], tops[:, alive]
             if who.size < _VECTOR_MIN_KEYS:
                 break
-            touched.arrays.append(cur >> entry_sums.CHUNK_SHIFT)
+            touched.arrays.append(cur >> entry_sums.TOUCH_SHIFT)
             rows = self._entries[cur]
             hit = (cur < limit) & (rows["key_hash"] == hashes[who])
             if hit.any():
@@ -853,7 +853,7 @@ class IndexFile:
         if cur >= self.capacity:  # (a chain only points backwards: only its head can be past the mapping)
             self._cover(cur)
         capacity, mm, base, unpack_entry = self.capacity, self._mm, self._entries_offset, _HASH_PREV_STRUCT.unpack_from
-        touch, shift = touched.chunks.append, entry_sums.CHUNK_SHIFT
+        touch, shift = touched.chunks.append, entry_sums.TOUCH_SHIFT
         hops, probe_from, scans = 0, cur, True
         floor = max(floor, FIRST_INDEX)
         while floor <= cur < capacity:

@@ -154,9 +154,9 @@ def inspect_path(path: str | os.PathLike, *, hash_slot_num: int | None = None, i
     if name.endswith(hash_run.SUFFIX) and in_shard is not None:
         return _inspect_hash_run(path, in_shard, verify)
     if name.endswith(entry_sums.SUFFIX) and in_shard is not None:
+        covered, chunk_entries = entry_sums.claimed_by(path.with_name(name[: -len(entry_sums.SUFFIX)]))
         report = {"kind": "entry_sums", "path": str(path), "is": KIND_DESCRIPTIONS["entry_sums"],
-                  "covers_entries": entry_sums.covered_count_of(path.with_name(name[: -len(entry_sums.SUFFIX)])) or None,
-                  "chunk_entries": entry_sums.CHUNK_ENTRIES}
+                  "covers_entries": covered or None, "chunk_entries": chunk_entries or None}
         if verify:
             report["problems"] = [p for p in _shard_problems(in_shard, _settings_near(in_shard))
                                   if p.startswith(str(path))]
