@@ -22,7 +22,7 @@ entries in the range (``left_out`` in its directory row), a hot key's as a rule.
 hash does not jump at the slot's top; it walks the range as if the run were not there, which costs
 it at most twice its own entries (and a hot key's walk ends where its copies do:
 ``ShardReader._floor_entry``). Every other key of the slot, which a hot key's chain would make
-walk tens of thousands of entries for a few hits of its own (4-10 ms on a 5M-record Zipf store),
+walk tens of thousands of entries for a few hits of its own (4-17 ms on a 5M-record Zipf store),
 takes its hits from the run. So a run holds the few entries of the keys that share hot slots, not
 the hot keys' own: version 1 listed every entry of a hot slot, 20 bytes each (~1 B a record of a
 Zipf store, 64-70 MB at 5M), which is why writers stopped sealing them; version 2 runs take about
@@ -120,7 +120,7 @@ FINGERPRINT_SAMPLES = 64  # entry rows of the range hashed into the fingerprint
 # (a verified scan of fewer takes well under a millisecond), then a run for each further
 # TAIL_ENTRIES committed ones (the entries past the last run are walked: a key sharing a hot
 # key's slot walks that key's entries there, ~0.1 us each); past MAX_RUNS runs they are merged
-# into one (a build costs ~0.4 us an entry of its range: a merge is rare, a run per commit would
+# into one (a build costs ~0.25 us an entry of its range: a merge is rare, a run per commit would
 # cost more than the walks it saves).
 MIN_SEAL_ENTRIES = 1 << 16
 TAIL_ENTRIES = 1 << 20
