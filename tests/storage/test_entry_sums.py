@@ -85,6 +85,15 @@ def lookup_every_key(root: Path) -> tuple[int, int, list[str]]:
     return right, errors, sorted(messages)
 
 
+def assert_scribbled_file_is_named(root: Path, victim: Path) -> None:
+    """Random bytes over entries of `victim`: lookups that touch them fail naming it, the others
+    answer right (lookup_every_key fails on a wrong answer)."""
+    scribble_entries(victim, 2000)
+    right, errors, messages = lookup_every_key(root)
+    assert errors > 0 and right + errors == KEYS
+    assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+
+
 def test_the_writer_covers_every_committed_entry(store):
     sealed, active = index_files(store)
     for path in (sealed, active):
@@ -120,11 +129,7 @@ def test_sidecars_of_512_entry_chunks_are_still_read_checked_and_extended(store,
         assert why is None and sums.chunk_entries == 512 and sums.covered_count == index.index_count
         assert sums.crcs.tolist() == entry_sums.chunk_crcs(index, 0, index.index_count, chunk_entries=512)
     entry_sums.forget_checked()
-    victim = sealed if which == "sealed" else active
-    scribble_entries(victim, 2000)
-    right, errors, messages = lookup_every_key(store)
-    assert errors > 0 and right + errors == KEYS
-    assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+    assert_scribbled_file_is_named(store, sealed if which == "sealed" else active)
 
 
 def test_a_sidecar_of_unknown_chunks_is_unusable_not_damage(store, caplog):
@@ -160,11 +165,7 @@ def test_scribbled_entries_are_an_error_naming_the_file(store, which, compiled, 
     if not compiled:
         monkeypatch.setattr(checksum, "compiled_blocks", None)
     sealed, active = index_files(store)
-    victim = sealed if which == "sealed" else active
-    scribble_entries(victim, 2000)
-    right, errors, messages = lookup_every_key(store)
-    assert errors > 0 and right + errors == KEYS
-    assert all(str(victim) in message and "fail their checksum" in message for message in messages)
+    assert_scribbled_file_is_named(store, sealed if which == "sealed" else active)
 
 
 def test_a_commit_while_a_lookup_checks_its_chunks_is_no_damage(tmp_path, monkeypatch):
