@@ -250,6 +250,39 @@ def test_a_damaged_run_is_ignored(tmp_path: Path, monkeypatch, damage: str) -> N
             assert not runs.runs and not calls
 
 
+@pytest.mark.parametrize("column", ["key_hash", "entry"])
+def test_a_damaged_row_near_the_search_is_found_not_trusted(tmp_path: Path, column: str) -> None:
+    """A run's binary search reads rows it has not checked: a damaged key hash of a key's only
+    row (the search then finds nothing there) or a damaged entry (the limit's search cuts the
+    slice short) must fail the run's checksums, never shorten an answer; and a run found damaged
+    once answers nothing after (not even an empty slice)."""
+    path = tmp_path / "f"
+    hot_file(path)
+    with IndexFile.open(path, SLOTS, NUM) as f:
+        assert hash_run.write(f, 1, f.index_count, min_chain=8)  # one block: every search rests on it
+        f.forget_hash_runs()
+        (run,) = f._hash_runs().runs
+        hashes, counts = np.unique(run.key_hashes, return_counts=True)
+        victim = int(next(h for h, c in zip(hashes, counts) if c == (1 if column == "key_hash" else 2)
+                          and h + 1 not in hashes))
+        row = int(np.flatnonzero(run.key_hashes == victim)[-1])
+    data = bytearray(run_path(path).read_bytes())
+    slot_rows, entry_rows = struct.unpack_from("<ii", data, 32)
+    columns_at = HEADER_SIZE + 16 * slot_rows
+    if column == "key_hash":
+        struct.pack_into("<i", data, columns_at + 8 * entry_rows + 4 * row, victim + 1)
+    else:  # the newest of the key's two entries made older than any limit a reader passes
+        struct.pack_into("<i", data, columns_at + 12 * entry_rows + 4 * row, 2**31 - 1)
+    run_path(path).write_bytes(bytes(data))
+    hash_run._verified_by_run.clear()
+    with IndexFile.open(path, SLOTS, NUM, read_only=True) as f:
+        expected = reference_candidates(f, victim)
+        assert expected and f.candidates(victim) == expected
+        assert per_key(f.candidate_arrays(np.array([victim])), 1) == [expected]
+        assert f._hash_runs().runs[0].corrupt
+        assert f._hash_runs().runs[0].hits(victim + 12345, f.index_count) is None
+
+
 def test_a_stale_or_foreign_run_is_ignored(tmp_path: Path, monkeypatch) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     hot_file(a, seed=1)

@@ -243,20 +243,34 @@ class HashRun:
 
     def hits(self, key_hash: int, limit_index_count: int) -> RunHits | None:
         """The run's entries with `key_hash` below `limit_index_count`, newest first; None when a
-        block they lie in fails its checksum (the run is then marked corrupt and left alone)."""
+        block the answer rests on fails its checksum (the run is then marked corrupt and left
+        alone), or was found to earlier.
+
+        The binary search reads unchecked rows, and a damaged one can send it astray; what it
+        finds is trusted only when the rows it returns and the two around them are intact and
+        bracket it: the row before below `key_hash`, the row after above. Those two were
+        neighbours when the run was written sorted, so no row of `key_hash` lay anywhere else (an
+        empty answer rests on them alone)."""
+        if self.corrupt:
+            return None
         if not INT32_MIN <= key_hash <= INT32_MAX:
             return RunHits(self.entries[:0], self.phy_offsets[:0], self.time_diffs[:0])
         # the needle has the column's dtype: else numpy converts the whole column first
         needle = np.int32(key_hash)
         lo = int(self.key_hashes.searchsorted(needle, side="left"))
         hi = int(self.key_hashes.searchsorted(needle, side="right"))
+        if not self._verify_rows(max(lo - 1, 0), min(hi + 1, self.entry_rows)):
+            return None
+        if (lo > 0 and self.key_hashes[lo - 1] >= needle) or (hi < self.entry_rows and self.key_hashes[hi] <= needle) \
+                or (hi > lo and (self.key_hashes[lo] != needle or self.key_hashes[hi - 1] != needle)):
+            log.warning("%s: hash run rows are out of order around keyHash %d; the run is ignored", self.path, key_hash)
+            self.corrupt = True
+            return None
         if hi > lo and limit_index_count <= INT32_MAX:
             # entries ascend within one hash: those below the limit are a prefix of the slice
             hi = lo + int(self.entries[lo:hi].searchsorted(np.int32(max(limit_index_count, 0)), side="left"))
         if hi <= lo:
             return RunHits(self.entries[:0], self.phy_offsets[:0], self.time_diffs[:0])
-        if not self._verify_rows(lo, hi):
-            return None
         return RunHits(self.entries[lo:hi][::-1], self.phy_offsets[lo:hi][::-1], self.time_diffs[lo:hi][::-1])
 
     def _verify_rows(self, lo: int, hi: int) -> bool:
