@@ -132,6 +132,22 @@ def test_sidecars_of_512_entry_chunks_are_still_read_checked_and_extended(store,
     assert_scribbled_file_is_named(store, sealed if which == "sealed" else active)
 
 
+def test_a_sidecar_rewritten_in_other_chunks_while_read_is_not_used(store):
+    """A reader takes its chunk size from the sidecar's header and reads the table only when a
+    chunk needs checking; a sidecar rewritten in between in other chunks (msgindex repair) is not
+    applied to chunks of the old size: the touched entries are checked for their shape instead."""
+    rewrite_sidecars_in_chunks_of(store, 512)
+    sealed = index_files(store)[0]
+    with IndexFile.open(sealed, SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:
+        guard = entry_sums.EntryGuard(index)
+        guard.check(entry_sums.Touched(), index.index_count)  # nothing touched: the header's chunks only
+        rewrite_sidecars_in_chunks_of(store, 64)
+        touched = entry_sums.Touched()
+        touched.chunks.append(3)
+        guard.check(touched, index.index_count)  # a healthy file: no error either way
+        assert guard._sums is None and "rewritten in chunks of 64 entries while read" in guard._unusable
+
+
 def test_a_sidecar_of_unknown_chunks_is_unusable_not_damage(store, caplog):
     rewrite_sidecars_in_chunks_of(store, 1024)
     with IndexFile.open(index_files(store)[0], SETTINGS.hash_slot_num, SETTINGS.index_num, read_only=True) as index:

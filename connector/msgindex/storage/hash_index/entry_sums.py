@@ -267,9 +267,11 @@ class EntryGuard:
         """CorruptFileError naming the file unless the committed entries (below `limit`) of
         every chunk `touched` holds are intact."""
         if self._whole is None:
-            # the sidecar first: its chunks are the ones checked (and remembered per process)
-            sums = self._sidecar()
-            self._shift = CHUNK_SHIFT if sums is None else sums.shift
+            # the chunks are the sidecar's, as its header states them (the sidecar itself is read
+            # only when a chunk is not known intact yet: a reader of a file other readers of the
+            # process checked reads 40 bytes, not the table)
+            chunk_entries = claimed_by(self.index_file.path)[1]
+            self._shift = next((s for s in CHUNK_SHIFTS if 1 << s == chunk_entries), CHUNK_SHIFT)
             self._whole = _whole_chunks(self.index_file, self._shift)
         whole, shift = self._whole, self._shift
         if touched.arrays:
@@ -281,8 +283,9 @@ class EntryGuard:
             pending = [chunk for chunk in {c >> down for c in touched.chunks} if chunk < whole.size and not whole[chunk]]
         entries = None
         if pending:
-            # the entries' view after the sidecar (once: ~4 us, a chunk's CRC ~0.4): a view taken
-            # before a commit the sidecar already covers would hold too few entries for its CRCs
+            # the sidecar first, then the entries' view (once: ~4 us, a chunk's CRC ~0.4): a view
+            # taken before a commit the sidecar already covers would hold too few entries for its CRCs
+            self._sidecar()
             entries = _entry_bytes(self.index_file)
             pending = self._check_whole_covered(entries, pending, limit)
         chunk_entries = 1 << shift
@@ -355,6 +358,10 @@ class EntryGuard:
         if not self._loaded:
             self._loaded = True
             self._sums, why = EntrySums.load(self.index_file)
+            if self._sums is not None and self._sums.shift != self._shift:
+                # replaced by one of other chunks since its header was read (msgindex repair):
+                # this reader's chunks are not its chunks, so it checks their shape instead
+                self._sums, why = None, f"rewritten in chunks of {self._sums.chunk_entries} entries while read"
             # another file has this name now (a backfill rebuilt the shard, or retention removed it):
             # its sidecar is that file's and says nothing about the one read here, nor is it damage
             now = _identity(self.index_file.path)
