@@ -108,6 +108,12 @@ def is_sums_of(name: str, index_names: Iterable[str]) -> bool:
     return name.endswith(SUFFIX) and name[: -len(SUFFIX)] in names
 
 
+def chunk_shift_of(chunk_entries: int) -> int | None:
+    """The shift of a sidecar's chunks of `chunk_entries` entries, None when this msgindex does
+    not read chunks of that size (CHUNK_SHIFTS)."""
+    return next((shift for shift in CHUNK_SHIFTS if 1 << shift == chunk_entries), None)
+
+
 class EntrySums:
     """A validated sidecar: the CRC of each covered chunk of 1 << `shift` entries (see the module
     docstring)."""
@@ -137,7 +143,7 @@ class EntrySums:
             return None, problem
         chunk, covered = HEADER_STRUCT.unpack_from(raw, 0)[4:6]
         return cls(path, covered, np.frombuffer(raw, TABLE_DTYPE, offset=HEADER_SIZE).copy(),
-                   chunk.bit_length() - 1), None
+                   chunk_shift_of(chunk)), None
 
 
 def chunk_crcs(index_file: IndexFile, start: int, end: int, first_crc: int = 0,
@@ -270,8 +276,7 @@ class EntryGuard:
             # the chunks are the sidecar's, as its header states them (the sidecar itself is read
             # only when a chunk is not known intact yet: a reader of a file other readers of the
             # process checked reads 40 bytes, not the table)
-            chunk_entries = claimed_by(self.index_file.path)[1]
-            self._shift = next((s for s in CHUNK_SHIFTS if 1 << s == chunk_entries), CHUNK_SHIFT)
+            self._shift = chunk_shift_of(claimed_by(self.index_file.path)[1]) or CHUNK_SHIFT
             self._whole = _whole_chunks(self.index_file, self._shift)
         whole, shift = self._whole, self._shift
         if touched.arrays:
@@ -477,7 +482,7 @@ def _check(raw: bytes, index_file: IndexFile) -> str | None:
         return "damaged (header checksum)"
     if (slots, num) != (index_file.hash_slot_num, index_file.index_num):
         return "made for other sizing"
-    if chunk not in [1 << shift for shift in CHUNK_SHIFTS]:
+    if chunk_shift_of(chunk) is None:
         return f"chunks of {chunk} entries (this msgindex reads {', '.join(str(1 << s) for s in CHUNK_SHIFTS)})"
     if not _FIRST_INDEX <= covered <= min(index_file.index_count, index_file.index_num):
         return f"covers {covered} entries, the file has {index_file.index_count} (stale)"

@@ -786,10 +786,9 @@ class IndexFile:
         # its jumps; every other walk is C's, which a run would not shorten
         jumping = runs.jumping(hashes, slots) if runs.runs else None
         walking = None if jumping is None or not jumping.any() else np.flatnonzero(~jumping)
-        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(hashes if walking is None else hashes[walking],
-                                                                           np.int64),
-                                            heads if walking is None else heads[walking], self._entries_offset,
-                                            self.capacity, limit, floor, entry_sums.TOUCH_SHIFT)
+        walked_hashes, walked_heads = (hashes, heads) if walking is None else (hashes[walking], heads[walking])
+        walked = _compiled_walk.walk_chains(self._mm, np.ascontiguousarray(walked_hashes, np.int64), walked_heads,
+                                            self._entries_offset, self.capacity, limit, floor, entry_sums.TOUCH_SHIFT)
         if walked is None:
             return False
         who, entries, phys, diffs, chunks = (np.frombuffer(column, np.int64) for column in walked)
