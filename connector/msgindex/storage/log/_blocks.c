@@ -458,10 +458,20 @@ static int64_t end_at(const uint8_t *raw, ends_t *ends, int64_t index) {
     const section_t *s = &ends->section;
     if (!ends->summed || s->width == 0) return section_value(raw, s, index);
     if (index < ends->next - 1) ends->next = 0, ends->sum = 0; /* an earlier end: sum again */
-    if (s->width == 1) {
-        for (; ends->next <= index; ends->next++) ends->sum += raw[s->first + ends->next];
+    /* Widths 1 and 2 (every block of short texts) sum each byte plane on its own into a local:
+     * loops the compiler vectorizes, where a plane_value a step cost ~1 us a point read (the
+     * steps to a row are half a block's on average, and a record's texts need both sections). */
+    const uint8_t *low = raw + s->first;
+    if (s->width == 1 || s->width == 2) {
+        uint64_t low_sum = 0, high_sum = 0;
+        for (int64_t k = ends->next; k <= index; k++) low_sum += low[k];
+        if (s->width == 2) {
+            const uint8_t *high = low + s->planes;
+            for (int64_t k = ends->next; k <= index; k++) high_sum += high[k];
+        }
+        if (ends->next <= index) ends->sum += low_sum + (high_sum << 8), ends->next = index + 1;
     } else {
-        for (; ends->next <= index; ends->next++) ends->sum += plane_value(raw + s->first, s->planes, s->width, ends->next);
+        for (; ends->next <= index; ends->next++) ends->sum += plane_value(low, s->planes, s->width, ends->next);
     }
     uint64_t delta = s->width == 8 ? ends->sum : ends->sum & (((uint64_t)1 << (8 * s->width)) - 1);
     return (int64_t)((uint64_t)s->base + delta);
