@@ -87,7 +87,8 @@ def test_wheel_in_a_fresh_venv(wheel_and_venv, packaging_store, tmp_path):
     assert "pyspark_msgindex/__init__.py" in names and "msgindex/spark/read/datasource.py" in names
     assert not [n for n in names if n.startswith(("connector/", "tests/", "streaming_jobs/"))]
     if shutil.which("cc") or shutil.which("gcc"):  # setup.py's optional compiled modules, built with the wheel
-        for module in ("msgindex/storage/hash_index/_index_walk", "msgindex/storage/log/_blocks"):
+        for module in ("msgindex/storage/hash_index/_index_walk", "msgindex/storage/log/_blocks",
+                       "msgindex/storage/_result_rows"):
             assert [n for n in names if n.startswith(module) and n.endswith(".so")], (module, names)
     results = run_plain_session(venv / "bin" / "python", user_environment(venv / "bin"),
                                 packaging_store.path, tmp_path)

@@ -30,6 +30,8 @@ from msgindex.storage.hash_index.java_hash import index_hash, index_hashes
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.metadata_log import LogReads
 from msgindex.storage.message import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
     NO_VALUE,
     MessageRecord,
     arrow_text,
@@ -41,8 +43,15 @@ from msgindex.storage.message import (
     shown_timestamp,
     term_hash_string,
 )
-from msgindex.storage.query import Query, empty_rows, rows_from_records, rows_table
+from msgindex.storage.query import ROW_SCHEMA, Query, empty_rows, rows_from_records, rows_table
 from msgindex.storage.result_order import OrderColumns, Part, result_order, topic_ranks
+
+try:  # compiled where it was built (setup.py); _plain_few, its oracle, answers without it
+    from msgindex.storage import _result_rows as compiled_rows
+except ImportError:
+    compiled_rows = None
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -210,7 +219,15 @@ class VerifiedReads(ABC):
             pairs = {seq: sorted(set(numbers)) for seq, numbers in pairs.items()}
         wanted_partitions = None if partitions is None else set(partitions)
         seqs_read = sorted(pairs)
-        raw = self._log.read_few_raw(seqs_read)
+        packed = self._log.read_few_packed(seqs_read) if compiled_rows is not None else None
+        if packed is not None:
+            rows = self._compiled_few(seqs_read, pairs, packed, wanted, begin_ms, end_ms, wanted_partitions,
+                                      max_results)
+            if rows is not None:
+                return rows
+            raw = packed.raw()
+        else:
+            raw = self._log.read_few_raw(seqs_read)
         if raw.texts_are_keys and not raw.backslash:
             plain = self._plain_few(seqs_read, pairs, raw, wanted, begin_ms, end_ms, wanted_partitions, max_results)
             if plain is not None:
@@ -236,6 +253,42 @@ class VerifiedReads(ABC):
         matched = matched[:max_results] if max_results is not None else matched
         return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
 
+    def _compiled_few(self, seqs: list[int], pairs: dict[int, list[int]], packed: bf.PackedRecords,
+                      wanted: WantedKeys, begin_ms: int | None, end_ms: int | None, wanted_partitions: set[int] | None,
+                      max_results: int | None) -> pa.Table | None:
+        """``_plain_few``'s answer from `packed`, the records at `seqs`, verified, ordered and
+        built in C (``_result_rows.plain_rows``, one pyarrow import): None wherever _plain_few
+        would not answer."""
+        terms = [term for _, term in wanted.texts]
+        if not all(isinstance(term, str) for term in terms):  # a field value's term: never among keys
+            return None
+        pair_topics = [wanted.topics[pair // wanted.keys_per_topic] for pair in range(len(terms))]
+        term_bytes = [encode_text(term) for term in terms]
+        shown = [arrow_text(decode_text(topic)).encode("utf-8") for topic in packed.topics]
+        record_pairs: list[int] = []
+        record_pair_ends = []
+        for numbers in map(pairs.__getitem__, seqs):
+            record_pairs += numbers
+            record_pair_ends.append(len(record_pairs))
+        answer = compiled_rows.plain_rows(
+            packed.ints, packed.text_counts, packed.heap, packed.text_lengths, np.array(seqs, dtype=np.int64),
+            packed.topic_ids, np.array(record_pair_ends, np.int64), np.array(record_pairs, np.int64),
+            np.array([topic == pair_topic for topic in packed.topics for pair_topic in pair_topics], np.int64),
+            np.cumsum([len(term) for term in term_bytes], dtype=np.int64), b"".join(term_bytes),
+            np.cumsum([len(name) for name in shown], dtype=np.int64), b"".join(shown),
+            arrow_text(self.broker).encode("utf-8"),
+            (_INT64_MIN if begin_ms is None else begin_ms, _INT64_MAX if end_ms is None else end_ms),
+            None if wanted_partitions is None else np.array(sorted(wanted_partitions), dtype=np.int64),
+            -1 if max_results is None else max_results, (MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS), NO_VALUE)
+        if answer is None:
+            return None
+        capsule, address, rows = answer
+        if not rows:
+            return empty_rows()
+        batch = pa.RecordBatch._import_from_c(address, ROW_SCHEMA)  # (the Arrow C Data Interface)
+        del capsule  # (frees what the import did not take: nothing, once it succeeded)
+        return pa.Table.from_batches([batch], schema=ROW_SCHEMA)
+
     def _plain_few(self, seqs: list[int], pairs: dict[int, list[int]], raw: bf.RawRecords, wanted: WantedKeys,
                    begin_ms: int | None, end_ms: int | None, wanted_partitions: set[int] | None,
                    max_results: int | None) -> pa.Table | None:
@@ -243,7 +296,8 @@ class VerifiedReads(ABC):
         as they are (ASCII, no backslash): no MessageRecord and no ``arrow_text`` per record (a
         third of what a lookup of a hundred records spent per record). None as soon as a record in
         the window does not carry a pair's key in its topic (a hash collision, or damage): the
-        general path answers then, and checks it."""
+        general path answers then, and checks it. The oracle of ``_compiled_few``, and what
+        answers where the compiled modules are not (an executor's zip, an object store's log)."""
         topic_of_pair = [wanted.topics[pair // wanted.keys_per_topic] for pair in range(len(wanted.texts))]
         term_of_pair = [term for _, term in wanted.texts]  # (a field's is a tuple: never among keys)
         shown_topics: dict[bytes, tuple[bytes, str]] = {}  # (as results order it, as they show it)

@@ -1129,6 +1129,7 @@ class BlockLocations(NamedTuple):
     crcs: np.ndarray
     origins: np.ndarray
     topic_tables: list[tuple[bytes, ...]]
+    batches: np.ndarray | None = None  # each block's batch in its segment's directory (a log file's reads)
 
 
 class RawRecords(NamedTuple):
@@ -1207,14 +1208,57 @@ def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: n
                         seqs: np.ndarray, check_read: Callable[[int, int, int], None]) -> RecordColumns:
     """``read_records``'s records (at `seqs`) as columns: one compiled call, then a few numpy and
     Arrow kernels over all of them, none per record. Needs the compiled reader."""
+    packed = read_packed_records(fd, name, blocks, firsts, rows, check_read)
+    return RecordColumns(np.asarray(seqs, dtype=np.int64), packed.topics, packed.topic_ids, packed.ints,
+                         packed.text_counts, packed.heap, packed.text_lengths)
+
+
+class PackedRecords(NamedTuple):
+    """Records as the compiled reader gives them (``read_packed_records``), before anything per
+    record is a Python object: each one's RECORD_INT_FIELDS columns (int64, records x fields, its
+    batch's topic number among them), its text count, its texts back to back in `heap` with each
+    one's length, and its topic as a number among `topics` (every topic of the records' batches,
+    once). What ``_result_rows.plain_rows`` renders a lookup's rows from; ``raw`` cuts them into
+    RawRecords for the Python paths."""
+
+    ints: np.ndarray
+    text_counts: np.ndarray
+    heap: bytes
+    text_lengths: np.ndarray
+    topics: tuple[bytes, ...]
+    topic_ids: np.ndarray
+
+    def raw(self) -> RawRecords:
+        """These records as ``read_raw_records`` gives them, each one's topic numbered in
+        `topics` (one table for all of them) instead of its batch's table."""
+        texts, ascii_heap, backslash = compiled_blocks.record_texts(self.heap, self.text_lengths, self.text_counts)
+        ints = self.ints.copy()
+        ints[:, _INT_AT["topic"]] = self.topic_ids
+        return RawRecords(ints.tolist(), texts, [self.topics] * len(ints), ascii_heap, backslash)
+
+
+def read_packed_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
+                        check_read: Callable[[int, int, int], None],
+                        numbering: tuple[tuple[bytes, ...], np.ndarray, np.ndarray] | None = None) -> PackedRecords:
+    """``read_records``' records as the compiled reader gives them (PackedRecords): one call.
+    `numbering`: the topics of every batch of the blocks' segment, numbered once
+    (``BatchDirectory.topic_numbering``, with `blocks.batches`), else numbered here. Needs the
+    compiled reader."""
     ints, text_counts, heap, text_lengths = _compiled_read(fd, name, blocks, firsts, rows, check_read)
-    numbers: dict[tuple[bytes, ...], int] = {}  # batches repeat the same topic tables
-    table_of_block = np.array([numbers.setdefault(table, len(numbers)) for table in blocks.topic_tables], np.int64)
-    topics, table_starts, topic_map = _numbered_topics(list(numbers))
-    record_block = np.repeat(np.arange(len(table_of_block)), np.diff(firsts))
-    topic_ids = topic_map[table_starts[table_of_block][record_block] + ints[:, _INT_AT["topic"]]]
-    return RecordColumns(np.asarray(seqs, dtype=np.int64), tuple(topics), topic_ids, ints, text_counts, heap,
-                         text_lengths)
+    tables = blocks.topic_tables
+    if all(table == tables[0] for table in tables):  # (every batch read saw the same topics in one order)
+        return PackedRecords(ints, text_counts, heap, text_lengths, tables[0] if tables else (),
+                             np.ascontiguousarray(ints[:, _INT_AT["topic"]]))
+    if numbering is not None and blocks.batches is not None:
+        topics, table_starts, topic_map = numbering
+        block_table_start = table_starts[blocks.batches]
+    else:
+        numbers: dict[tuple[bytes, ...], int] = {}  # batches repeat the same topic tables
+        table_of_block = np.array([numbers.setdefault(table, len(numbers)) for table in tables], np.int64)
+        numbered, table_starts, topic_map = _numbered_topics(list(numbers))
+        topics, block_table_start = tuple(numbered), table_starts[table_of_block]
+    topic_ids = topic_map[np.repeat(block_table_start, np.diff(firsts)) + ints[:, _INT_AT["topic"]]]
+    return PackedRecords(ints, text_counts, heap, text_lengths, topics, topic_ids)
 
 
 class RecordColumns:

@@ -236,6 +236,12 @@ class LogReads:
                 tables.append(table)
         return bf.raw_records(ints, texts, tables)
 
+    def read_few_packed(self, seqs: Sequence[int]) -> bf.PackedRecords | None:
+        """``read_few_raw``'s records as the compiled reader gives them (PackedRecords), or None
+        where it does not read them: here (blocks that come by requests) and in a log on disk
+        without the compiled reader, or whose `seqs` lie in several segments."""
+        return None
+
     def _blocks_for_few(self, plan: list) -> Iterator[Callable[[int], bytes]]:
         """Per planned segment, a function from a block number to its decompressed bytes. Here
         each block is read when asked (a pread is cheap); a log whose reads are requests
@@ -696,6 +702,16 @@ class MetadataLog(LogReads):
             parts.append(segment.raw_records_at(np.array(seqs[done:end], dtype=np.int64)))
             done = end
         return bf.RawRecords.concat(parts)
+
+    def read_few_packed(self, seqs: Sequence[int]) -> bf.PackedRecords | None:
+        """``LogReads.read_few_packed`` for segments on disk: one segment's records in one compiled
+        call (``LogSegment.packed_records_at``)."""
+        if bf.compiled_blocks is None or not len(seqs):
+            return None
+        segment = self._segment_of(seqs[0])
+        if seqs[-1] >= segment.next_seq:
+            return None
+        return segment.packed_records_at(np.array(seqs, dtype=np.int64))
 
     def unchanged_on_disk(self, position: LogPosition) -> bool:
         """True when the files still are exactly what this writer's view of `position` (its own

@@ -38,6 +38,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,15 @@ class BatchDirectory:
     def block_of(self, seqs: np.ndarray) -> np.ndarray:
         """Index of the block holding each seq (all must be in the extent)."""
         return np.searchsorted(self.block_base_seqs, seqs, side="right") - 1
+
+    @cached_property
+    def topic_numbering(self) -> tuple[tuple[bytes, ...], np.ndarray, np.ndarray]:
+        """Every topic of the batches' tables once, and where batch i's topic t is among them:
+        ``topic_map[table_starts[i] + t]`` (``bf.read_packed_records``). Made when first asked (a
+        writer's directories never are), not per read: batches list their topics in the order
+        they met them, so a segment holds tens of differently ordered tables."""
+        topics, table_starts, topic_map = bf._numbered_topics(self.topic_tables)
+        return tuple(topics), table_starts, topic_map
 
     @classmethod
     def of(cls, heads: list[tuple[int, bf.BatchHead]]) -> BatchDirectory:
@@ -714,6 +724,12 @@ class LogSegment(BatchReads):
         to hundreds of scattered records needs)."""
         return bf.read_raw_records(self._fd, self.path, *self._blocks_of(seqs), self._check_read)
 
+    def packed_records_at(self, seqs: np.ndarray) -> bf.PackedRecords:
+        """``raw_records_at``'s records as the compiled reader gives them (``bf.read_packed_records``;
+        needs it): what a lookup renders its rows from in C."""
+        return bf.read_packed_records(self._fd, self.path, *self._blocks_of(seqs), self._check_read,
+                                      self.batches().topic_numbering)
+
     def columns_at(self, seqs: np.ndarray) -> bf.RecordColumns:
         """``raw_records_at`` as columns (``bf.read_record_columns``; needs the compiled reader)."""
         return bf.read_record_columns(self._fd, self.path, *self._blocks_of(seqs), seqs, self._check_read)
@@ -728,7 +744,7 @@ class LogSegment(BatchReads):
         return (bf.BlockLocations(*(column[distinct] for column in (directory.block_positions, directory.block_lengths,
                                                                     directory.block_raw_lengths, directory.block_crcs)),
                                   directory.positions[batches],
-                                  [directory.topic_tables[batch] for batch in batches.tolist()]),
+                                  [directory.topic_tables[batch] for batch in batches.tolist()], batches),
                 np.append(firsts, len(seqs)), seqs - directory.block_base_seqs[blocks])
 
 
