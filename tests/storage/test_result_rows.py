@@ -152,3 +152,18 @@ def test_a_batch_the_import_did_not_take_is_freed(filled, monkeypatch):
             [(shown_timestamp(row[0]), *row[1:]) for row in model_lookup([model], ["k2"], topic="orders")]
     assert answers and answers[0] is not None and answers[0][2] > 0
     answers.clear()  # the capsules go: their rows are freed
+
+
+@COMPILED
+@pytest.mark.parametrize("bounds", [{"max_results": 2**63}, {"max_results": 2**64}, {"partitions": [2**63]},
+                                    {"partitions": [-(2**63) - 1, 1]}, {"partitions": []}], ids=str)
+def test_bounds_past_int64_answer_as_in_python(filled, bounds, monkeypatch):
+    """A limit or partition number no int64 holds selects what Python's comparisons select (no
+    limit; no record of that partition), not an OverflowError from the compiled path."""
+    root, _model = filled
+    patch_few_candidates(monkeypatch, 10**9)
+    with open_store(root) as store:
+        compiled = table_rows(store.lookup("k1", topic="orders", **bounds))
+        monkeypatch.setattr(verified_reads, "compiled_rows", None)
+        assert compiled == table_rows(store.lookup("k1", topic="orders", **bounds))
+    assert bool(compiled) == (bounds.get("partitions") != [2**63] and bounds.get("partitions") != [])

@@ -50,9 +50,11 @@ typedef struct {
     struct ArrowArray *column_list[COLUMNS], *key_texts_list[1];
     const void *buffer_lists[COLUMNS + 2][3];
     void *owned[OWNED_BUFFERS];
-    int owned_count;
+    int owned_count, out_of_memory; /* (an allocation failed: the batch is never handed out) */
 } batch_t;
 
+/* (pyarrow's import never moves a child out of its batch, which the interface would allow: the
+ * children's memory is the batch's, freed with it) */
 static void release_child(struct ArrowArray *array) { array->release = NULL; }
 
 static void release_batch(struct ArrowArray *array) {
@@ -62,12 +64,12 @@ static void release_batch(struct ArrowArray *array) {
     array->release = NULL;
 }
 
-/* A zeroed buffer of `bytes` (at least 1: no null data pointers) the batch frees; NULL when memory
- * runs out. */
+/* A zeroed buffer of `bytes` (at least 1: no null data pointers) the batch frees; NULL, and the
+ * batch marked out of memory, when memory runs out. */
 static void *owned_buffer(batch_t *batch, size_t bytes) {
-    if (batch->owned_count == OWNED_BUFFERS) return NULL;
-    void *buffer = calloc(bytes ? bytes : 1, 1);
+    void *buffer = batch->owned_count < OWNED_BUFFERS ? calloc(bytes ? bytes : 1, 1) : NULL;
     if (buffer != NULL) batch->owned[batch->owned_count++] = buffer;
+    else batch->out_of_memory = 1;
     return buffer;
 }
 
@@ -111,15 +113,16 @@ static int compare_order(const void *left, const void *right) {
 static void set_valid(uint8_t *bitmap, int64_t row) { bitmap[row >> 3] |= (uint8_t)(1u << (row & 7)); }
 
 /* plain_rows(ints, text_counts, heap, text_lengths, seqs, record_topics, record_pair_ends, record_pairs,
- *            pair_topic_match, pair_term_ends, pair_terms, shown_topic_ends, shown_topics, broker, window,
- *            partitions, max_results, timestamp_bounds, no_value)
+ *            wanted_topics, term_ends, terms, shown_topic_ends, shown_topics, broker, window, partitions,
+ *            max_results, timestamp_bounds, no_value)
  *   -> None | (capsule, address, rows)
  * The records (read_records' outputs: `ints` records x INT_FIELDS, their text counts, their texts
  * back to back in `heap`, each text's length) at `seqs` (sorted); record r's topic is number
  * record_topics[r] among the flat list of topics whose shown names are `shown_topics`, cut at
  * `shown_topic_ends`; it was found under the wanted pairs record_pairs[record_pair_ends[r - 1] :
- * record_pair_ends[r]], and pair p's topic is the record's when pair_topic_match[topic x pairs + p],
- * its key pair_terms cut at pair_term_ends. `window`: (begin, end) ms, inclusive (INT64 bounds when open);
+ * record_pair_ends[r]] (at least one). The wanted pairs are (topic, term) for each wanted topic,
+ * then each term (`terms` cut at `term_ends`): pair p's topic is number wanted_topics[p / terms]
+ * among the flat list (-1: none of the records'), its term number p % terms. `window`: (begin, end) ms, inclusive (INT64 bounds when open);
  * `partitions`: sorted wanted partitions, or None for all; max_results < 0: no limit;
  * timestamp_bounds: (MIN, MAX)_TIMESTAMP_MS, what a timestamp is shown clamped to; `no_value`: the
  * stored value of a commit-log offset or size the source did not have (shown null). The rows come
@@ -141,7 +144,7 @@ static PyObject *plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     /* ints, text_counts, text_lengths, seqs, record_topics, record_pair_ends, record_pairs,
-     * pair_topic_match, pair_term_ends, shown_topic_ends, partitions (the last may be None) */
+     * wanted_topics, term_ends, shown_topic_ends, partitions (the last may be None) */
     static const int int64_arguments[INPUTS] = {0, 1, 3, 4, 5, 6, 7, 8, 9, 11, 15};
     Py_buffer views[INPUTS], heap_view, terms_view, shown_view;
     int held = 0, bytes_held = 0;
@@ -170,28 +173,31 @@ static PyObject *plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
 
     const int64_t *ints = views[0].buf, *text_counts = views[1].buf, *text_lengths = views[2].buf;
     const int64_t *seqs = views[3].buf, *record_topics = views[4].buf, *record_pair_ends = views[5].buf;
-    const int64_t *record_pairs = views[6].buf, *pair_topic_match = views[7].buf, *pair_term_ends = views[8].buf;
+    const int64_t *record_pairs = views[6].buf, *wanted_topics = views[7].buf, *term_ends = views[8].buf;
     const int64_t *shown_ends = views[9].buf, *partitions = has_partitions ? views[10].buf : NULL;
     const uint8_t *heap = heap_view.buf, *terms = terms_view.buf, *shown = shown_view.buf;
-    Py_ssize_t records = views[1].len / 8, texts = views[2].len / 8, pairs = views[8].len / 8;
+    Py_ssize_t records = views[1].len / 8, texts = views[2].len / 8, term_count = views[8].len / 8;
+    Py_ssize_t wanted_topic_count = views[7].len / 8, pairs = wanted_topic_count * term_count;
     Py_ssize_t record_pair_count = views[6].len / 8, topics = views[9].len / 8;
     Py_ssize_t partition_count = has_partitions ? views[10].len / 8 : 0;
     Py_ssize_t heap_length = heap_view.len;
 
     /* the arrays must fit one another: every cut inside what it cuts, every number in range */
     int consistent = views[0].len / 8 == records * INT_FIELDS && views[3].len / 8 == records &&
-                     views[4].len / 8 == records && views[5].len / 8 == records && views[7].len / 8 == topics * pairs;
+                     views[4].len / 8 == records && views[5].len / 8 == records;
     int64_t total = 0, counted = 0;
     for (Py_ssize_t t = 0; consistent && t < texts; t++)
         consistent = text_lengths[t] >= 0 && text_lengths[t] <= heap_length - total, total += text_lengths[t];
     for (Py_ssize_t r = 0; consistent && r < records; r++)
         consistent = text_counts[r] >= 0 && text_counts[r] <= texts - counted && record_topics[r] >= 0 &&
-                     record_topics[r] < topics && record_pair_ends[r] >= (r ? record_pair_ends[r - 1] : 0) &&
-                     record_pair_ends[r] <= record_pair_count,
+                     record_topics[r] < topics && record_pair_ends[r] > (r ? record_pair_ends[r - 1] : 0) &&
+                     record_pair_ends[r] <= record_pair_count && (text_counts[r] > 0 || !(ints[r * INT_FIELDS] & FLAG_KEY)),
         counted += text_counts[r];
     for (Py_ssize_t i = 0; consistent && i < record_pair_count; i++) consistent = record_pairs[i] >= 0 && record_pairs[i] < pairs;
-    for (Py_ssize_t p = 0; consistent && p < pairs; p++)
-        consistent = pair_term_ends[p] >= (p ? pair_term_ends[p - 1] : 0) && pair_term_ends[p] <= terms_view.len;
+    for (Py_ssize_t w = 0; consistent && w < wanted_topic_count; w++)
+        consistent = wanted_topics[w] >= -1 && wanted_topics[w] < topics;
+    for (Py_ssize_t t = 0; consistent && t < term_count; t++)
+        consistent = term_ends[t] >= (t ? term_ends[t - 1] : 0) && term_ends[t] <= terms_view.len;
     for (Py_ssize_t t = 0; consistent && t < topics; t++)
         consistent = shown_ends[t] >= (t ? shown_ends[t - 1] : 0) && shown_ends[t] <= shown_view.len;
     if (!consistent || total != heap_length || counted != texts) {
@@ -237,10 +243,11 @@ static PyObject *plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         int64_t keys_from = first_text[r] + ((flags & FLAG_KEY) && !(flags & FLAG_LEAD) ? 1 : 0);
         int carried = 1;
         for (int64_t i = r ? record_pair_ends[r - 1] : 0; i < record_pair_ends[r] && carried; i++) {
-            int64_t pair = record_pairs[i];
-            int64_t term_start = pair ? pair_term_ends[pair - 1] : 0, term_length = pair_term_ends[pair] - term_start;
+            int64_t pair = record_pairs[i], term = pair % term_count;
+            int64_t term_start = term ? term_ends[term - 1] : 0, term_length = term_ends[term] - term_start;
             carried = 0;
-            for (int64_t text = keys_from; text < first_text[r + 1] && !carried && pair_topic_match[topic * pairs + pair]; text++)
+            for (int64_t text = keys_from; text < first_text[r + 1] && !carried && wanted_topics[pair / term_count] == topic;
+                 text++)
                 carried = text_lengths[text] == term_length &&
                           memcmp(heap + first_byte[text], terms + term_start, (size_t)term_length) == 0;
         }
@@ -300,7 +307,7 @@ static PyObject *plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         size_values = owned_buffer(batch, 4 * (size_t)rows);
         seq_values = owned_buffer(batch, 8 * (size_t)rows);
     }
-    if (batch == NULL || exported == NULL || !fits || seq_values == NULL) {
+    if (batch == NULL || exported == NULL || !fits || batch->out_of_memory) {
         if (batch != NULL) {
             for (int i = 0; i < batch->owned_count; i++) free(batch->owned[i]);
             free(batch);

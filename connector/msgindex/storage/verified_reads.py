@@ -52,6 +52,19 @@ except ImportError:
     compiled_rows = None
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_SHOWN_TOPICS: dict[bytes, bytes] = {}  # a topic as the log stores it -> as results show it (UTF-8)
+_SHOWN_TOPICS_KEPT = 4096
+
+
+def _shown_topic(topic: bytes) -> bytes:
+    """`topic` (encode_text bytes) as results show it, UTF-8 encoded: remembered per process, since a
+    segment's lookups name the same few topics every time (a store of thousands starts anew)."""
+    shown = _SHOWN_TOPICS.get(topic)
+    if shown is None:
+        if len(_SHOWN_TOPICS) >= _SHOWN_TOPICS_KEPT:
+            _SHOWN_TOPICS.clear()
+        shown = _SHOWN_TOPICS[topic] = arrow_text(decode_text(topic)).encode("utf-8")
+    return shown
 
 
 @dataclass(frozen=True)
@@ -259,27 +272,30 @@ class VerifiedReads(ABC):
         """``_plain_few``'s answer from `packed`, the records at `seqs`, verified, ordered and
         built in C (``_result_rows.plain_rows``, one pyarrow import): None wherever _plain_few
         would not answer."""
-        terms = [term for _, term in wanted.texts]
+        terms = [term for _, term in wanted.texts[: wanted.keys_per_topic]]  # (each topic's terms are these)
         if not all(isinstance(term, str) for term in terms):  # a field value's term: never among keys
             return None
-        pair_topics = [wanted.topics[pair // wanted.keys_per_topic] for pair in range(len(terms))]
+        topic_numbers = {topic: number for number, topic in enumerate(packed.topics)}
         term_bytes = [encode_text(term) for term in terms]
-        shown = [arrow_text(decode_text(topic)).encode("utf-8") for topic in packed.topics]
+        shown = [_shown_topic(topic) for topic in packed.topics]
         record_pairs: list[int] = []
         record_pair_ends = []
         for numbers in map(pairs.__getitem__, seqs):
             record_pairs += numbers
             record_pair_ends.append(len(record_pairs))
+        # (values past int64 select what none past it would: no limit, no partition)
+        limit = -1 if max_results is None or max_results > _INT64_MAX else max_results
         answer = compiled_rows.plain_rows(
             packed.ints, packed.text_counts, packed.heap, packed.text_lengths, np.array(seqs, dtype=np.int64),
             packed.topic_ids, np.array(record_pair_ends, np.int64), np.array(record_pairs, np.int64),
-            np.array([topic == pair_topic for topic in packed.topics for pair_topic in pair_topics], np.int64),
+            np.array([topic_numbers.get(topic, -1) for topic in wanted.topics], np.int64),
             np.cumsum([len(term) for term in term_bytes], dtype=np.int64), b"".join(term_bytes),
             np.cumsum([len(name) for name in shown], dtype=np.int64), b"".join(shown),
             arrow_text(self.broker).encode("utf-8"),
             (_INT64_MIN if begin_ms is None else begin_ms, _INT64_MAX if end_ms is None else end_ms),
-            None if wanted_partitions is None else np.array(sorted(wanted_partitions), dtype=np.int64),
-            -1 if max_results is None else max_results, (MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS), NO_VALUE)
+            None if wanted_partitions is None else
+            np.array(sorted(p for p in wanted_partitions if _INT64_MIN <= p <= _INT64_MAX), dtype=np.int64),
+            limit, (MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS), NO_VALUE)
         if answer is None:
             return None
         capsule, address, rows = answer
