@@ -866,7 +866,7 @@ class BlockSet:
         self.base_seqs = np.asarray(base_seqs, dtype=np.int64)
         # every table's topics numbered in one flat map: block b's topic i is
         # _topic_map[_topic_map_start[b] + i]
-        self._topics, table_starts, self._topic_map = _numbered_topics(topic_tables)
+        self._topics, table_starts, self._topic_map = numbered_topics(topic_tables)
         table_of_block = np.asarray(table_of_block, dtype=np.int64)
         self._topic_map_start = table_starts[table_of_block]
         self._topic_count = np.array([len(table) for table in topic_tables], dtype=np.int64)[table_of_block]
@@ -1028,7 +1028,7 @@ class Selection:
         )
 
 
-def _numbered_topics(topic_tables: Sequence[tuple[bytes, ...]]) -> tuple[dict[bytes, int], np.ndarray, np.ndarray]:
+def numbered_topics(topic_tables: Sequence[tuple[bytes, ...]]) -> tuple[dict[bytes, int], np.ndarray, np.ndarray]:
     """Every topic of `topic_tables` numbered once, in order of appearance, and one flat map of
     all tables: table t's topic i is number ``topic_map[table_starts[t] + i]``."""
     topics: dict[bytes, int] = {}
@@ -1205,10 +1205,12 @@ def _compiled_read(fd: int, name: object, blocks: BlockLocations, firsts: np.nda
 
 
 def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
-                        seqs: np.ndarray, check_read: Callable[[int, int, int], None]) -> RecordColumns:
+                        seqs: np.ndarray, check_read: Callable[[int, int, int], None],
+                        numbering: tuple[tuple[bytes, ...], np.ndarray, np.ndarray] | None = None) -> RecordColumns:
     """``read_records``'s records (at `seqs`) as columns: one compiled call, then a few numpy and
-    Arrow kernels over all of them, none per record. Needs the compiled reader."""
-    packed = read_packed_records(fd, name, blocks, firsts, rows, check_read)
+    Arrow kernels over all of them, none per record (`numbering`: as ``read_packed_records``').
+    Needs the compiled reader."""
+    packed = read_packed_records(fd, name, blocks, firsts, rows, check_read, numbering)
     return RecordColumns(np.asarray(seqs, dtype=np.int64), packed.topics, packed.topic_ids, packed.ints,
                          packed.text_counts, packed.heap, packed.text_lengths)
 
@@ -1255,7 +1257,7 @@ def read_packed_records(fd: int, name: object, blocks: BlockLocations, firsts: n
     else:
         numbers: dict[tuple[bytes, ...], int] = {}  # batches repeat the same topic tables
         table_of_block = np.array([numbers.setdefault(table, len(numbers)) for table in tables], np.int64)
-        numbered, table_starts, topic_map = _numbered_topics(list(numbers))
+        numbered, table_starts, topic_map = numbered_topics(list(numbers))
         topics, block_table_start = tuple(numbered), table_starts[table_of_block]
     topic_ids = topic_map[np.repeat(block_table_start, np.diff(firsts)) + ints[:, _INT_AT["topic"]]]
     return PackedRecords(ints, text_counts, heap, text_lengths, topics, topic_ids)

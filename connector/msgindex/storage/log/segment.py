@@ -120,7 +120,7 @@ class BatchDirectory:
         ``topic_map[table_starts[i] + t]`` (``bf.read_packed_records``). Made when first asked (a
         writer's directories never are), not per read: batches list their topics in the order
         they met them, so a segment holds tens of differently ordered tables."""
-        topics, table_starts, topic_map = bf._numbered_topics(self.topic_tables)
+        topics, table_starts, topic_map = bf.numbered_topics(self.topic_tables)
         return tuple(topics), table_starts, topic_map
 
     @classmethod
@@ -732,7 +732,8 @@ class LogSegment(BatchReads):
 
     def columns_at(self, seqs: np.ndarray) -> bf.RecordColumns:
         """``raw_records_at`` as columns (``bf.read_record_columns``; needs the compiled reader)."""
-        return bf.read_record_columns(self._fd, self.path, *self._blocks_of(seqs), seqs, self._check_read)
+        return bf.read_record_columns(self._fd, self.path, *self._blocks_of(seqs), seqs, self._check_read,
+                                      self.batches().topic_numbering)
 
     def _blocks_of(self, seqs: np.ndarray) -> tuple[bf.BlockLocations, np.ndarray, np.ndarray]:
         """The distinct blocks holding sorted `seqs`, where each one's seqs start among them
