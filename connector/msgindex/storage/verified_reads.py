@@ -97,9 +97,13 @@ class WantedKeys:
         topic, term = self.texts[pair]
         return record.topic == topic and (term in record.fields if isinstance(term, tuple) else term in record.keys)
 
+    def topic_numbers(self, numbers: dict[bytes, int]) -> np.ndarray:
+        """Each wanted topic as its number in `numbers` (-1: not there)."""
+        return np.array([numbers.get(t, -1) for t in self.topics], dtype=np.int64)
+
     def pair_topics(self, numbers: dict[bytes, int]) -> np.ndarray:
         """Each pair's topic as its number in `numbers` (-1: not there)."""
-        return np.repeat(np.array([numbers.get(t, -1) for t in self.topics], dtype=np.int64), self.keys_per_topic)
+        return np.repeat(self.topic_numbers(numbers), self.keys_per_topic)
 
 
 # Up to this many keys are encoded and hashed one by one: Arrow and numpy set-up costs more.
@@ -288,7 +292,7 @@ class VerifiedReads(ABC):
         answer = compiled_rows.plain_rows(
             packed.ints, packed.text_counts, packed.heap, packed.text_lengths, np.array(seqs, dtype=np.int64),
             packed.topic_ids, np.array(record_pair_ends, np.int64), np.array(record_pairs, np.int64),
-            np.array([topic_numbers.get(topic, -1) for topic in wanted.topics], np.int64),
+            wanted.topic_numbers(topic_numbers),
             np.cumsum([len(term) for term in term_bytes], dtype=np.int64), b"".join(term_bytes),
             np.cumsum([len(name) for name in shown], dtype=np.int64), b"".join(shown),
             arrow_text(self.broker).encode("utf-8"),
