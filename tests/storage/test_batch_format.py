@@ -5,8 +5,11 @@ indexes against Kafka's rule applied batch by batch, torn and corrupt bytes, bad
 from __future__ import annotations
 
 import ctypes.util
+import os
 import shutil
+import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -762,6 +765,94 @@ def test_a_point_read_decompresses_what_its_rows_need_and_reads_nothing_past_it(
         python = bf.python_read_records(f.fileno(), "file", blocks, firsts, rows, _short_read).messages()
     base = np.cumsum([0, *counts.tolist()])
     assert compiled == python == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["none", "one", "two", "truncate"]), st.data())
+def test_a_read_of_many_blocks_shared_with_helper_threads_is_the_single_pass(tmp_path_factory, seed, damage, data):
+    """A read of many blocks (PARALLEL_MIN_BLOCKS and more) is shared by the caller's thread and
+    the read pool's helpers, block by block: any rows of up to 300 blocks give python_read_records'
+    records in block order, and with one or two blocks damaged (their checksums) or the file cut
+    short, the error of the first one, as a single pass in block order gives. Two Python threads
+    read at once as well (one shares its read, the other reads alone)."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    rng = np.random.default_rng(seed)
+    batch = _records_of_lengths("even", int(rng.integers(20, 301)) * 4, rng)
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    crcs = [zlib.crc32(c) for c in compressed]
+    victims = sorted(rng.choice(len(compressed), {"none": 0, "one": 1, "two": 2, "truncate": 0}[damage], replace=False))
+    for victim in victims:
+        damaged = bytearray(compressed[victim])
+        damaged[int(rng.integers(0, len(damaged)))] ^= 0x5A
+        compressed[victim] = bytes(damaged)
+    content = b"".join(compressed)
+    if damage == "truncate":
+        content = content[: int(rng.integers(len(content) // 4, len(content)))]
+    path = tmp_path_factory.mktemp("blocks") / "file"
+    path.write_bytes(content)
+    starts = np.cumsum([0] + [len(c) for c in compressed[:-1]])
+    counts = head.blocks["records"].astype(np.int64)
+    chosen = sorted(data.draw(st.sets(st.integers(0, len(compressed) - 1), min_size=bf.compiled_blocks.PARALLEL_MIN_BLOCKS,
+                                  max_size=300)))
+    rows_of = [sorted(rng.choice(int(counts[b]), int(rng.integers(1, int(counts[b]) + 1)), replace=False).tolist())
+               for b in chosen]
+    blocks = bf.BlockLocations(starts[chosen], np.array([len(compressed[b]) for b in chosen]),
+                               np.array([len(raws[b]) for b in chosen]), np.array([crcs[b] for b in chosen]),
+                               np.array(chosen) * 1000, [head.topics] * len(chosen))
+    firsts = np.cumsum([0] + [len(rows) for rows in rows_of])
+    rows = np.array([row for rows in rows_of for row in rows], dtype=np.int64)
+    with open(path, "rb") as f:
+        python = _read_or_error(lambda *a: bf.python_read_records(*a).messages(), f.fileno(), "file", blocks, firsts,
+                                rows, _short_read)
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: _read_or_error(bf.read_records, f.fileno(), "file", blocks, firsts, rows,
+                                                             _short_read), range(4)))
+    assert answers == [python] * 4
+    if not victims and damage == "none":
+        base = np.cumsum([0, *counts.tolist()])
+        assert python == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
+
+
+def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):
+    """Where the process may use more than one CPU, the read pool's helpers decode some blocks of a
+    read of hundreds (the test above is then a test of the shared read, not of the caller alone)."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    if bf.compiled_blocks.READ_HELPERS == 0:
+        pytest.skip("this process may use one CPU only: read_records has no helper threads to share with")
+    batch = _records_of_lengths("even", 4 * 400, np.random.default_rng(3))
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    path = tmp_path / "file"
+    path.write_bytes(b"".join(compressed))
+    starts = np.cumsum([0] + [len(c) for c in compressed[:-1]])
+    blocks = bf.BlockLocations(starts, np.array([len(c) for c in compressed]), np.array([len(r) for r in raws]),
+                               np.array([zlib.crc32(c) for c in compressed]), np.arange(len(compressed)) * 1000,
+                               [head.topics] * len(compressed))
+    firsts = np.arange(len(compressed) + 1, dtype=np.int64)
+    rows = np.zeros(len(compressed), dtype=np.int64)
+    before = bf.compiled_blocks.helper_blocks()
+    with open(path, "rb") as f:
+        for _ in range(50):  # (a helper wakes in ~30-100 us; the caller alone needs ~1 ms for these)
+            assert bf.read_records(f.fileno(), "file", blocks, firsts, rows, _short_read) == batch[::4]
+            if bf.compiled_blocks.helper_blocks() > before:
+                break
+        assert bf.compiled_blocks.helper_blocks() > before
+        # a process forked now (as PySpark's daemon forks its workers) has no helpers: it starts
+        # its own, and its reads neither wait for the parent's nor differ
+        child = os.fork()
+        if child == 0:
+            same = False
+            try:
+                same = bf.read_records(f.fileno(), "file", blocks, firsts, rows, _short_read) == batch[::4]
+            finally:
+                os._exit(0 if same else 1)
+        deadline = time.monotonic() + 60
+        while (waited := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if waited[0] == 0:
+            os.kill(child, 9)
+        assert waited[0] == child and os.waitstatus_to_exitcode(waited[1]) == 0, "the forked reader hung or differed"
 
 
 def test_record_texts_refuses_what_does_not_cut_its_heap():

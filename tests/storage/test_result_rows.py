@@ -8,6 +8,7 @@ batches that saw different topics (their topic tables differ), and texts the C p
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 
@@ -54,16 +55,18 @@ def _record(rng: random.Random, offset: int, topics: tuple[str, ...], declined_s
                          commit_log_offset=rng.choice([-1, offset * 100]), size=rng.choice([-1, 123, 7_000]))
 
 
-@pytest.fixture(scope="module")
-def filled(tmp_path_factory):
+@pytest.fixture(scope="module", params=[SETTINGS.segment_bytes, 16 << 10], ids=["one segment", "many segments"])
+def filled(tmp_path_factory, request):
     """A local store of ~2,500 records in 12 appends (a few timestamps outside the rule), each
     batch of one of TOPIC_SETS (one small one of COLLIDING_TOPICS), about 3% of records carrying
     keys the C path declines; and its model. (Keys collide in a hash slot only where their Java
-    hashes do: COLLIDING_KEYS.)"""
+    hashes do: COLLIDING_KEYS.) In one log segment, or in many: a key's records then come from
+    several segments, each numbering its own topics."""
     rng = random.Random(11)
     model = ShardModel("b")
     root = tmp_path_factory.mktemp("result-rows")
-    with pytest.MonkeyPatch.context() as monkeypatch, open_store(root, create=True, settings=SETTINGS) as store, \
+    settings = dataclasses.replace(SETTINGS, segment_bytes=request.param)
+    with pytest.MonkeyPatch.context() as monkeypatch, open_store(root, create=True, settings=settings) as store, \
             store.writer("b") as writer:
         accept_any_timestamp(monkeypatch)
         offset = 0
@@ -76,6 +79,8 @@ def filled(tmp_path_factory):
             offset += len(batch)
             writer.append(batch)
             model.append(batch)
+    segments = len(list(root.glob("broker=b/log/*.log")))
+    assert (segments == 1) == (request.param == SETTINGS.segment_bytes), segments
     return root, model
 
 

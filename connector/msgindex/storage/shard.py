@@ -91,7 +91,7 @@ from msgindex.storage.query import (
 from msgindex.storage.result_order import in_result_order
 from msgindex.storage.settings import StoreSettings
 from msgindex.storage.source_ranges import SourceRanges, SourceRows, appended_ranges, merge_intervals
-from msgindex.storage.verified_reads import VerifiedReads, WantedKeys
+from msgindex.storage.verified_reads import VerifiedReads, WantedKeys, compiled_rows
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,11 @@ SCAN_BATCH_ROWS = 65_536
 # and the record-by-record path reads, verifies and renders them with no Python object per record
 # (bf.read_raw_records, VerifiedReads._plain_few): a lookup of keys of 150-250 records, record by
 # record / columns, 2.0 / 3.4 ms (long keys, 5M records), 2.0 / 2.7 (long keys, 500k), 1.4 / 1.7
-# (bench_vs_parquet's project workload, 500k); they cross at 250-400 (BENCHMARKS.md).
-FEW_CANDIDATES = 256 if bf.compiled_blocks is not None else 64
+# (bench_vs_parquet's project workload, 500k); they cross at 250-400 (BENCHMARKS.md). Where the
+# rows are built in C too (verified_reads.compiled_rows, every segment's records in one table),
+# record by record stays ahead up to ~1,000: keys of 300-500 records 2.1 / 2.5 ms, of 1,000-2,000
+# 5.9 / 5.9 (long keys, 5M records, one segment); 200-300, 1.7 / 4.7 (2M in six segments).
+FEW_CANDIDATES = 64 if bf.compiled_blocks is None else 256 if compiled_rows is None else 1024
 # A reader whose snapshot's files vanish under retention retries with the newer checkpoint for as
 # long as the writer keeps committing, up to this long: a writer that appends and applies retention
 # in a tight loop can win the race several times in a row (CI saw three), so a fixed count of

@@ -5,7 +5,8 @@
  * Why compiled: in Python each block costs a checksum call, a codec call and a bytes object,
  * and two threads doing that run slower than one (each call hands the GIL over twice;
  * BENCHMARKS.md). Here a run of blocks is one call that holds no GIL, so two threads decompress
- * two halves of a read at once, straight into one buffer (no join afterwards). The answer is
+ * two halves of a read at once, straight into one buffer (no join afterwards); a point read's
+ * scattered blocks (read_records) are shared with helper threads of this module's own. The answer is
  * ``batch_format.decompress_blocks``' (its oracle; the tests compare them on valid and damaged
  * blocks), one way stricter: a block must decode to exactly its stated length, where Arrow's
  * codec pads a short one (a damage only a rewrite with a matching checksum can carry). Optional
@@ -34,6 +35,10 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <pthread.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #define OK 0
 #define BAD_CHECKSUM 1
@@ -405,7 +410,8 @@ static PyObject *decompress_blocks(PyObject *module, PyObject *const *args, Py_s
  * Its oracle is batch_format.python_read_records (BlockRecords.raw_record: the tests compare them
  * record by record, and the errors on damaged blocks, checks made in the same order: every
  * record's fields and text bounds first, texts decoded afterwards, in Python). The block layout
- * is batch_format's module docstring. */
+ * is batch_format's module docstring. A read of PARALLEL_MIN_BLOCKS blocks or more is shared with
+ * the read pool's helper threads (read_job_t below). */
 #define SHORT_READ 3 /* the file ends before the block does */
 #define BAD_LAYOUT 4 /* "a block does not match its layout" */
 #define BAD_RECORD 5 /* "a record does not match its block" */
@@ -592,6 +598,207 @@ static int64_t lz4_prefix(const uint8_t *in, size_t in_length, uint8_t *out, siz
     return got < 0 ? -1 : (int64_t)got;
 }
 
+/* read_records' blocks, shared by the caller's thread and the read pool's. Blocks are independent
+ * (a pread, a checksum, LZ4 and a decode: ~5 us each, BENCHMARKS.md), and a key of a hundred
+ * records is a hundred scattered blocks, so a second core halves the wait. Each participant takes
+ * the next block from one counter (no fixed halves: a helper that wakes late, ~30-100 us on this
+ * VM, takes fewer, and the caller never waits for one that has not begun), decodes it into its
+ * own texts and notes where they went; ints and text_counts are written at each block's own rows,
+ * which no other block has. The answer is the one a single pass in block order gives: a
+ * participant stops at a block past the lowest damaged block found so far, and every block below
+ * that was taken before it and is finished, so the lowest damaged block is the first one. */
+typedef struct {
+    int owner; /* the participant that decoded the block */
+    size_t heap_at, heap_length, lengths_at, lengths_length; /* its texts' bytes and lengths in the owner's buffers */
+} placement_t;
+
+typedef struct {
+    int fd;
+    const int64_t *positions, *lengths, *raw_lengths, *crcs, *topic_counts, *firsts, *rows;
+    int64_t *ints, *text_counts;
+    Py_ssize_t blocks;
+    Py_ssize_t next;       /* the next block to take (atomic) */
+    Py_ssize_t first_bad;  /* the lowest damaged block found so far, `blocks` if none (atomic) */
+    int no_memory;         /* (atomic) */
+    int users;             /* helpers still in the job (atomic) */
+    placement_t *placed;   /* per block, where a participant put its texts (NULL: the caller reads alone) */
+} read_job_t;
+
+typedef struct {
+    growing_t heap, text_lengths;
+    Py_ssize_t bad; /* this participant's damaged block (the first it met), or -1 */
+    int reason;
+    int64_t got;
+    Py_ssize_t taken; /* blocks it decoded */
+} participant_t;
+
+#define MAX_READ_HELPERS 3
+#define PARALLEL_MIN_BLOCKS 16 /* below, posting a job costs more than a helper can save */
+
+static void read_block(read_job_t *job, Py_ssize_t b, participant_t *me, uint8_t **compressed, size_t *compressed_capacity,
+                       uint8_t **raw, size_t *raw_capacity, int *no_memory) {
+    const int64_t *lengths = job->lengths, *raw_lengths = job->raw_lengths, *firsts = job->firsts;
+    growing_t *heap = &me->heap, *text_lengths = &me->text_lengths;
+    if ((size_t)lengths[b] > *compressed_capacity) {
+        free(*compressed);
+        *compressed_capacity = (size_t)lengths[b];
+        *compressed = malloc(*compressed_capacity);
+        if (*compressed == NULL) { *compressed_capacity = 0, *no_memory = 1; return; }
+    }
+    if ((size_t)raw_lengths[b] > *raw_capacity) {
+        free(*raw);
+        *raw_capacity = (size_t)raw_lengths[b];
+        *raw = malloc(*raw_capacity);
+        if (*raw == NULL) { *raw_capacity = 0, *no_memory = 1; return; }
+    }
+    uint8_t *in = *compressed, *out = *raw;
+    int64_t done = 0;
+    while (done < lengths[b]) { /* pread may return fewer bytes than asked without being at the end */
+        ssize_t n = pread(job->fd, in + done, (size_t)(lengths[b] - done), (off_t)(job->positions[b] + done));
+        if (n <= 0) break;
+        done += n;
+    }
+    int decoded;
+    if (done != lengths[b]) {
+        decoded = SHORT_READ, me->got = done;
+    } else if ((int64_t)block_checksum(in, (size_t)lengths[b]) != job->crcs[b]) {
+        decoded = BAD_CHECKSUM;
+    } else if (firsts[b + 1] > firsts[b]) {
+        const int64_t *block_rows = job->rows + firsts[b];
+        Py_ssize_t count = (Py_ssize_t)(firsts[b + 1] - firsts[b]);
+        int64_t *ints = job->ints + firsts[b] * INT_FIELDS, *text_counts = job->text_counts + firsts[b];
+        size_t heap_before = heap->length, lengths_before = text_lengths->length;
+        int64_t available = lz4_prefix(in, (size_t)lengths[b], out, (size_t)raw_lengths[b], block_rows[count - 1]);
+        decoded = available < 0 ? BAD_BLOCK
+                                : decode_records(out, raw_lengths[b], available, job->topic_counts[b], block_rows, count,
+                                                 ints, text_counts, heap, text_lengths, no_memory);
+        if (decoded == NEED_MORE) { /* the estimate fell short: the whole block, decoded again */
+            heap->length = heap_before, text_lengths->length = lengths_before;
+            decoded = !lz4_exactly(in, (size_t)lengths[b], out, (size_t)raw_lengths[b])
+                          ? BAD_BLOCK
+                          : decode_records(out, raw_lengths[b], raw_lengths[b], job->topic_counts[b], block_rows, count,
+                                           ints, text_counts, heap, text_lengths, no_memory);
+        }
+    } else { /* a block asked for none of its rows, checked as one that is */
+        decoded = !lz4_exactly(in, (size_t)lengths[b], out, (size_t)raw_lengths[b])
+                      ? BAD_BLOCK
+                      : decode_records(out, raw_lengths[b], raw_lengths[b], job->topic_counts[b], job->rows, 0,
+                                       job->ints, job->text_counts, heap, text_lengths, no_memory);
+    }
+    if (decoded != OK && me->bad < 0) me->bad = b, me->reason = decoded;
+}
+
+/* Takes blocks from `job` until none is left, one is damaged below them, or memory ran out. */
+static void participate(read_job_t *job, participant_t *me, int who) {
+    uint8_t *compressed = NULL, *raw = NULL;
+    size_t compressed_capacity = 0, raw_capacity = 0;
+    for (;;) {
+        Py_ssize_t b = __atomic_fetch_add(&job->next, 1, __ATOMIC_ACQ_REL);
+        if (b >= job->blocks || b > __atomic_load_n(&job->first_bad, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&job->no_memory, __ATOMIC_ACQUIRE))
+            break;
+        int no_memory = 0;
+        size_t heap_at = me->heap.length, lengths_at = me->text_lengths.length;
+        read_block(job, b, me, &compressed, &compressed_capacity, &raw, &raw_capacity, &no_memory);
+        if (no_memory) {
+            __atomic_store_n(&job->no_memory, 1, __ATOMIC_RELEASE);
+            break;
+        }
+        if (me->bad == b) { /* a lower one than any other participant may have met: keep the lowest */
+            Py_ssize_t seen = __atomic_load_n(&job->first_bad, __ATOMIC_ACQUIRE);
+            while (b < seen && !__atomic_compare_exchange_n(&job->first_bad, &seen, b, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            }
+            break;
+        }
+        if (job->placed != NULL)
+            job->placed[b] = (placement_t){who, heap_at, me->heap.length - heap_at, lengths_at,
+                                           me->text_lengths.length - lengths_at};
+        me->taken++;
+    }
+    free(compressed);
+    free(raw);
+}
+
+/* The read pool: helpers started on first use, one per CPU this process may use beyond the first
+ * (at most MAX_READ_HELPERS), waiting for a job. A job is posted by one caller at a time (another
+ * caller meanwhile reads alone); a helper joins it under the lock, and the caller, once it finds
+ * no block left, withdraws the job and waits only for helpers already in it (each finishing the
+ * block it holds). After a fork the child has no helpers: it starts its own. */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
+static read_job_t *pool_job = NULL;
+static participant_t *pool_participants = NULL; /* the posted job's: index 0 the caller, 1.. helpers */
+static int pool_joined = 0;                      /* helpers that joined the posted job */
+static unsigned long pool_posts = 0;
+static int pool_helpers = 0, usable_cpus = 0;
+static long long pool_blocks_read = 0; /* by helpers, since import: helper_blocks() (the tests' evidence they ran) */
+
+static void *pool_helper(void *unused) {
+    (void)unused;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&pool_lock);
+    for (;;) {
+        while (pool_job == NULL || pool_posts == seen) pthread_cond_wait(&pool_wake, &pool_lock);
+        seen = pool_posts;
+        read_job_t *job = pool_job;
+        int who = ++pool_joined;
+        if (who > MAX_READ_HELPERS) continue;
+        participant_t *me = &pool_participants[who];
+        __atomic_add_fetch(&job->users, 1, __ATOMIC_ACQ_REL);
+        pthread_mutex_unlock(&pool_lock);
+        participate(job, me, who);
+        __atomic_add_fetch(&pool_blocks_read, me->taken, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&job->users, 1, __ATOMIC_ACQ_REL); /* (the caller may free the job from here on) */
+        pthread_mutex_lock(&pool_lock);
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_cond_init(&pool_wake, NULL);
+    pool_job = NULL, pool_participants = NULL, pool_joined = 0, pool_helpers = 0;
+}
+
+/* Posts `job` to the pool unless another caller's is posted; whether it was. */
+static int pool_post(read_job_t *job, participant_t *participants) {
+    int wanted = usable_cpus - 1 < MAX_READ_HELPERS ? usable_cpus - 1 : MAX_READ_HELPERS;
+    if (wanted < 1) return 0;
+    pthread_mutex_lock(&pool_lock);
+    int posted = pool_job == NULL;
+    if (posted) {
+        for (; pool_helpers < wanted; pool_helpers++) {
+            pthread_t thread;
+            pthread_attr_t attributes;
+            pthread_attr_init(&attributes);
+            pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+            pthread_attr_setstacksize(&attributes, 256 * 1024); /* (they hold no more than a few frames) */
+            int started = pthread_create(&thread, &attributes, pool_helper, NULL) == 0;
+            pthread_attr_destroy(&attributes);
+            if (!started) break;
+        }
+        posted = pool_helpers > 0;
+    }
+    if (posted) {
+        pool_job = job, pool_participants = participants, pool_joined = 0, pool_posts++;
+        pthread_cond_broadcast(&pool_wake);
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return posted;
+}
+
+static void pool_withdraw(read_job_t *job) {
+    pthread_mutex_lock(&pool_lock);
+    pool_job = NULL, pool_participants = NULL;
+    pthread_mutex_unlock(&pool_lock);
+    /* helpers in the job hold a block each at most (~5 us from memory): a spin, not a sleep and a
+     * wake-up; a block that comes from disk may take milliseconds, so the spin gives way then */
+    for (int spins = 0; __atomic_load_n(&job->users, __ATOMIC_ACQUIRE) > 0; spins++) {
+        if (spins < 1000) sched_yield();
+        else usleep(20);
+    }
+}
+
 /* read_records(fd, positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts)
  *   -> (None, heap, text_lengths) | ((block, reason, bytes read), None, None)
  * Block b (int64 arrays, one value a block, sorted by position): `lengths[b]` bytes at
@@ -629,66 +836,42 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
         if (!sizes_ok) {
             PyErr_SetString(PyExc_ValueError, "read_records: arrays of inconsistent sizes");
         } else {
-            growing_t heap = {0}, text_lengths = {0};
-            uint8_t *compressed = NULL, *raw = NULL;
-            size_t compressed_capacity = 0, raw_capacity = 0;
-            Py_ssize_t bad = -1;
-            int reason = OK, no_memory = 0;
-            int64_t got = 0;
+            read_job_t job = {fd, positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts,
+                              blocks, 0, blocks, 0, 0, NULL};
+            participant_t participants[MAX_READ_HELPERS + 1];
+            for (int p = 0; p <= MAX_READ_HELPERS; p++) participants[p] = (participant_t){{0}, {0}, -1, OK, 0, 0};
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t b = 0; b < blocks && bad < 0 && !no_memory; b++) {
-                if ((size_t)lengths[b] > compressed_capacity) {
-                    free(compressed);
-                    compressed_capacity = (size_t)lengths[b];
-                    compressed = malloc(compressed_capacity);
-                    if (compressed == NULL) { no_memory = 1; break; }
-                }
-                if ((size_t)raw_lengths[b] > raw_capacity) {
-                    free(raw);
-                    raw_capacity = (size_t)raw_lengths[b];
-                    raw = malloc(raw_capacity);
-                    if (raw == NULL) { no_memory = 1; break; }
-                }
-                int64_t done = 0;
-                while (done < lengths[b]) { /* pread may return fewer bytes than asked without being at the end */
-                    ssize_t n = pread(fd, compressed + done, (size_t)(lengths[b] - done), (off_t)(positions[b] + done));
-                    if (n <= 0) break;
-                    done += n;
-                }
-                if (done != lengths[b]) {
-                    bad = b, reason = SHORT_READ, got = done;
-                } else if ((int64_t)block_checksum(compressed, (size_t)lengths[b]) != crcs[b]) {
-                    bad = b, reason = BAD_CHECKSUM;
-                } else if (firsts[b + 1] > firsts[b]) {
-                    const int64_t *block_rows = rows + firsts[b];
-                    Py_ssize_t count = (Py_ssize_t)(firsts[b + 1] - firsts[b]);
-                    size_t heap_before = heap.length, lengths_before = text_lengths.length;
-                    int64_t available = lz4_prefix(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b],
-                                                   block_rows[count - 1]);
-                    int decoded = available < 0 ? BAD_BLOCK
-                                                : decode_records(raw, raw_lengths[b], available, topic_counts[b], block_rows,
-                                                                 count, ints + firsts[b] * INT_FIELDS, text_counts + firsts[b],
-                                                                 &heap, &text_lengths, &no_memory);
-                    if (decoded == NEED_MORE) { /* the estimate fell short: the whole block, decoded again */
-                        heap.length = heap_before, text_lengths.length = lengths_before;
-                        decoded = !lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])
-                                      ? BAD_BLOCK
-                                      : decode_records(raw, raw_lengths[b], raw_lengths[b], topic_counts[b], block_rows,
-                                                       count, ints + firsts[b] * INT_FIELDS, text_counts + firsts[b],
-                                                       &heap, &text_lengths, &no_memory);
+            if (blocks >= PARALLEL_MIN_BLOCKS) {
+                job.placed = malloc(sizeof *job.placed * (size_t)blocks);
+                if (job.placed != NULL && !pool_post(&job, participants)) free(job.placed), job.placed = NULL;
+            }
+            participate(&job, &participants[0], 0);
+            if (job.placed != NULL) pool_withdraw(&job);
+            Py_END_ALLOW_THREADS
+            /* The outcome: the first damaged block's, or the texts joined in block order (the
+             * caller's own, as they are, when it decoded every block). */
+            growing_t heap = {0}, text_lengths = {0};
+            Py_ssize_t bad = -1;
+            int reason = OK, no_memory = job.no_memory;
+            int64_t got = 0;
+            for (int p = 0; p <= MAX_READ_HELPERS && !no_memory; p++)
+                if (participants[p].bad >= 0 && participants[p].bad == job.first_bad)
+                    bad = participants[p].bad, reason = participants[p].reason, got = participants[p].got;
+            if (!no_memory && bad < 0) {
+                if (participants[0].taken == blocks) {
+                    heap = participants[0].heap, text_lengths = participants[0].text_lengths;
+                    participants[0].heap = (growing_t){0}, participants[0].text_lengths = (growing_t){0};
+                } else {
+                    for (Py_ssize_t b = 0; b < blocks && !no_memory; b++) {
+                        const placement_t *at = &job.placed[b];
+                        const participant_t *owner = &participants[at->owner];
+                        no_memory = !append(&heap, owner->heap.data + at->heap_at, at->heap_length) ||
+                                    !append(&text_lengths, owner->text_lengths.data + at->lengths_at, at->lengths_length);
                     }
-                    if (decoded != OK) bad = b, reason = decoded;
-                } else { /* a block asked for none of its rows, checked as one that is */
-                    int decoded = !lz4_exactly(compressed, (size_t)lengths[b], raw, (size_t)raw_lengths[b])
-                                      ? BAD_BLOCK
-                                      : decode_records(raw, raw_lengths[b], raw_lengths[b], topic_counts[b], rows, 0,
-                                                       ints, text_counts, &heap, &text_lengths, &no_memory);
-                    if (decoded != OK) bad = b, reason = decoded;
                 }
             }
-            free(compressed);
-            free(raw);
-            Py_END_ALLOW_THREADS
+            for (int p = 0; p <= MAX_READ_HELPERS; p++) free(participants[p].heap.data), free(participants[p].text_lengths.data);
+            free(job.placed);
             if (no_memory) {
                 PyErr_NoMemory();
             } else if (bad >= 0) {
@@ -822,6 +1005,12 @@ static PyObject *checksums(PyObject *module, PyObject *const *args, Py_ssize_t n
 }
 
 /* checksum(data) -> the block checksum of data (an int) */
+/* helper_blocks() -> int: the blocks the read pool's helpers decoded since import. */
+static PyObject *helper_blocks(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return PyLong_FromLongLong(__atomic_load_n(&pool_blocks_read, __ATOMIC_RELAXED));
+}
+
 static PyObject *checksum(PyObject *module, PyObject *data) {
     (void)module;
     Py_buffer view;
@@ -845,6 +1034,8 @@ static PyMethodDef methods[] = {
     {"record_texts", (PyCFunction)(void (*)(void))record_texts, METH_FASTCALL,
      "record_texts(heap, text_lengths, text_counts): read_records' texts, a list per record; (texts, ascii, "
      "backslash)."},
+    {"helper_blocks", (PyCFunction)helper_blocks, METH_NOARGS,
+     "helper_blocks(): the blocks read_records' helper threads decoded since import."},
     {"decompress_blocks", (PyCFunction)(void (*)(void))decompress_blocks, METH_FASTCALL,
      "decompress_blocks(data, starts, lengths, raw_lengths, crcs, out, out_starts): the blocks checked "
      "and decompressed into out; None, or (first bad block, 1 checksum | 2 does not decode)."},
@@ -871,9 +1062,18 @@ PyMODINIT_FUNC PyInit__blocks(void) {
         void *library = dlopen(CRC_LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
         if (library != NULL) libdeflate_crc32 = (crc32_function)dlsym(library, "libdeflate_crc32");
     }
+#ifdef __linux__
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) usable_cpus = CPU_COUNT(&allowed);
+#endif
+    if (usable_cpus < 1) usable_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (usable_cpus < 1) usable_cpus = 1;
+    pthread_atfork(NULL, NULL, pool_after_fork);
     PyObject *module = PyModule_Create(&module_def);
     if (module != NULL &&
-        PyModule_AddStringConstant(module, "CHECKSUM_LIBRARY", libdeflate_crc32 != NULL ? "libdeflate" : "zlib") != 0) {
+        (PyModule_AddStringConstant(module, "CHECKSUM_LIBRARY", libdeflate_crc32 != NULL ? "libdeflate" : "zlib") != 0 ||
+         PyModule_AddIntConstant(module, "PARALLEL_MIN_BLOCKS", PARALLEL_MIN_BLOCKS) != 0 ||
+         PyModule_AddIntConstant(module, "READ_HELPERS", usable_cpus - 1 < MAX_READ_HELPERS ? usable_cpus - 1 : MAX_READ_HELPERS) != 0)) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1174,7 +1174,8 @@ def read_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarr
 def read_raw_records(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,
                      check_read: Callable[[int, int, int], None]) -> RawRecords:
     """``read_records``' records before they are MessageRecords: in C where it was built
-    (``_blocks.read_records``: one call, no GIL, ~5-8 us a scattered record; then
+    (``_blocks.read_records``: one call, no GIL, ~5-8 us a scattered record, the blocks of a
+    read of many shared with helper threads on the process's other CPUs; then
     ``_blocks.record_texts``), else ``python_read_records``, its oracle (~20 us). A short read
     goes to `check_read(read, wanted, position)`, which raises."""
     if compiled_blocks is None:
@@ -1229,6 +1230,23 @@ class PackedRecords(NamedTuple):
     text_lengths: np.ndarray
     topics: tuple[bytes, ...]
     topic_ids: np.ndarray
+
+    @staticmethod
+    def concat(parts: Sequence[PackedRecords]) -> PackedRecords:
+        """`parts`' records one after another, numbered in one table of topics (the first part's
+        in its order, then each topic the others add)."""
+        if len(parts) == 1:
+            return parts[0]
+        numbers: dict[bytes, int] = {}
+        topic_ids = []
+        for part in parts:
+            renumbered = np.array([numbers.setdefault(topic, len(numbers)) for topic in part.topics], dtype=np.int64)
+            topic_ids.append(renumbered[part.topic_ids] if len(part.topic_ids) else part.topic_ids.astype(np.int64))
+        return PackedRecords(np.concatenate([part.ints for part in parts]),
+                             np.concatenate([part.text_counts for part in parts]),
+                             b"".join(part.heap for part in parts),
+                             np.concatenate([part.text_lengths for part in parts]), tuple(numbers),
+                             np.concatenate(topic_ids))
 
     def raw(self) -> RawRecords:
         """These records as ``read_raw_records`` gives them, each one's topic numbered in

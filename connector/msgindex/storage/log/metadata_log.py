@@ -704,14 +704,20 @@ class MetadataLog(LogReads):
         return bf.RawRecords.concat(parts)
 
     def read_few_packed(self, seqs: Sequence[int]) -> bf.PackedRecords | None:
-        """``LogReads.read_few_packed`` for segments on disk: one segment's records in one compiled
-        call (``LogSegment.packed_records_at``)."""
+        """``LogReads.read_few_packed`` for segments on disk: each segment's records in one
+        compiled call (``LogSegment.packed_records_at``), joined (a key's records lie in every
+        segment its producers wrote to while the log rolled)."""
         if bf.compiled_blocks is None or not len(seqs):
             return None
-        segment = self._segment_of(seqs[0])
-        if seqs[-1] >= segment.next_seq:
-            return None
-        return segment.packed_records_at(np.array(seqs, dtype=np.int64))
+        parts = []
+        seqs = list(seqs)
+        done = 0
+        while done < len(seqs):  # a segment at a time, as read_few_raw
+            segment = self._segment_of(seqs[done])
+            end = bisect.bisect_left(seqs, segment.next_seq, done)
+            parts.append(segment.packed_records_at(np.array(seqs[done:end], dtype=np.int64)))
+            done = end
+        return bf.PackedRecords.concat(parts)
 
     def unchanged_on_disk(self, position: LogPosition) -> bool:
         """True when the files still are exactly what this writer's view of `position` (its own
