@@ -7,9 +7,12 @@ from __future__ import annotations
 import ctypes.util
 import os
 import shutil
+import subprocess
+import sys
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -812,6 +815,59 @@ def test_a_read_of_many_blocks_shared_with_helper_threads_is_the_single_pass(tmp
     if not victims and damage == "none":
         base = np.cumsum([0, *counts.tolist()])
         assert python == [batch[int(base[b]) + row] for b, rows in zip(chosen, rows_of) for row in rows]
+
+
+_READ_UNDER_A_MEMORY_LIMIT = """
+import resource, sys
+import numpy as np
+from msgindex.errors import CorruptFileError
+from msgindex.storage.log import batch_format as bf
+saved = np.load(sys.argv[1], allow_pickle=True)
+blocks = bf.BlockLocations(*(saved[name] for name in ("positions", "lengths", "raw_lengths", "crcs", "seqs")),
+                           [tuple(saved["topics"])] * len(saved["positions"]))
+# room for what the read needs but a block of 3 GB: the address space in use now, and 1 GB more
+limit = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize() + (1 << 30)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+answers = set()
+with open(sys.argv[2], "rb") as f:
+    for _ in range(100):
+        try:
+            bf.read_records(f.fileno(), "file", blocks, saved["firsts"], saved["rows"], lambda *a: None)
+            answers.add("records")
+        except CorruptFileError as error:
+            answers.add(str(error))
+        except MemoryError:
+            answers.add("MemoryError")
+print(sorted(answers))
+"""
+
+
+def test_a_damaged_block_is_named_before_blocks_past_it_that_do_not_fit_in_memory(tmp_path):
+    """A single pass stops at the first block it cannot read: a damaged block comes before a later
+    block whose buffers cannot be allocated, whichever thread takes that later block first (a
+    process whose address space is limited, blocks past the damaged one 3 GB once decompressed;
+    a helper that took one of those first once made the answer a MemoryError)."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    batch = _records_of_lengths("even", 4 * 64, np.random.default_rng(5))
+    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
+    crcs = [zlib.crc32(c) for c in compressed]
+    compressed[20] = compressed[20][:-1] + bytes([compressed[20][-1] ^ 1])
+    path = tmp_path / "file"
+    path.write_bytes(b"".join(compressed))
+    raw_lengths = np.array([len(r) for r in raws])
+    raw_lengths[21:] = 3_000_000_000
+    np.savez(tmp_path / "blocks.npz", positions=np.cumsum([0] + [len(c) for c in compressed[:-1]]),
+             lengths=np.array([len(c) for c in compressed]), raw_lengths=raw_lengths, crcs=np.array(crcs),
+             seqs=np.arange(len(compressed)) * 1000, topics=np.array(head.topics, dtype=object),
+             firsts=np.arange(len(compressed) + 1), rows=np.zeros(len(compressed), dtype=np.int64))
+    if not Path("/proc/self/statm").exists():
+        pytest.skip("no /proc/self/statm here (not Linux): the address-space limit is set from it")
+    done = subprocess.run([sys.executable, "-c", _READ_UNDER_A_MEMORY_LIMIT, str(tmp_path / "blocks.npz"), str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # (block 20's batch position as BlockLocations gives it: 20 x 1000)
+    assert done.stdout.strip() == str(["file: invalid batch at byte 20000: checksum mismatch"]), done.stdout
 
 
 def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):

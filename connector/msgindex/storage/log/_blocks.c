@@ -618,8 +618,8 @@ typedef struct {
     int64_t *ints, *text_counts;
     Py_ssize_t blocks;
     Py_ssize_t next;       /* the next block to take (atomic) */
-    Py_ssize_t first_bad;  /* the lowest damaged block found so far, `blocks` if none (atomic) */
-    int no_memory;         /* (atomic) */
+    Py_ssize_t first_bad;  /* the lowest damaged block found so far, `blocks` if none (atomic); a
+                            * block whose buffers could not be allocated counts as one (NO_MEMORY) */
     int users;             /* helpers still in the job (atomic) */
     placement_t *placed;   /* per block, where a participant put its texts (NULL: the caller reads alone) */
 } read_job_t;
@@ -694,16 +694,12 @@ static void participate(read_job_t *job, participant_t *me, int who) {
     size_t compressed_capacity = 0, raw_capacity = 0;
     for (;;) {
         Py_ssize_t b = __atomic_fetch_add(&job->next, 1, __ATOMIC_ACQ_REL);
-        if (b >= job->blocks || b > __atomic_load_n(&job->first_bad, __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(&job->no_memory, __ATOMIC_ACQUIRE))
-            break;
+        if (b >= job->blocks || b > __atomic_load_n(&job->first_bad, __ATOMIC_ACQUIRE)) break;
         int no_memory = 0;
         size_t heap_at = me->heap.length, lengths_at = me->text_lengths.length;
         read_block(job, b, me, &compressed, &compressed_capacity, &raw, &raw_capacity, &no_memory);
-        if (no_memory) {
-            __atomic_store_n(&job->no_memory, 1, __ATOMIC_RELEASE);
-            break;
-        }
+        if (no_memory) /* where a single pass would stop too: an error below it still comes first */
+            me->bad = b, me->reason = NO_MEMORY;
         if (me->bad == b) { /* a lower one than any other participant may have met: keep the lowest */
             Py_ssize_t seen = __atomic_load_n(&job->first_bad, __ATOMIC_ACQUIRE);
             while (b < seen && !__atomic_compare_exchange_n(&job->first_bad, &seen, b, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -837,7 +833,7 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
             PyErr_SetString(PyExc_ValueError, "read_records: arrays of inconsistent sizes");
         } else {
             read_job_t job = {fd, positions, lengths, raw_lengths, crcs, topic_counts, firsts, rows, ints, text_counts,
-                              blocks, 0, blocks, 0, 0, NULL};
+                              blocks, 0, blocks, 0, NULL};
             participant_t participants[MAX_READ_HELPERS + 1];
             for (int p = 0; p <= MAX_READ_HELPERS; p++) participants[p] = (participant_t){{0}, {0}, -1, OK, 0, 0};
             Py_BEGIN_ALLOW_THREADS
@@ -852,11 +848,12 @@ static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_
              * caller's own, as they are, when it decoded every block). */
             growing_t heap = {0}, text_lengths = {0};
             Py_ssize_t bad = -1;
-            int reason = OK, no_memory = job.no_memory;
+            int reason = OK, no_memory = 0;
             int64_t got = 0;
-            for (int p = 0; p <= MAX_READ_HELPERS && !no_memory; p++)
+            for (int p = 0; p <= MAX_READ_HELPERS; p++)
                 if (participants[p].bad >= 0 && participants[p].bad == job.first_bad)
                     bad = participants[p].bad, reason = participants[p].reason, got = participants[p].got;
+            if (reason == NO_MEMORY) no_memory = 1, bad = -1;
             if (!no_memory && bad < 0) {
                 if (participants[0].taken == blocks) {
                     heap = participants[0].heap, text_lengths = participants[0].text_lengths;
