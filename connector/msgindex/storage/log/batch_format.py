@@ -804,6 +804,18 @@ def empty_rows() -> DecodedRows:
                        ints, np.zeros(0, np.int32))
 
 
+def unified_topics(parts: Sequence[DecodedRows | PackedRecords]) -> tuple[tuple[bytes, ...], np.ndarray]:
+    """One table of the topics of `parts` (each numbering its own: the first part's in its order,
+    then each topic the others add) and every part's records' topic numbers in it, one after
+    another."""
+    numbers: dict[bytes, int] = {}
+    topic_ids = []
+    for part in parts:
+        renumbered = np.array([numbers.setdefault(topic, len(numbers)) for topic in part.topics], dtype=np.int64)
+        topic_ids.append(renumbered[part.topic_ids] if len(part.topic_ids) else np.zeros(0, np.int64))
+    return tuple(numbers), np.concatenate(topic_ids) if topic_ids else np.zeros(0, np.int64)
+
+
 def concat_rows(parts: Sequence[DecodedRows]) -> DecodedRows:
     """The records of `parts`, in that order, as one DecodedRows (topic numbers unified)."""
     parts = [p for p in parts if len(p)]
@@ -811,15 +823,12 @@ def concat_rows(parts: Sequence[DecodedRows]) -> DecodedRows:
         return empty_rows()
     if len(parts) == 1:
         return parts[0]
-    topics: dict[bytes, int] = {}
-    ids = []
-    for part in parts:
-        mapping = np.array([topics.setdefault(t, len(topics)) for t in part.topics], dtype=np.int64)
-        ids.append(mapping[part.topic_ids])
+    topics, topic_ids = unified_topics(parts)
+
     def joined(name: str) -> np.ndarray:
         return np.concatenate([getattr(part, name) for part in parts])
 
-    return DecodedRows(joined("seqs"), tuple(topics), np.concatenate(ids), joined("partition"), joined("offset"),
+    return DecodedRows(joined("seqs"), topics, topic_ids, joined("partition"), joined("offset"),
                        joined("timestamp_ms"), pa.concat_arrays([p.key for p in parts]),
                        pa.concat_arrays([p.keys for p in parts]), joined("commit_log_offset"), joined("size"))
 
@@ -1233,20 +1242,14 @@ class PackedRecords(NamedTuple):
 
     @staticmethod
     def concat(parts: Sequence[PackedRecords]) -> PackedRecords:
-        """`parts`' records one after another, numbered in one table of topics (the first part's
-        in its order, then each topic the others add)."""
+        """`parts`' records one after another, numbered in one table of topics (``unified_topics``)."""
         if len(parts) == 1:
             return parts[0]
-        numbers: dict[bytes, int] = {}
-        topic_ids = []
-        for part in parts:
-            renumbered = np.array([numbers.setdefault(topic, len(numbers)) for topic in part.topics], dtype=np.int64)
-            topic_ids.append(renumbered[part.topic_ids] if len(part.topic_ids) else part.topic_ids.astype(np.int64))
+        topics, topic_ids = unified_topics(parts)
         return PackedRecords(np.concatenate([part.ints for part in parts]),
                              np.concatenate([part.text_counts for part in parts]),
                              b"".join(part.heap for part in parts),
-                             np.concatenate([part.text_lengths for part in parts]), tuple(numbers),
-                             np.concatenate(topic_ids))
+                             np.concatenate([part.text_lengths for part in parts]), topics, topic_ids)
 
     def raw(self) -> RawRecords:
         """These records as ``read_raw_records`` gives them, each one's topic numbered in
