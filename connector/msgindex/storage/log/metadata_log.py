@@ -693,15 +693,7 @@ class MetadataLog(LogReads):
         with no numpy or Arrow per record; ``LogReads.read_few_raw`` is its oracle): cheaper than
         ``gather`` up to ~250-400 scattered records (shard.FEW_CANDIDATES), dearer above (``chunks``'
         compiled columns)."""
-        parts = []
-        seqs = list(seqs)
-        done = 0
-        while done < len(seqs):  # a segment at a time: numpy finds the blocks of all its seqs at once
-            segment = self._segment_of(seqs[done])
-            end = bisect.bisect_left(seqs, segment.next_seq, done)
-            parts.append(segment.raw_records_at(np.array(seqs[done:end], dtype=np.int64)))
-            done = end
-        return bf.RawRecords.concat(parts)
+        return bf.RawRecords.concat([segment.raw_records_at(at) for segment, at in self._by_segment(seqs)])
 
     def read_few_packed(self, seqs: Sequence[int]) -> bf.PackedRecords | None:
         """``LogReads.read_few_packed`` for segments on disk: each segment's records in one
@@ -709,15 +701,18 @@ class MetadataLog(LogReads):
         segment its producers wrote to while the log rolled)."""
         if bf.compiled_blocks is None or not len(seqs):
             return None
-        parts = []
+        return bf.PackedRecords.concat([segment.packed_records_at(at) for segment, at in self._by_segment(seqs)])
+
+    def _by_segment(self, seqs: Sequence[int]) -> Iterator[tuple[LogSegment, np.ndarray]]:
+        """Sorted `seqs` a segment at a time (numpy then finds the blocks of all of a segment's
+        seqs at once): each segment and its seqs, as int64."""
         seqs = list(seqs)
         done = 0
-        while done < len(seqs):  # a segment at a time, as read_few_raw
+        while done < len(seqs):
             segment = self._segment_of(seqs[done])
             end = bisect.bisect_left(seqs, segment.next_seq, done)
-            parts.append(segment.packed_records_at(np.array(seqs[done:end], dtype=np.int64)))
+            yield segment, np.array(seqs[done:end], dtype=np.int64)
             done = end
-        return bf.PackedRecords.concat(parts)
 
     def unchanged_on_disk(self, position: LogPosition) -> bool:
         """True when the files still are exactly what this writer's view of `position` (its own
