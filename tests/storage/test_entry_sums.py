@@ -175,11 +175,14 @@ def test_the_lookup_checksum_is_zlibs(monkeypatch, compiled):
             checksum.crc32_slices(data, np.array([0, start]), np.array([1, length]))
 
 
+@pytest.mark.parametrize("few_touched", [entry_sums._FEW_TOUCHED, 0], ids=["python-set", "numpy"])
 @pytest.mark.parametrize("compiled", [True, False], ids=["libdeflate", "zlib"])
 @pytest.mark.parametrize("which", ["sealed", "active"])
-def test_scribbled_entries_are_an_error_naming_the_file(store, which, compiled, monkeypatch):
+def test_scribbled_entries_are_an_error_naming_the_file(store, which, compiled, few_touched, monkeypatch):
+    """Both ways a check finds the chunks a lookup touched (a set for a few, numpy for many)."""
     if not compiled:
         monkeypatch.setattr(checksum, "compiled_blocks", None)
+    monkeypatch.setattr(entry_sums, "_FEW_TOUCHED", few_touched)
     sealed, active = index_files(store)
     assert_scribbled_file_is_named(store, sealed if which == "sealed" else active)
 

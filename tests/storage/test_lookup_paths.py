@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from msgindex.storage import result_order
+from msgindex.storage import result_order, verified_reads
 from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log import metadata_log
 from msgindex.storage.store import StoreSettings
@@ -28,6 +28,9 @@ BASE = 1_700_000_000_000
 SETTINGS = StoreSettings(hash_slot_num=7, index_num=700, segment_bytes=30_000, index_interval_bytes=300)
 PATHS = {
     "record by record": {"FEW_CANDIDATES": 10**9},
+    # candidates grouped by record in Python (as a few are) or with numpy (as more are) whatever their count
+    "record by record, grouped in Python": {"FEW_CANDIDATES": 10**9, "_VECTOR_PAIRS": 10**9},
+    "record by record, grouped with numpy": {"FEW_CANDIDATES": 10**9, "_VECTOR_PAIRS": 0},
     "compiled columns": {"FEW_CANDIDATES": 0, "COMPILED_COLUMNS_RECORDS": 10**9},
     "one chunk": {"FEW_CANDIDATES": 0, "COMPILED_COLUMNS_RECORDS": 0, "READ_CHUNK_BLOCKS": 10**6},
     "chunks inline": {"FEW_CANDIDATES": 0, "COMPILED_COLUMNS_RECORDS": 0, "READ_CHUNK_BLOCKS": 1,
@@ -72,6 +75,8 @@ def test_every_lookup_path_answers_like_the_model(filled, path, monkeypatch):
     for name, value in PATHS[path].items():
         if name == "FEW_CANDIDATES":
             patch_few_candidates(monkeypatch, value)
+        elif name == "_VECTOR_PAIRS":
+            monkeypatch.setattr(verified_reads, name, value)
         else:
             monkeypatch.setattr(metadata_log, name, value)
     open_filled, model = filled
@@ -97,6 +102,27 @@ def test_every_lookup_path_answers_like_the_model(filled, path, monkeypatch):
                                max_results=limit)
             assert table_rows(got) == model_lookup([model], keys, topic=topic, begin_ms=begin, end_ms=end,
                                                    partitions=partitions, max_results=limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5)), max_size=80))
+@example([(7, 1), (3, 0), (7, 1), (7, 0), (3, 2), (7, 1)])  # a record under two pairs, one of them three times
+def test_candidates_grouped_by_record_with_numpy_as_in_python(candidates):
+    seqs = np.array([seq for seq, _ in candidates], dtype=np.int64)
+    who = np.array([number for _, number in candidates], dtype=np.int64)
+    oracle = verified_reads.pairs_by_record_scalar(seqs, who)
+    grouped = verified_reads.pairs_by_record(seqs, who) if len(seqs) >= verified_reads._VECTOR_PAIRS else None
+    if grouped is None:  # (a few go to the scalar grouping itself: call numpy's for them too)
+        saved, verified_reads._VECTOR_PAIRS = verified_reads._VECTOR_PAIRS, 0
+        try:
+            grouped = verified_reads.pairs_by_record(seqs, who)
+        finally:
+            verified_reads._VECTOR_PAIRS = saved
+    (records, repeated_seqs, repeated_numbers), (want_records, want_seqs, want_numbers) = grouped, oracle
+    assert [column.tolist() for column in records] == [column.tolist() for column in want_records]
+    assert records.as_dict() == {seq: sorted(set(n for s, n in candidates if s == seq)) for seq, _ in candidates}
+    assert sorted(zip(repeated_seqs.tolist(), repeated_numbers.tolist())) == sorted(
+        zip(want_seqs.tolist(), want_numbers.tolist()))
 
 
 def test_chunked_lookups_really_use_several_chunks(filled, monkeypatch):

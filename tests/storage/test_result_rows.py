@@ -120,12 +120,13 @@ def test_compiled_rows_are_plain_few_s(filled, monkeypatch):
     counts = {"answered": 0, "declined": 0, "empty": 0}
     compiled_few = VerifiedReads._compiled_few
 
-    def compared(self, seqs, pairs, packed, wanted, begin_ms, end_ms, partitions, max_results):
-        got = compiled_few(self, seqs, pairs, packed, wanted, begin_ms, end_ms, partitions, max_results)
+    def compared(self, grouped, packed, wanted, begin_ms, end_ms, partitions, max_results):
+        got = compiled_few(self, grouped, packed, wanted, begin_ms, end_ms, partitions, max_results)
         raw = packed.raw()
         oracle = None
         if raw.texts_are_keys and not raw.backslash:
-            oracle = self._plain_few(seqs, pairs, raw, wanted, begin_ms, end_ms, partitions, max_results)
+            oracle = self._plain_few(grouped.seqs.tolist(), grouped.as_dict(), raw, wanted, begin_ms, end_ms, partitions,
+                                     max_results)
         if got is None:
             counts["declined"] += 1
             assert oracle is None

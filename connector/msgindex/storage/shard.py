@@ -1119,16 +1119,20 @@ class ShardReader(_Committed, VerifiedReads):
         if not copies:
             return None
         # each copied wanted key's (topic, key) numbers: of 1,000 wanted keys, few are copied
-        if len(wanted.keys) <= _FEW_WANTED:
-            held = self._copied_keys()
-            numbers = np.array([n for n, key in enumerate(wanted.keys.to_pylist()) if key in held], dtype=np.int64)
+        if len(wanted.texts) <= _FEW_WANTED:
+            held, terms, per_topic = self._copied_keys(), wanted.term_bytes, wanted.keys_per_topic
+            numbers = [n for n in range(len(wanted.texts)) if terms[n % per_topic] in held]
+            if not numbers:
+                return None
+            pair_terms = [terms[n % per_topic] for n in numbers]
         else:
             copied = pa.array(sorted(self._copied_keys()), bf.TEXT)
-            numbers = np.flatnonzero(pc.is_in(wanted.keys, copied).to_numpy(zero_copy_only=False))
-        if not len(numbers):
-            return None
+            found = np.flatnonzero(pc.is_in(wanted.keys, copied).to_numpy(zero_copy_only=False))
+            if not len(found):
+                return None
+            numbers, pair_terms = found.tolist(), wanted.keys.take(pa.array(found)).to_pylist()
         key_numbers: dict[bytes, list[int]] = {}
-        for number, key in zip(numbers.tolist(), wanted.keys.take(pa.array(numbers)).to_pylist()):
+        for number, key in zip(numbers, pair_terms):
             key_numbers.setdefault(key, []).append(number)
         # the distinct wanted keys: a Query's keys are duplicate-free (query.normalize_keys)
         return hot_keys.read_copies(copies, self._copy_fits, key_numbers, len(wanted.hashes),

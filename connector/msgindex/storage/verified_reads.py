@@ -18,7 +18,10 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +70,85 @@ def _shown_topic(topic: bytes) -> bytes:
     return shown
 
 
+_TOPIC_TABLES: dict[tuple[bytes, ...], tuple[dict[bytes, int], np.ndarray, bytes]] = {}
+
+
+def _topic_table(topics: tuple[bytes, ...]) -> tuple[dict[bytes, int], np.ndarray, bytes]:
+    """({topic: its number}, the ends of each topic as results show it (``_shown_topic``) and
+    those shown topics back to back) of a log's table of `topics`: what ``_result_rows`` takes,
+    remembered per process like the shown topics (a lookup's records name the same few tables)."""
+    table = _TOPIC_TABLES.get(topics)
+    if table is None:
+        if len(_TOPIC_TABLES) >= _SHOWN_TOPICS_KEPT:
+            _TOPIC_TABLES.clear()
+        shown = [_shown_topic(topic) for topic in topics]
+        table = _TOPIC_TABLES[topics] = ({topic: number for number, topic in enumerate(topics)},
+                                          np.array(list(accumulate(map(len, shown))), np.int64), b"".join(shown))
+    return table
+
+
+class RecordPairs(NamedTuple):
+    """A lookup's candidates grouped by record (``pairs_by_record``): the distinct records'
+    seqs, ascending, and the wanted pairs whose entries point at record i, ascending:
+    ``numbers[ends[i - 1] : ends[i]]`` (``ends[-1]`` is 0). int64 arrays."""
+
+    seqs: np.ndarray
+    ends: np.ndarray
+    numbers: np.ndarray
+
+    def as_dict(self) -> dict[int, list[int]]:
+        """{seq: its pairs' numbers}."""
+        numbers, starts = self.numbers.tolist(), [0, *self.ends.tolist()]
+        return {seq: numbers[starts[i] : starts[i + 1]] for i, seq in enumerate(self.seqs.tolist())}
+
+
+# Candidates from which numpy groups them by record: below, a Python dict costs less than
+# numpy's calls (~15 us), above less than Python's steps (~0.8 us a candidate).
+_VECTOR_PAIRS = 24
+
+
+def pairs_by_record(seqs: np.ndarray, who: np.ndarray) -> tuple[RecordPairs, np.ndarray, np.ndarray]:
+    """The candidates (entry targets `seqs`, wanted pair numbers `who`) grouped by record, each
+    (record, pair) once, and the repeats of a (record, pair) beyond its first: (seqs, numbers) of
+    each repeat, for ``_check_repeated_entries`` (a record found twice under one pair is damage
+    unless it carries as many keys of that hash). ``pairs_by_record_scalar`` is its oracle."""
+    if len(seqs) < _VECTOR_PAIRS:
+        return pairs_by_record_scalar(seqs, who)
+    seqs, who = np.asarray(seqs, dtype=np.int64), np.asarray(who, dtype=np.int64)
+    order = np.lexsort((who, seqs))
+    seqs, who = seqs[order], who[order]
+    repeat = np.zeros(len(seqs), dtype=bool)
+    np.logical_and(seqs[1:] == seqs[:-1], who[1:] == who[:-1], out=repeat[1:])
+    repeated_seqs, repeated_numbers = seqs[repeat], who[repeat]
+    if len(repeated_seqs):
+        seqs, who = seqs[~repeat], who[~repeat]
+    starts = np.empty(len(seqs), dtype=bool)
+    starts[:1] = True
+    np.not_equal(seqs[1:], seqs[:-1], out=starts[1:])
+    firsts = np.flatnonzero(starts)
+    ends = np.empty(len(firsts), dtype=np.int64)
+    ends[:-1], ends[-1:] = firsts[1:], len(seqs)
+    return RecordPairs(seqs[firsts], ends, who), repeated_seqs, repeated_numbers
+
+
+def pairs_by_record_scalar(seqs: np.ndarray | Sequence[int], who: np.ndarray | Sequence[int]
+                           ) -> tuple[RecordPairs, np.ndarray, np.ndarray]:
+    """``pairs_by_record`` a candidate at a time, in Python (its oracle; what answers a few)."""
+    pairs: dict[int, list[int]] = {}
+    repeated = []
+    for seq, key_number in zip(np.asarray(seqs).tolist(), np.asarray(who).tolist()):
+        numbers = pairs.setdefault(seq, [])
+        if key_number in numbers:
+            repeated.append((seq, key_number))
+        else:
+            numbers.append(key_number)
+    records = sorted(pairs)
+    numbers = [number for seq in records for number in sorted(pairs[seq])]
+    return (RecordPairs(np.array(records, dtype=np.int64), np.array(list(accumulate(len(pairs[seq]) for seq in records)),
+                                                                    dtype=np.int64), np.array(numbers, dtype=np.int64)),
+            np.array([seq for seq, _ in repeated], dtype=np.int64), np.array([k for _, k in repeated], dtype=np.int64))
+
+
 @dataclass(frozen=True)
 class WantedKeys:
     """The (topic, term) pairs of a lookup: their RocketMQ hashes, and their texts as given and as
@@ -77,20 +159,38 @@ class WantedKeys:
     texts: tuple[tuple[str, str | tuple[str, str]], ...]
     topics: tuple[bytes, ...]  # each topic once, in pair order: pair p's topic is topics[p // keys_per_topic]
     keys_per_topic: int  # terms per topic, keys and field values
-    keys: pa.Array  # large_binary
+    given_keys: tuple[str, ...]
+    given_fields: tuple[tuple[str, str], ...]
 
     @classmethod
     def of(cls, topics: Sequence[str], keys: Sequence[str], fields: Sequence[tuple[str, str]] = ()) -> WantedKeys:
         terms = (*keys, *fields)
         pairs = tuple((t, term) for t in topics for term in terms)
-        # each text encoded once
-        encoded_keys = _encoded(keys)
-        if fields:
-            encoded_keys = pa.concat_arrays([encoded_keys, pa.array([field_term(*f) for f in fields], bf.TEXT)])
         strings = [text for t in topics for text in
                    (*index_keys(t, keys), *(field_hash_string(t, name, value) for name, value in fields))]
-        return cls(_hashes(strings), pairs, tuple(encode_text(t) for t in topics), len(terms),
-                   pa.concat_arrays([encoded_keys] * len(topics)) if topics else encoded_keys.slice(0, 0))
+        return cls(_hashes(strings), pairs, tuple(encode_text(t) for t in topics), len(terms), tuple(keys),
+                   tuple(fields))
+
+    # The terms as the log stores them are made when first asked, not with the hashes: a lookup of
+    # a few candidates compares them in C from `term_bytes`, and only the hot-key copies and the
+    # vectorized verification take Arrow's `keys` (its two Arrow calls were ~10% of a one-key
+    # lookup, more with the caches cold).
+    @cached_property
+    def term_bytes(self) -> tuple[bytes, ...]:
+        """Each term (keys, then field values) as the log stores it (encode_text bytes, or a
+        field's ``field_term``): pair p's is term_bytes[p % keys_per_topic]."""
+        return (*(encode_text(key) for key in self.given_keys), *(field_term(*f) for f in self.given_fields))
+
+    @cached_property
+    def keys(self) -> pa.Array:
+        """Each pair's term as the log stores it, in pair order (large_binary)."""
+        if len(self.given_keys) <= SCALAR_MAX_KEYS:
+            encoded = pa.array(self.term_bytes, bf.TEXT)
+        else:
+            encoded = _encoded(self.given_keys)
+            if self.given_fields:
+                encoded = pa.concat_arrays([encoded, pa.array([field_term(*f) for f in self.given_fields], bf.TEXT)])
+        return pa.concat_arrays([encoded] * len(self.topics)) if self.topics else encoded.slice(0, 0)
 
     def carried_by(self, pair: int, record: MessageRecord) -> bool:
         """Whether `record` is in pair `pair`'s topic and carries its key or field value."""
@@ -111,11 +211,8 @@ SCALAR_MAX_KEYS = 16
 
 
 def _encoded(keys: Sequence[str]) -> pa.Array:
-    """``encode_text`` of each key as bf.TEXT: Arrow's UTF-8 where every key is valid UTF-8 (the
-    same bytes, without a Python call per key: a bulk lookup asks 50,000 at once). A few keys
-    go one by one: Arrow's two calls cost ~19 us, one key's encode_text ~3."""
-    if len(keys) <= SCALAR_MAX_KEYS:
-        return pa.array([encode_text(k) for k in keys], bf.TEXT)
+    """``encode_text`` of each of many keys as bf.TEXT: Arrow's UTF-8 where every key is valid
+    UTF-8 (the same bytes, without a Python call per key: a bulk lookup asks 50,000 at once)."""
     try:
         return pa.array(keys, pa.large_string()).cast(bf.TEXT)
     except (pa.ArrowException, UnicodeError):  # a lone surrogate: encode_text passes it through
@@ -223,28 +320,19 @@ class VerifiedReads(ABC):
                       end_ms: int | None, partitions: Iterable[int] | None, max_results: int | None) -> pa.Table:
         """``_verified`` and ordering for a few candidates, record by record in Python: below
         FEW_CANDIDATES the numpy and Arrow kernels' per-call cost is most of a lookup."""
-        pairs: dict[int, list[int]] = {}
-        repeated = []
-        for seq, key_number in zip(seqs.tolist(), who.tolist()):
-            numbers = pairs.setdefault(seq, [])
-            if key_number in numbers:
-                repeated.append((seq, key_number))
-            numbers.append(key_number)
-        if repeated:
-            self._check_repeated_entries(np.array([seq for seq, _ in repeated], dtype=np.int64),
-                                         np.array([k for _, k in repeated], dtype=np.int64), wanted)
-            pairs = {seq: sorted(set(numbers)) for seq, numbers in pairs.items()}
+        grouped, repeated_seqs, repeated_numbers = pairs_by_record(seqs, who)
+        if len(repeated_seqs):
+            self._check_repeated_entries(repeated_seqs, repeated_numbers, wanted)
         wanted_partitions = None if partitions is None else set(partitions)
-        seqs_read = sorted(pairs)
-        packed = self._log.read_few_packed(seqs_read) if compiled_rows is not None else None
+        packed = self._log.read_few_packed(grouped.seqs) if compiled_rows is not None else None
         if packed is not None:
-            rows = self._compiled_few(seqs_read, pairs, packed, wanted, begin_ms, end_ms, wanted_partitions,
-                                      max_results)
+            rows = self._compiled_few(grouped, packed, wanted, begin_ms, end_ms, wanted_partitions, max_results)
             if rows is not None:
                 return rows
             raw = packed.raw()
         else:
-            raw = self._log.read_few_raw(seqs_read)
+            raw = self._log.read_few_raw(grouped.seqs.tolist())
+        seqs_read, pairs = grouped.seqs.tolist(), grouped.as_dict()
         if raw.texts_are_keys and not raw.backslash:
             plain = self._plain_few(seqs_read, pairs, raw, wanted, begin_ms, end_ms, wanted_partitions, max_results)
             if plain is not None:
@@ -270,31 +358,21 @@ class VerifiedReads(ABC):
         matched = matched[:max_results] if max_results is not None else matched
         return rows_from_records(self.broker, [seq for seq, _ in matched], [record for _, record in matched])
 
-    def _compiled_few(self, seqs: list[int], pairs: dict[int, list[int]], packed: bf.PackedRecords,
-                      wanted: WantedKeys, begin_ms: int | None, end_ms: int | None, wanted_partitions: set[int] | None,
-                      max_results: int | None) -> pa.Table | None:
-        """``_plain_few``'s answer from `packed`, the records at `seqs`, verified, ordered and
+    def _compiled_few(self, grouped: RecordPairs, packed: bf.PackedRecords, wanted: WantedKeys, begin_ms: int | None,
+                      end_ms: int | None, wanted_partitions: set[int] | None, max_results: int | None) -> pa.Table | None:
+        """``_plain_few``'s answer from `packed`, the records of `grouped`, verified, ordered and
         built in C (``_result_rows.plain_rows``, one pyarrow import): None wherever _plain_few
         would not answer."""
-        terms = [term for _, term in wanted.texts[: wanted.keys_per_topic]]  # (each topic's terms are these)
-        if not all(isinstance(term, str) for term in terms):  # a field value's term: never among keys
+        if wanted.given_fields:  # a field value's term: never among keys
             return None
-        topic_numbers = {topic: number for number, topic in enumerate(packed.topics)}
-        term_bytes = [encode_text(term) for term in terms]
-        shown = [_shown_topic(topic) for topic in packed.topics]
-        record_pairs: list[int] = []
-        record_pair_ends = []
-        for numbers in map(pairs.__getitem__, seqs):
-            record_pairs += numbers
-            record_pair_ends.append(len(record_pairs))
+        topic_numbers, shown_ends, shown = _topic_table(packed.topics)
+        term_bytes = wanted.term_bytes
         # (values past int64 select what none past it would: no limit, no partition)
         limit = -1 if max_results is None or max_results > _INT64_MAX else max_results
         answer = compiled_rows.plain_rows(
-            packed.ints, packed.text_counts, packed.heap, packed.text_lengths, np.array(seqs, dtype=np.int64),
-            packed.topic_ids, np.array(record_pair_ends, np.int64), np.array(record_pairs, np.int64),
-            wanted.topic_numbers(topic_numbers),
-            np.cumsum([len(term) for term in term_bytes], dtype=np.int64), b"".join(term_bytes),
-            np.cumsum([len(name) for name in shown], dtype=np.int64), b"".join(shown),
+            packed.ints, packed.text_counts, packed.heap, packed.text_lengths, grouped.seqs, packed.topic_ids,
+            grouped.ends, grouped.numbers, wanted.topic_numbers(topic_numbers),
+            np.array(list(accumulate(map(len, term_bytes))), np.int64), b"".join(term_bytes), shown_ends, shown,
             arrow_text(self.broker).encode("utf-8"),
             (_INT64_MIN if begin_ms is None else begin_ms, _INT64_MAX if end_ms is None else end_ms),
             None if wanted_partitions is None else

@@ -279,13 +279,18 @@ class EntryGuard:
             self._shift = chunk_shift_of(claimed_by(self.index_file.path)[1]) or CHUNK_SHIFT
             self._whole = _whole_chunks(self.index_file, self._shift)
         whole, shift = self._whole, self._shift
-        if touched.arrays:
+        if not touched.arrays or sum(map(len, touched.arrays)) <= _FEW_TOUCHED:
+            # a one-key lookup's walks: a Python set finds the distinct chunks (np.unique's set-up costs more)
+            distinct = set(touched.chunks)
+            for array in touched.arrays:
+                distinct.update(array.tolist())
+            if shift != TOUCH_SHIFT:
+                distinct = {chunk >> (shift - TOUCH_SHIFT) for chunk in distinct}
+            pending = sorted(chunk for chunk in distinct if chunk < whole.size and not whole[chunk])
+        else:
             chunks = touched.distinct(shift)
             chunks = chunks[chunks < whole.size]
             pending = chunks[~whole[chunks]].tolist()
-        else:  # a few walks one entry at a time (a one-key lookup): no numpy call
-            down = shift - TOUCH_SHIFT
-            pending = [chunk for chunk in {c >> down for c in touched.chunks} if chunk < whole.size and not whole[chunk]]
         entries = None
         if pending:
             # the sidecar first, then the entries' view (once: ~4 us, a chunk's CRC ~0.4): a view
@@ -383,6 +388,9 @@ class EntryGuard:
 
 
 _CHECKED_FILES = 256  # index files whose checked chunks a process remembers
+# Chunks a lookup touched up to which EntryGuard.check finds the distinct ones in Python: 1.2 us
+# for 4 against numpy's 4.6, even at ~64, 20 against 15 us at 128.
+_FEW_TOUCHED = 48
 _checked_by_file: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
 
 

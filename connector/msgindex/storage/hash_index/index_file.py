@@ -1072,13 +1072,18 @@ def _stamp(begin_timestamp: int, time_diff: int) -> int:
     return stamp if INT64_MIN <= stamp <= INT64_MAX else _wrap64(stamp)
 
 
+_UINT64_MASK = (1 << 64) - 1
+
+
 def _stamps(begin_timestamp: int, time_diffs: Sequence[int] | np.ndarray, *, reuse: bool = False) -> np.ndarray:
     """``_stamp`` of many diffs (int64 arithmetic wraps like Java's long), in a new array, or in
     `time_diffs` itself when `reuse` says it is an int64 array nobody else holds."""
     stamps = time_diffs if reuse else np.array(time_diffs, dtype=np.int64)
-    stamps *= TIME_DIFF_UNIT_MS
-    with np.errstate(over="ignore"):
-        stamps += np.int64(begin_timestamp)
+    # in uint64, whose arithmetic wraps as Java's long does, with no overflow check to silence (an
+    # np.errstate block cost ~5 us, a tenth of a one-key lookup's hash step)
+    unsigned = stamps.view(np.uint64)
+    unsigned *= np.uint64(TIME_DIFF_UNIT_MS)
+    unsigned += np.uint64(begin_timestamp & _UINT64_MASK)
     return stamps
 
 

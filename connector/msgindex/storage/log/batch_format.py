@@ -1139,6 +1139,7 @@ class BlockLocations(NamedTuple):
     origins: np.ndarray
     topic_tables: list[tuple[bytes, ...]]
     batches: np.ndarray | None = None  # each block's batch in its segment's directory (a log file's reads)
+    topic_counts: np.ndarray | None = None  # len() of each block's topic table, int64 (None: taken from them)
 
 
 class RawRecords(NamedTuple):
@@ -1204,14 +1205,16 @@ def _compiled_read(fd: int, name: object, blocks: BlockLocations, firsts: np.nda
     text_counts = np.empty(len(rows), dtype=np.int64)
     problem, heap, text_lengths = compiled_blocks.read_records(
         fd, *(np.ascontiguousarray(column, dtype=np.int64) for column in blocks[:4]),
-        np.array([len(table) for table in blocks.topic_tables], dtype=np.int64),
+        np.array([len(table) for table in blocks.topic_tables], dtype=np.int64) if blocks.topic_counts is None
+        else blocks.topic_counts,
         np.ascontiguousarray(firsts, dtype=np.int64), np.ascontiguousarray(rows, dtype=np.int64), ints, text_counts)
     if problem is not None:
         block, reason, read = problem
         if reason == _SHORT_READ:
             check_read(read, int(blocks.lengths[block]), int(blocks.positions[block]))
         raise CorruptFileError(f"{name}: invalid batch at byte {int(blocks.origins[block])}: {_RECORD_PROBLEMS[reason]}")
-    return ints, text_counts, heap, np.require(np.frombuffer(text_lengths, dtype=np.int64), requirements="CA")
+    lengths = np.frombuffer(text_lengths, dtype=np.int64)
+    return ints, text_counts, heap, lengths if lengths.flags.aligned else lengths.copy()
 
 
 def read_record_columns(fd: int, name: object, blocks: BlockLocations, firsts: np.ndarray, rows: np.ndarray,

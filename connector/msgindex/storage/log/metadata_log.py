@@ -703,15 +703,15 @@ class MetadataLog(LogReads):
             return None
         return bf.PackedRecords.concat([segment.packed_records_at(at) for segment, at in self._by_segment(seqs)])
 
-    def _by_segment(self, seqs: Sequence[int]) -> Iterator[tuple[LogSegment, np.ndarray]]:
+    def _by_segment(self, seqs: Sequence[int] | np.ndarray) -> Iterator[tuple[LogSegment, np.ndarray]]:
         """Sorted `seqs` a segment at a time (numpy then finds the blocks of all of a segment's
         seqs at once): each segment and its seqs, as int64."""
-        seqs = list(seqs)
+        seqs = np.asarray(seqs, dtype=np.int64)
         done = 0
         while done < len(seqs):
-            segment = self._segment_of(seqs[done])
-            end = bisect.bisect_left(seqs, segment.next_seq, done)
-            yield segment, np.array(seqs[done:end], dtype=np.int64)
+            segment = self._segment_of(int(seqs[done]))
+            end = int(seqs.searchsorted(segment.next_seq)) if seqs[-1] >= segment.next_seq else len(seqs)
+            yield segment, seqs[done:end]
             done = end
 
     def unchanged_on_disk(self, position: LogPosition) -> bool:
