@@ -89,8 +89,9 @@ def _topic_table(topics: tuple[bytes, ...]) -> tuple[dict[bytes, int], np.ndarra
 
 class RecordPairs(NamedTuple):
     """A lookup's candidates grouped by record (``pairs_by_record``): the distinct records'
-    seqs, ascending, and the wanted pairs whose entries point at record i, ascending:
-    ``numbers[ends[i - 1] : ends[i]]`` (``ends[-1]`` is 0). int64 arrays."""
+    seqs, ascending, and the numbers of the wanted pairs whose entries point at each, ascending,
+    back to back: record i's end at ends[i], where record i + 1's begin (record 0's at 0). int64
+    arrays."""
 
     seqs: np.ndarray
     ends: np.ndarray
