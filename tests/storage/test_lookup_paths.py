@@ -111,13 +111,11 @@ def test_candidates_grouped_by_record_with_numpy_as_in_python(candidates):
     seqs = np.array([seq for seq, _ in candidates], dtype=np.int64)
     who = np.array([number for _, number in candidates], dtype=np.int64)
     oracle = verified_reads.pairs_by_record_scalar(seqs, who)
-    grouped = verified_reads.pairs_by_record(seqs, who) if len(seqs) >= verified_reads._VECTOR_PAIRS else None
-    if grouped is None:  # (a few go to the scalar grouping itself: call numpy's for them too)
-        saved, verified_reads._VECTOR_PAIRS = verified_reads._VECTOR_PAIRS, 0
-        try:
-            grouped = verified_reads.pairs_by_record(seqs, who)
-        finally:
-            verified_reads._VECTOR_PAIRS = saved
+    saved, verified_reads._VECTOR_PAIRS = verified_reads._VECTOR_PAIRS, 0  # numpy's grouping, however few
+    try:
+        grouped = verified_reads.pairs_by_record(seqs, who)
+    finally:
+        verified_reads._VECTOR_PAIRS = saved
     (records, repeated_seqs, repeated_numbers), (want_records, want_seqs, want_numbers) = grouped, oracle
     assert [column.tolist() for column in records] == [column.tolist() for column in want_records]
     assert records.as_dict() == {seq: sorted(set(n for s, n in candidates if s == seq)) for seq, _ in candidates}
