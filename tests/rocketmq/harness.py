@@ -30,6 +30,11 @@ HOST = "127.0.0.1"
 HASH_SLOT_NUM = 1000
 INDEX_NUM = 4000
 COMMIT_LOG_FILE_SIZE = 256 * 1024
+# A broker deletes its oldest commit-log files, whatever their age, once the disk is 85% used
+# (and stops taking messages at 90%): a CI machine's full disk lost the first 786,432 bytes of the
+# tests' store a minute after they were sent. The ground truth is what was sent, so keep it all.
+KEEP_EVERY_FILE = ["cleanFileForciblyEnable=false", "diskMaxUsedSpaceRatio=95", "diskSpaceCleanForciblyRatio=99",
+                   "diskSpaceWarningLevelRatio=99", "fileReservedTime=1000000"]
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
 
 
@@ -110,7 +115,7 @@ class LocalRocketMQ:
             f"brokerIP1={HOST}", f"storePathRootDir={self.store_root}", f"rocketmqHome={home}",
             f"mappedFileSizeCommitLog={self.commit_log_file_size}",
             f"maxHashSlotNum={self.hash_slot_num}", f"maxIndexNum={self.index_num}",
-            "autoCreateTopicEnable=false", "flushDiskType=ASYNC_FLUSH",
+            "autoCreateTopicEnable=false", "flushDiskType=ASYNC_FLUSH", *KEEP_EVERY_FILE,
         ]) + "\n")
         self._log = open(self.work / "server.out", "w")
         self.process = subprocess.Popen(

@@ -43,6 +43,12 @@ public class StoreWriter {
         config.setMaxIndexNum(Integer.parseInt(args[3]));
         config.setMappedFileSizeConsumeQueue(20 * 1000);
         config.setHaListenPort(0);
+        // as the test broker (harness.KEEP_EVERY_FILE): never delete or refuse because the disk looks full
+        config.setCleanFileForciblyEnable(false);
+        config.setDiskMaxUsedSpaceRatio(95);
+        config.setDiskSpaceCleanForciblyRatio(99);
+        config.setDiskSpaceWarningLevelRatio(99);
+        config.setFileReservedTime(1000000);
         DefaultMessageStore store = new DefaultMessageStore(config, new BrokerStatsManager("storeWriter", true),
             null, new BrokerConfig(), new ConcurrentHashMap<>());
         if (!store.load()) {
