@@ -48,6 +48,7 @@ from msgindex.storage.message import (
 )
 from msgindex.storage.query import ROW_SCHEMA, Query, empty_rows, rows_from_records, rows_table
 from msgindex.storage.result_order import OrderColumns, Part, result_order, topic_ranks
+from msgindex.storage.sorted_runs import run_starts
 
 try:  # compiled where it was built (setup.py); _plain_few, its oracle, answers without it
     from msgindex.storage import _result_rows as compiled_rows
@@ -123,10 +124,7 @@ def pairs_by_record(seqs: np.ndarray, who: np.ndarray) -> tuple[RecordPairs, np.
     repeated_seqs, repeated_numbers = seqs[repeat], who[repeat]
     if len(repeated_seqs):
         seqs, who = seqs[~repeat], who[~repeat]
-    starts = np.empty(len(seqs), dtype=bool)
-    starts[:1] = True
-    np.not_equal(seqs[1:], seqs[:-1], out=starts[1:])
-    firsts = np.flatnonzero(starts)
+    firsts = np.flatnonzero(run_starts(seqs))
     ends = np.empty(len(firsts), dtype=np.int64)
     ends[:-1], ends[-1:] = firsts[1:], len(seqs)
     return RecordPairs(seqs[firsts], ends, who), repeated_seqs, repeated_numbers
@@ -452,9 +450,7 @@ class VerifiedReads(ABC):
             kept = np.ones(len(seqs), dtype=bool)
             kept[repeated] = False
             seqs, who = seqs[kept], who[kept]
-        new = np.empty(len(seqs), dtype=bool)
-        new[0] = True
-        np.not_equal(seqs[1:], seqs[:-1], out=new[1:])
+        new = run_starts(seqs)
         unique = seqs[new]
         record = np.cumsum(new) - 1
         bounds = np.append(np.flatnonzero(new), len(seqs))  # record r's pairs: bounds[r]:bounds[r + 1]

@@ -63,6 +63,7 @@ from msgindex.storage.checksum import crc32, crc32_slices
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.hash_index import hash_run
 from msgindex.storage.hash_index.hash_run import IndexFile
+from msgindex.storage.sorted_runs import distinct_sorted
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ class Touched:
         if not parts:
             return np.zeros(0, np.int64)
         touched = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return np.unique(touched >> (shift - TOUCH_SHIFT) if shift != TOUCH_SHIFT else touched)
+        return distinct_sorted(touched >> (shift - TOUCH_SHIFT) if shift != TOUCH_SHIFT else touched)
 
 
 class EntryGuard:

@@ -73,6 +73,7 @@ from msgindex.errors import CorruptFileError, InvalidArgumentError
 from msgindex.storage.durable import write_atomically
 from msgindex.storage.int_limits import INT32_MAX, INT32_MIN
 from msgindex.storage.mapped_file import map_file
+from msgindex.storage.sorted_runs import run_starts
 
 
 class IndexFile(Protocol):
@@ -400,8 +401,7 @@ def build(index_file: IndexFile, start: int, end: int, *, min_chain: int = DEFAU
     slot = by_slot >> 32
     entry = position + start
     prev = rows["prev_index"][position].astype(np.int64)
-    first = np.ones(slot.size, dtype=bool)
-    first[1:] = slot[1:] != slot[:-1]
+    first = run_starts(slot)
     last = np.append(first[1:], True)
     # a clean chain in the range: each entry's prev is the slot's entry before it; the oldest one's
     # prev leaves the range (< start, possibly 0) or ends the walk (>= itself)
@@ -446,7 +446,7 @@ def _dominant_hashes(slots: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     if not pairs.size:
         return np.zeros(0, dtype=np.int32)
     pair_slot = pairs >> 32
-    slot_start = np.flatnonzero(np.append(True, pair_slot[1:] != pair_slot[:-1]))
+    slot_start = np.flatnonzero(run_starts(pair_slot))
     slot_rows = np.add.reduceat(counts, slot_start)
     best = np.maximum.reduceat(counts, slot_start)
     # the first pair of each slot reaching its best count: the smallest such hash

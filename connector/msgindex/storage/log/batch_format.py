@@ -160,6 +160,7 @@ from msgindex.storage.message import (
     shown_timestamps,
     split_terms,
 )
+from msgindex.storage.sorted_runs import run_starts
 
 try:  # optional (setup.py): absent without a C compiler at install, and where msgindex arrives as a zip
     from msgindex.storage.log import _blocks as compiled_blocks
@@ -567,9 +568,7 @@ def _source_runs(sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order), and whether each of them, in that order, is its source's first."""
     order = np.argsort(sources, kind="stable")
     ordered = sources[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    return order, first
+    return order, run_starts(ordered)
 
 
 def _offset_steps(deltas: np.ndarray, sources: np.ndarray) -> np.ndarray:

@@ -48,6 +48,7 @@ from msgindex.storage.log import batch_format as bf
 from msgindex.storage.log.segment_summary import SegmentSummary
 from msgindex.storage.log.sparse_index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from msgindex.storage.mapped_file import raise_if_storage_full
+from msgindex.storage.sorted_runs import run_starts
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -746,12 +747,7 @@ class LogSegment(BatchReads):
         (one more at the end) and each seq's row in its block: what the compiled reader reads."""
         directory = self.batches()
         blocks = directory.block_of(seqs)
-        # sorted seqs, so their blocks never go down: a block's first seq is where the block
-        # changes (np.unique's sort and set-up cost ~2 us more)
-        starts = np.empty(len(blocks), dtype=bool)
-        starts[:1] = True
-        np.not_equal(blocks[1:], blocks[:-1], out=starts[1:])
-        firsts = np.flatnonzero(starts)
+        firsts = np.flatnonzero(run_starts(blocks))  # sorted seqs: their blocks never go down
         distinct = blocks[firsts]
         batches = directory.block_batches[distinct]
         return (bf.BlockLocations(*(column[distinct] for column in (directory.block_positions, directory.block_lengths,
