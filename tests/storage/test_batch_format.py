@@ -948,3 +948,14 @@ def test_a_point_read_of_a_blocks_front_trusts_its_checksum_for_the_rest(tmp_pat
         for read, row in ((bf.read_records, len(batch) - 1), (bf.python_read_records, 3)):
             with pytest.raises(CorruptFileError, match="a block does not decode"):
                 read(f.fileno(), "file", blocks, np.array([0, 1]), np.array([row]), _short_read)
+
+
+@given(st.lists(st.lists(st.sampled_from([b"a", b"b", b"c", b"d", b""]), max_size=4, unique=True).map(tuple),
+                max_size=30))
+def test_numbered_topics_number_each_topic_once_in_order_of_appearance(tables):
+    topics, starts, topic_map = bf.numbered_topics(tables)
+    in_order = list(dict.fromkeys(topic for table in tables for topic in table))
+    assert list(topics) == in_order and list(topics.values()) == list(range(len(in_order)))
+    assert len(starts) == len(tables)
+    for table, start in zip(tables, starts.tolist()):
+        assert [in_order[number] for number in topic_map[start : start + len(table)].tolist()] == list(table)

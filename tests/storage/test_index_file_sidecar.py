@@ -86,6 +86,39 @@ def test_a_run_answers_hot_slots_exactly(tmp_path: Path, monkeypatch) -> None:
         assert lookups(f, limit=1500) == [[c for c in chain if c[0] < 1500] for chain in without]
 
 
+def test_runs_jump_a_chain_that_fills_only_a_little_of_each_range(tmp_path: Path, monkeypatch) -> None:
+    """A key with 16 entries in each run's range makes a chain of 48 all the same (a full file of
+    5M records has five ranges): every run written with the default holds its slot, and a key of
+    one record that shares the slot takes its hits from them instead of walking the other key's."""
+    slots, ranges, per_range = 1000, 3, 16
+    spread = "t#spread"
+    slot = index_hash(spread) % slots
+    sharing = next(key for key in (f"t#b{i}" for i in range(100_000))
+                   if index_hash(key) % slots == slot and index_hash(key) != index_hash(spread))
+    rng = random.Random(3)
+    keys = []
+    for _ in range(ranges):  # the other keys of a range: a few entries a slot, far below the threshold
+        part = [spread] * per_range + [f"t#c{rng.randrange(10**6)}" for _ in range(400)]
+        rng.shuffle(part)
+        keys += part
+    keys.insert(5, sharing)
+    path = tmp_path / "f"
+    with IndexFile.create(path, slots, 4 * len(keys)) as f:
+        f.put_keys(keys, range(len(keys)), [T0 + i for i in range(len(keys))])
+        expected = reference_candidates(f, index_hash(sharing))
+        assert len(expected) == 1
+        bounds = [1, *(1 + len(keys) * (r + 1) // ranges for r in range(ranges))]
+        for start, end in zip(bounds, bounds[1:]):
+            assert hash_run.write(f, start, end)
+        f.forget_hash_runs()
+        runs = f._hash_runs().runs
+        assert len(runs) == ranges and all(slot in run.slots.tolist() for run in runs)
+        asked: list[int] = []
+        calls = run_hits(monkeypatch, asked)
+        assert f.candidates(index_hash(sharing)) == expected
+        assert asked == [index_hash(sharing)] * ranges and all(calls)
+
+
 def test_a_run_leaves_out_the_hash_that_dominates_a_slot(tmp_path: Path, monkeypatch) -> None:
     """HOT holds most of its slot's entries: the run lists only the others' entries there, a key
     sharing the slot jumps over HOT's chain, and HOT's own walk never asks the run."""

@@ -114,7 +114,14 @@ NO_LEFT_OUT = -1  # (stored key hashes are >= 0: build refuses a file with a neg
 COLUMNS = (("phy_offset", np.dtype("<i8")), ("key_hash", np.dtype("<i4")), ("entry", np.dtype("<i4")),
            ("time_diff", np.dtype("<i4")))
 BLOCK_CRC_DTYPE = np.dtype("<u4")
-DEFAULT_MIN_CHAIN = 64  # a chain shorter than this is walked (< ~30 us): not worth a run row
+# A slot with fewer entries than this in a run's range is walked there. A chain runs through every
+# range of its file (a full file of 5M records has five), so a per-range 64 left chains of up to
+# ~300 entries walked: 2% of keys of a 1M-slot file share a slot with another key's 64+ entries,
+# and a key of one record there walked 181 on the 5M long-keys store (0.7-1.0 ms on its first
+# lookup: each entry a page and a chunk checksum not touched before). At 16 its walk is 92 at most,
+# the runs take 0.3% of the file (were 0.1%), and 1,000 keys took 39 against 40 ms; at 8 the walks
+# end sooner still, but the Python walk that takes a run's hits (~10 us a run) serves twice the keys.
+DEFAULT_MIN_CHAIN = 16
 DEFAULT_BLOCK_ROWS = 1 << 16
 FINGERPRINT_SAMPLES = 64  # entry rows of the range hashed into the fingerprint
 # Sealing policy (seal_committed): a file gets its first run at MIN_SEAL_ENTRIES committed entries

@@ -1038,13 +1038,18 @@ class Selection:
 
 def numbered_topics(topic_tables: Sequence[tuple[bytes, ...]]) -> tuple[dict[bytes, int], np.ndarray, np.ndarray]:
     """Every topic of `topic_tables` numbered once, in order of appearance, and one flat map of
-    all tables: table t's topic i is number ``topic_map[table_starts[t] + i]``."""
+    all tables: table t's topic i is number ``topic_map[table_starts[t] + i]`` (tables alike share
+    their numbers: a segment's thousand batches hold a few tables, numbered in ~0.1 ms, not 1)."""
     topics: dict[bytes, int] = {}
     flat: list[int] = []
-    starts: list[int] = []
+    start_of: dict[tuple[bytes, ...], int] = {}
+    starts = []
     for table in topic_tables:
-        starts.append(len(flat))
-        flat.extend(topics.setdefault(topic, len(topics)) for topic in table)
+        start = start_of.get(table)
+        if start is None:
+            start = start_of[table] = len(flat)
+            flat.extend(topics.setdefault(topic, len(topics)) for topic in table)
+        starts.append(start)
     return topics, np.array(starts, dtype=np.int64), np.array(flat, dtype=np.int64)
 
 
