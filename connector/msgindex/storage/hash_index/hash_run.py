@@ -119,7 +119,7 @@ BLOCK_CRC_DTYPE = np.dtype("<u4")
 # ~300 entries walked: 2% of keys of a 1M-slot file share a slot with another key's 64+ entries,
 # and a key of one record there walked 181 on the 5M long-keys store (0.7-1.0 ms on its first
 # lookup: each entry a page and a chunk checksum not touched before). At 16 its walk is 92 at most,
-# the runs take 0.3% of the file (were 0.1%), and 1,000 keys took 39 against 40 ms; at 8 the walks
+# the runs take 0.5% of the file (were 0.1%), and 1,000 keys took 39 against 40 ms; at 8 the walks
 # end sooner still, but the Python walk that takes a run's hits (~10 us a run) serves twice the keys.
 DEFAULT_MIN_CHAIN = 16
 DEFAULT_BLOCK_ROWS = 1 << 16
