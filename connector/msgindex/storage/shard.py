@@ -976,6 +976,7 @@ class ShardReader(_Committed, VerifiedReads):
         copied = self._copied_rows(wanted)
         from_seqs = copied.covered_below(len(wanted.hashes)) if copied is not None else None
         seqs, who = self._candidates(wanted, begin_ms, end_ms, from_seqs)
+        bf.expect_scattered_reads(len(seqs))
         if len(seqs) <= FEW_CANDIDATES and (from_seqs is None or from_seqs.max() <= self._checkpoint.log_start_seq):
             return self._verified_few(seqs, who, wanted, begin_ms, end_ms, query.partitions, query.max_results)
         parts = []
