@@ -394,6 +394,9 @@ def main() -> None:
     parser.add_argument("--random-keys", type=int, default=300, help="1-key lookups timed (p50/p99)")
     parser.add_argument("--runs", type=int, default=5, help="runs of each bulk query (median)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--draw-seed", type=int, default=None,
+                        help="seed of the keys drawn for the lookups (default: --seed + 1): the same rows, another draw; "
+                             "a draw of 300 keys holds a few of the rare keys of hundreds of records, or none")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--no-fields", dest="fields", action="store_false",
                         help="skip the field lookups (a second store and two more Parquet copies)")
@@ -430,8 +433,14 @@ def main() -> None:
         keys_by_count = counts.field("values").take(pc.sort_indices(pc.negate(counts.field("counts"))))
         hot_key = keys_by_count[0].as_py()
         distinct = counts.field("values").to_pylist()
-        rng = np.random.default_rng(args.seed + 1)
-        random_keys = [distinct[i] for i in rng.integers(0, len(distinct), args.random_keys)]
+        rng = np.random.default_rng(args.seed + 1 if args.draw_seed is None else args.draw_seed)
+        drawn = rng.integers(0, len(distinct), args.random_keys)
+        random_keys = [distinct[i] for i in drawn.tolist()]
+        # the p99 is about the 4th slowest of 300: whether the draw holds a few rare keys of hundreds
+        # of records decides it more than anything else (--draw-seed)
+        largest = np.sort(counts.field("counts").to_numpy()[drawn])[::-1][:6]
+        print(f"keys drawn for the one-key lookups: their largest hold {', '.join(f'{n:,}' for n in largest.tolist())} "
+              f"records")
         wake_keys = [distinct[i] for i in rng.integers(0, len(distinct), -(-args.random_keys // LATENCY_BLOCK))]
         key_sets = [[distinct[i] for i in rng.integers(0, len(distinct), 1000)] for _ in range(args.runs)]
         stamps = table.column("timestamp_ms").to_numpy()
