@@ -730,13 +730,15 @@ static void participate(read_job_t *job, participant_t *me, int who) {
  *   executor's task threads their CPUs.
  * - Waking a sleeping helper takes 30-100 us here, up to a whole read; so after a job, and after
  *   wake_helpers() (a point read that has just found its many candidates calls it, ~100 us before
- *   it reads), a helper polls for the next post for HELPER_POLL_NS before it sleeps: that polling
- *   costs only idle CPU. Keys of 50-98 records, median read: 0.81-0.97 -> 0.64-0.76 ms after 1 ms
- *   pauses, 0.57-0.59 -> 0.50-0.51 back to back, unchanged after 10 ms (the helper sleeps again).
+ *   it reads), a helper polls for the next post for HELPER_POLL_NS before it sleeps (a key's
+ *   records in several segments are a read each). Polling takes only idle CPU, but it is CPU the
+ *   process is charged: keys of 50-98 records read after 1 ms pauses, median read / CPU per read
+ *   (every thread's), 0.83 / 0.94 ms before, 0.70 / 1.15 polling 200 us, 0.67 / 2.03 polling 1 ms;
+ *   back to back 0.60 -> 0.54 ms (0.49 at 1 ms).
  * - A SCHED_IDLE helper that holds a block may wait behind the caller on the caller's CPU (or
  *   behind any busy thread on its own), so a caller that finds a helper still in its job polls
  *   only briefly, then sleeps until the last one leaves (pool_left): sleeping frees a CPU for it. */
-#define HELPER_POLL_NS 1000000
+#define HELPER_POLL_NS 200000
 #define WITHDRAW_POLL_NS 20000 /* a helper's block, from memory, takes ~5 us */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER; /* a post, or wake_helpers() */
