@@ -870,14 +870,10 @@ def test_a_damaged_block_is_named_before_blocks_past_it_that_do_not_fit_in_memor
     assert done.stdout.strip() == str(["file: invalid batch at byte 20000: checksum mismatch"]), done.stdout
 
 
-def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):
-    """Where the process may use more than one CPU, the read pool's helpers decode some blocks of a
-    read of hundreds (the test above is then a test of the shared read, not of the caller alone)."""
-    if bf.compiled_blocks is None:
-        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
-    if bf.compiled_blocks.READ_HELPERS == 0:
-        pytest.skip("this process may use one CPU only: read_records has no helper threads to share with")
-    batch = _records_of_lengths("even", 4 * 400, np.random.default_rng(3))
+def _first_records_of_400_blocks(tmp_path: Path, seed: int) -> tuple:
+    """A file of 400 blocks of 4 records each, and what read_records takes to read the first record
+    of each: (the batch's records, the file, BlockLocations, firsts, rows)."""
+    batch = _records_of_lengths("even", 4 * 400, np.random.default_rng(seed))
     compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
     path = tmp_path / "file"
     path.write_bytes(b"".join(compressed))
@@ -885,8 +881,18 @@ def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):
     blocks = bf.BlockLocations(starts, np.array([len(c) for c in compressed]), np.array([len(r) for r in raws]),
                                np.array([zlib.crc32(c) for c in compressed]), np.arange(len(compressed)) * 1000,
                                [head.topics] * len(compressed))
-    firsts = np.arange(len(compressed) + 1, dtype=np.int64)
-    rows = np.zeros(len(compressed), dtype=np.int64)
+    return (batch, path, blocks, np.arange(len(compressed) + 1, dtype=np.int64),
+            np.zeros(len(compressed), dtype=np.int64))
+
+
+def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):
+    """Where the process may use more than one CPU, the read pool's helpers decode some blocks of a
+    read of hundreds (the test above is then a test of the shared read, not of the caller alone)."""
+    if bf.compiled_blocks is None:
+        pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
+    if bf.compiled_blocks.READ_HELPERS == 0:
+        pytest.skip("this process may use one CPU only: read_records has no helper threads to share with")
+    batch, path, blocks, firsts, rows = _first_records_of_400_blocks(tmp_path, seed=3)
     before = bf.compiled_blocks.helper_blocks()
     with open(path, "rb") as f:
         # (a helper wakes in ~30-100 us, and at SCHED_IDLE takes only a CPU nothing else wants: on a
@@ -938,16 +944,7 @@ def test_shared_reads_finish_and_agree_while_every_cpu_is_busy(tmp_path):
         pytest.skip("msgindex.storage.log._blocks was not built (no C compiler at install): the Python reader runs")
     if bf.compiled_blocks.READ_HELPERS == 0:
         pytest.skip("this process may use one CPU only: read_records has no helper threads to share with")
-    batch = _records_of_lengths("even", 4 * 400, np.random.default_rng(5))
-    compressed, raws, head = _blocks_and_raws(bf.encode_batch(0, LogColumns.of(batch), block_records=4))
-    path = tmp_path / "file"
-    path.write_bytes(b"".join(compressed))
-    starts = np.cumsum([0] + [len(c) for c in compressed[:-1]])
-    blocks = bf.BlockLocations(starts, np.array([len(c) for c in compressed]), np.array([len(r) for r in raws]),
-                               np.array([zlib.crc32(c) for c in compressed]), np.arange(len(compressed)) * 1000,
-                               [head.topics] * len(compressed))
-    firsts = np.arange(len(compressed) + 1, dtype=np.int64)
-    rows = np.zeros(len(compressed), dtype=np.int64)
+    batch, path, blocks, firsts, rows = _first_records_of_400_blocks(tmp_path, seed=5)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(os.sched_getaffinity(0)))]
     try:
         with open(path, "rb") as f:
