@@ -895,16 +895,16 @@ def test_helper_threads_take_part_in_reads_of_many_blocks(tmp_path):
     batch, path, blocks, firsts, rows = _first_records_of_400_blocks(tmp_path, seed=3)
     before = bf.compiled_blocks.helper_blocks()
     with open(path, "rb") as f:
-        # (a helper wakes in ~30-100 us, and at SCHED_IDLE takes only a CPU nothing else wants: on a
-        # busy machine, reads until one was free; the caller alone needs ~1 ms for these)
+        # (a helper wakes in ~30-100 us and never preempts a busy thread: on a busy machine, reads
+        # until one got a CPU; the caller alone needs ~1 ms for these)
         deadline = time.monotonic() + 30
         while bf.compiled_blocks.helper_blocks() == before and time.monotonic() < deadline:
             assert bf.read_records(f.fileno(), "file", blocks, firsts, rows, _short_read) == batch[::4]
         assert bf.compiled_blocks.helper_blocks() > before
         helpers = _read_helpers()
         assert 1 <= len(helpers) <= bf.compiled_blocks.READ_HELPERS
-        # they run at SCHED_IDLE (_blocks.c, "How helpers wait"): beside the caller, never in its place
-        assert {os.sched_getscheduler(tid) for tid in helpers} == {os.SCHED_IDLE}
+        # they run at SCHED_BATCH (_blocks.c, "How helpers wait"): beside the caller, never in its place
+        assert {os.sched_getscheduler(tid) for tid in helpers} == {os.SCHED_BATCH}
         bf.compiled_blocks.wake_helpers()  # woken ahead of a read: the read is the same
         assert bf.read_records(f.fileno(), "file", blocks, firsts, rows, _short_read) == batch[::4]
         # a process forked now (as PySpark's daemon forks its workers) has no helpers: it starts
@@ -937,7 +937,7 @@ def _read_helpers() -> list[int]:
 
 
 def test_shared_reads_finish_and_agree_while_every_cpu_is_busy(tmp_path):
-    """With a normal-priority busy loop on every CPU, a SCHED_IDLE helper that took a block may wait
+    """With a normal-priority busy loop on every CPU, a SCHED_BATCH helper that took a block may wait
     behind one: the caller then sleeps until it leaves (a CPU is free for it then), and every read
     gives the records of a read alone, in seconds at most."""
     if bf.compiled_blocks is None:

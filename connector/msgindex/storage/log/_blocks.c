@@ -723,11 +723,12 @@ static void participate(read_job_t *job, participant_t *me, int who) {
  * block it holds). After a fork the child has no helpers: it starts its own.
  *
  * How helpers wait, and why (measured on this project's 2-vCPU VM, keys of 50-98 records):
- * - They run at SCHED_IDLE: they only ever take a CPU nothing else wants. At normal priority, a
- *   helper woken after the process idled a millisecond joined on the caller's own CPU in 3 of 4
- *   reads (the guest sees the other vCPU as preempted by the host), where it took the caller's
- *   place instead of working beside it; at SCHED_IDLE, in 0 of 86. It also leaves a busy
- *   executor's task threads their CPUs.
+ * - They run at SCHED_BATCH: a woken helper never preempts the thread it is placed beside. At
+ *   SCHED_OTHER, a helper woken after the process idled a millisecond joined on the caller's own
+ *   CPU in 3 of 4 reads (the guest sees the other vCPU as preempted by the host), where it took the
+ *   caller's place instead of working beside it; at SCHED_BATCH in 1 of 260 (SCHED_IDLE: 0 of
+ *   279, but at its weight of 3 a helper holding a block behind a busy thread could stall the
+ *   caller for a long time; SCHED_BATCH keeps a normal share).
  * - Waking a sleeping helper takes 30-100 us here, up to a whole read; so after a job, and after
  *   wake_helpers() (a point read that has just found its many candidates calls it, ~100 us before
  *   it reads), a helper polls for the next post for HELPER_POLL_NS before it sleeps (a key's
@@ -735,9 +736,9 @@ static void participate(read_job_t *job, participant_t *me, int who) {
  *   process is charged: keys of 50-98 records read after 1 ms pauses, median read / CPU per read
  *   (every thread's), 0.83 / 0.94 ms before, 0.70 / 1.15 polling 200 us, 0.67 / 2.03 polling 1 ms;
  *   back to back 0.60 -> 0.54 ms (0.49 at 1 ms).
- * - A SCHED_IDLE helper that holds a block may wait behind the caller on the caller's CPU (or
- *   behind any busy thread on its own), so a caller that finds a helper still in its job polls
- *   only briefly, then sleeps until the last one leaves (pool_left): sleeping frees a CPU for it. */
+ * - A helper that holds a block may wait behind the caller on the caller's CPU (it does not
+ *   preempt it), so a caller that finds a helper still in its job polls only briefly, then sleeps
+ *   until the last one leaves (pool_left): sleeping frees the CPU for it. */
 #define HELPER_POLL_NS 200000
 #define WITHDRAW_POLL_NS 20000 /* a helper's block, from memory, takes ~5 us */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -774,9 +775,9 @@ static void poll_for_post(unsigned long seen) {
 
 static void *pool_helper(void *unused) {
     (void)unused;
-#ifdef SCHED_IDLE
+#ifdef SCHED_BATCH
     struct sched_param no_priority = {0};
-    pthread_setschedparam(pthread_self(), SCHED_IDLE, &no_priority); /* (refused: it helps at normal priority) */
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &no_priority); /* (refused: it helps as SCHED_OTHER) */
 #endif
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "msgindex-read"); /* (what `top -H` shows; the tests find them by it) */
@@ -851,7 +852,7 @@ static void pool_withdraw(read_job_t *job) {
     pool_job = NULL, pool_participants = NULL;
     pthread_mutex_unlock(&pool_lock);
     /* helpers in the job hold a block each at most (~5 us from memory): polled for a moment, then
-     * slept on (a block from disk takes milliseconds; a SCHED_IDLE helper behind this thread on its
+     * slept on (a block from disk takes milliseconds; a SCHED_BATCH helper behind this thread on its
      * CPU runs only once it sleeps) */
     long long deadline = monotonic_ns() + WITHDRAW_POLL_NS;
     while (__atomic_load_n(&job->users, __ATOMIC_ACQUIRE) > 0 && monotonic_ns() < deadline) cpu_relax();
