@@ -732,10 +732,10 @@ static void participate(read_job_t *job, participant_t *me, int who) {
  * - Waking a sleeping helper takes 30-100 us here, up to a whole read; so after a job, and after
  *   wake_helpers() (a point read that has just found its many candidates calls it, ~100 us before
  *   it reads), a helper polls for the next post for HELPER_POLL_NS before it sleeps (a key's
- *   records in several segments are a read each). Polling takes only idle CPU, but it is CPU the
- *   process is charged: keys of 50-98 records read after 1 ms pauses, median read / CPU per read
- *   (every thread's), 0.83 / 0.94 ms before, 0.70 / 1.15 polling 200 us, 0.67 / 2.03 polling 1 ms;
- *   back to back 0.60 -> 0.54 ms (0.49 at 1 ms).
+ *   records in several segments are a read each). Polling is CPU the process is charged (at
+ *   SCHED_BATCH, a normal share of a busy CPU): keys of 50-98 records read after 1 ms pauses,
+ *   median read / CPU per read (every thread's), 0.83 / 0.94 ms before, 0.70 / 1.15 polling 200 us,
+ *   0.67 / 2.03 polling 1 ms; back to back 0.60 -> 0.54 ms (0.49 at 1 ms).
  * - A helper that holds a block may wait behind the caller on the caller's CPU (it does not
  *   preempt it), so a caller that finds a helper still in its job polls only briefly, then sleeps
  *   until the last one leaves (pool_left): sleeping frees the CPU for it. */
